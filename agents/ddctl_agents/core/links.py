@@ -1,0 +1,77 @@
+"""Per-learner link and pace estimates the syncer keeps from real observations.
+
+Throughput and RTT are exponentially weighted moving averages of measured
+transfers; step time is the median of recent steps, robust to one slow step.
+Pure: every observation comes in as an argument.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class LinkEstimate:
+    """EWMA of one direction's throughput (bytes/s) and of round-trip latency."""
+
+    alpha: float = 0.3
+    bytes_per_s: float | None = None
+    rtt_s: float | None = None
+    transfers: int = 0
+    total_bytes: int = 0
+
+    def observe(self, nbytes: int, seconds: float, rtt_s: float | None = None) -> None:
+        """Record one transfer of ``nbytes`` that took ``seconds`` end to end."""
+        if seconds > 0 and nbytes > 0:
+            rate = nbytes / seconds
+            self.bytes_per_s = rate if self.bytes_per_s is None else self.alpha * rate + (1 - self.alpha) * self.bytes_per_s
+        if rtt_s is not None and rtt_s >= 0:
+            self.rtt_s = rtt_s if self.rtt_s is None else self.alpha * rtt_s + (1 - self.alpha) * self.rtt_s
+        self.transfers += 1
+        self.total_bytes += max(nbytes, 0)
+
+    def transfer_time(self, nbytes: int) -> float | None:
+        """Predicted seconds to move ``nbytes`` (latency included), or None before any sample."""
+        if self.bytes_per_s is None:
+            return None
+        return (self.rtt_s or 0.0) / 2 + nbytes / self.bytes_per_s
+
+
+@dataclass(slots=True)
+class Pace:
+    """A learner's recent step times and its last reported position."""
+
+    window: int = 16
+    step_times: deque[float] = field(default_factory=deque)
+    last_step: int = 0
+    reported_at: float = 0.0
+
+    def observe(self, now: float, step: int, step_time: float) -> None:
+        self.last_step, self.reported_at = step, now
+        if step_time > 0:
+            self.step_times.append(step_time)
+            while len(self.step_times) > self.window:
+                self.step_times.popleft()
+
+    @property
+    def step_time(self) -> float | None:
+        return statistics.median(self.step_times) if self.step_times else None
+
+
+@dataclass(slots=True)
+class LearnerLinks:
+    """Everything measured about one learner: uplink, downlink and pace."""
+
+    up: LinkEstimate = field(default_factory=LinkEstimate)
+    down: LinkEstimate = field(default_factory=LinkEstimate)
+    pace: Pace = field(default_factory=Pace)
+
+    def predict_arrival(self, now: float, due_step: int, upload_bytes: int) -> float | None:
+        """When this learner's update due at ``due_step`` should land, from pace and uplink."""
+        step_time, upload = self.pace.step_time, self.up.transfer_time(upload_bytes)
+        if step_time is None or upload is None:
+            return None
+        start = self.pace.reported_at + max(due_step - self.pace.last_step, 0) * step_time
+        return max(start, now) + upload

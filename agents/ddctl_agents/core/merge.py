@@ -1,0 +1,117 @@
+"""Turn several learners' outer gradients for one fragment into one.
+
+Token weights say how much each learner's update is worth: quantity of data
+times tokens per step, ``c_tokens**2 / c_steps``. Radial-directional averaging
+(RDA) averages norms and unit directions separately because outer gradients of
+different learners are nearly orthogonal: a plain mean would shrink like
+1/sqrt(M) and the outer learning rate would need retuning for every M.
+Embedding tensors use the plain weighted mean (their rows are sparse updates).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+MERGES = ("rda", "mean")
+DEGENERATE_COSINE = 1e-6
+"""[ours] RDA falls back to the weighted mean when the mean direction's norm is
+below this (the unit directions cancel), where normalising would amplify noise."""
+
+
+class MergeError(ValueError):
+    """Inputs to a merge are inconsistent (no weight, mismatched shapes, bad method)."""
+
+
+def token_weight(c_tokens: int, c_steps: int) -> float:
+    """w = c_tokens * (c_tokens / c_steps): data seen times tokens per step; 0 if absent."""
+    if c_steps <= 0 or c_tokens <= 0:
+        return 0.0
+    return c_tokens * (c_tokens / c_steps)
+
+
+def weighted_mean(vectors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
+    """Sum_m w_m v_m / Sum_m w_m, accumulated in fp32."""
+    total = _check(vectors, weights)
+    out = torch.zeros_like(vectors[0], dtype=torch.float32)
+    for v, w in zip(vectors, weights):
+        if w:
+            out.add_(v, alpha=w / total)
+    return out
+
+
+def radial_directional_average(vectors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
+    """(weighted mean of norms) * normalize(weighted mean of unit directions)."""
+    total = _check(vectors, weights)
+    direction = torch.zeros_like(vectors[0], dtype=torch.float32)
+    radius = 0.0
+    for v, w in zip(vectors, weights):
+        if not w:
+            continue
+        norm = float(torch.linalg.vector_norm(v))
+        radius += w * norm / total
+        if norm > 0.0:
+            direction.add_(v, alpha=w / (total * norm))
+    strength = float(torch.linalg.vector_norm(direction))
+    if strength < DEGENERATE_COSINE:
+        return weighted_mean(vectors, weights)
+    return direction.mul_(radius / strength)
+
+
+def merge_tensor(
+    vectors: Sequence[torch.Tensor], weights: Sequence[float], *, is_embedding: bool, method: str = "rda"
+) -> torch.Tensor:
+    """Merge one tensor: RDA (or mean, the ablation) except embeddings, which always average."""
+    if method not in MERGES:
+        raise MergeError(f"unknown merge {method!r}; allowed: {', '.join(MERGES)}")
+    if method == "mean" or is_embedding:
+        return weighted_mean(vectors, weights)
+    return radial_directional_average(vectors, weights)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Contribution:
+    """One learner's decoded outer gradient for a fragment, with its counters."""
+
+    learner: str
+    tensors: Mapping[str, torch.Tensor]
+    c_steps: int
+    c_tokens: int
+
+    @property
+    def weight(self) -> float:
+        return token_weight(self.c_tokens, self.c_steps)
+
+
+def merge_fragment(
+    contributions: Sequence[Contribution], embeddings: frozenset[str], method: str = "rda"
+) -> dict[str, torch.Tensor]:
+    """Merge every tensor of a fragment across contributions (ordered by learner for determinism)."""
+    ordered = sorted(contributions, key=lambda c: c.learner)
+    if not ordered:
+        raise MergeError("cannot merge a fragment with no contributions")
+    names = sorted(ordered[0].tensors)
+    for c in ordered:
+        if sorted(c.tensors) != names:
+            raise MergeError(f"learner {c.learner} sent tensors {sorted(c.tensors)}, expected {names}")
+    weights = [c.weight for c in ordered]
+    return {
+        name: merge_tensor([c.tensors[name] for c in ordered], weights, is_embedding=name in embeddings, method=method)
+        for name in names
+    }
+
+
+def _check(vectors: Sequence[torch.Tensor], weights: Sequence[float]) -> float:
+    if len(vectors) != len(weights) or not vectors:
+        raise MergeError(f"need one weight per vector and at least one vector, got {len(vectors)}/{len(weights)}")
+    shape = vectors[0].shape
+    if any(v.shape != shape for v in vectors):
+        raise MergeError(f"shapes differ: {[tuple(v.shape) for v in vectors]}")
+    if any(w < 0 for w in weights):
+        raise MergeError(f"weights must be >= 0, got {list(weights)}")
+    total = float(sum(weights))
+    if total <= 0.0:
+        raise MergeError("at least one weight must be positive")
+    return total

@@ -1,0 +1,143 @@
+"""The two messages that carry tensors, as typed values over ``wire`` frames.
+
+``Update`` goes learner -> syncer: one fragment's outer gradient with the
+counters that weight it. ``FragmentVersion`` goes syncer -> learners: the new
+global values of a fragment. Metadata from the network is validated field by
+field; a bad field raises ``WireError`` naming it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ddctl_agents.core import vclock
+from ddctl_agents.core.wire import Frame, WireError, WireLimits, is_count, pack, unpack
+
+Adoption = tuple[int, int, int]
+"""(fragment, version, learner step at which it was adopted)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Update:
+    """A learner's outer gradient for one fragment, relative to ``base_version``."""
+
+    learner: str
+    fragment: int
+    base_version: int
+    update_id: str
+    step: int
+    c_steps: int
+    c_tokens: int
+    tensors: Mapping[str, torch.Tensor]
+    step_time: float = 0.0
+    incarnation: int = 0
+    vclock: Mapping[str, int] = field(default_factory=dict)
+    adoptions: tuple[Adoption, ...] = ()
+
+    def meta(self) -> dict[str, Any]:
+        return {
+            "learner": self.learner,
+            "incarnation": self.incarnation,
+            "fragment": self.fragment,
+            "base_version": self.base_version,
+            "update_id": self.update_id,
+            "step": self.step,
+            "c_steps": self.c_steps,
+            "c_tokens": self.c_tokens,
+            "step_time": self.step_time,
+            "vclock": dict(self.vclock),
+            "adoptions": [list(a) for a in self.adoptions],
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FragmentVersion:
+    """Global values of fragment ``fragment`` after round ``version``."""
+
+    fragment: int
+    version: int
+    tensors: Mapping[str, torch.Tensor]
+    vclock: Mapping[str, int] = field(default_factory=dict)
+
+    def meta(self) -> dict[str, Any]:
+        return {"fragment": self.fragment, "version": self.version, "vclock": dict(self.vclock)}
+
+
+def encode_update(update: Update, codec: str, block: int) -> bytes:
+    return pack("update", update.meta(), update.tensors, codec, block)
+
+
+def encode_fragment(message: FragmentVersion, codec: str, block: int) -> bytes:
+    return pack("fragment", message.meta(), message.tensors, codec, block)
+
+
+def decode_update(data: bytes | bytearray | memoryview, limits: WireLimits = WireLimits()) -> tuple[Update, Frame]:
+    frame = unpack(data, limits, expect="update")
+    m = frame.meta
+    update = Update(
+        learner=_text(m, "learner"),
+        incarnation=_count(m, "incarnation"),
+        fragment=_count(m, "fragment"),
+        base_version=_count(m, "base_version"),
+        update_id=_text(m, "update_id"),
+        step=_count(m, "step"),
+        c_steps=_count(m, "c_steps"),
+        c_tokens=_count(m, "c_tokens"),
+        step_time=_seconds(m, "step_time"),
+        vclock=_clock(m),
+        adoptions=_adoptions(m),
+        tensors=frame.tensors,
+    )
+    return update, frame
+
+
+def decode_fragment(data: bytes | bytearray | memoryview, limits: WireLimits = WireLimits()) -> tuple[FragmentVersion, Frame]:
+    frame = unpack(data, limits, expect="fragment")
+    m = frame.meta
+    message = FragmentVersion(fragment=_count(m, "fragment"), version=_count(m, "version"), vclock=_clock(m), tensors=frame.tensors)
+    return message, frame
+
+
+def _text(m: Mapping[str, Any], key: str) -> str:
+    v = m.get(key)
+    if not isinstance(v, str) or not 0 < len(v) <= 128:
+        raise WireError(f"meta field {key!r} must be a string of 1-128 characters")
+    return v
+
+
+def _count(m: Mapping[str, Any], key: str) -> int:
+    v = m.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1 << 62:
+        raise WireError(f"meta field {key!r} must be a non-negative integer, got {v!r}")
+    return v
+
+
+def _seconds(m: Mapping[str, Any], key: str) -> float:
+    v = m.get(key, 0.0)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise WireError(f"meta field {key!r} must be a finite non-negative number, got {v!r}")
+    return float(v)
+
+
+def _clock(m: Mapping[str, Any]) -> dict[str, int]:
+    try:
+        return vclock.validate(m.get("vclock", {}))
+    except ValueError as exc:
+        raise WireError(f"meta field 'vclock': {exc}") from None
+
+
+def _adoptions(m: Mapping[str, Any]) -> tuple[Adoption, ...]:
+    raw = m.get("adoptions", [])
+    if not isinstance(raw, list) or len(raw) > 1 << 16:
+        raise WireError("meta field 'adoptions' must be a list of at most 65536 [fragment, version, step] triples")
+    out = []
+    for item in raw:
+        if not (isinstance(item, list) and len(item) == 3 and all(is_count(x) for x in item)):
+            raise WireError(f"meta field 'adoptions' has a bad entry {item!r}; expected [fragment, version, step]")
+        out.append((item[0], item[1], item[2]))
+    return tuple(out)

@@ -1,0 +1,53 @@
+"""The outer optimiser: SGD with Nesterov momentum, one state per fragment.
+
+``buf <- mu*buf + delta``; ``theta <- theta - lr*(delta + mu*buf)``. DiLoCo's
+defaults lr=0.7, mu=0.9 [ours: the Decoupled paper publishes none]. Pure: it
+returns new tensors and never mutates its inputs, so replays and tests can
+compare states before and after.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from ddctl_agents.core.merge import MergeError
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OuterConfig:
+    """Outer Nesterov SGD hyper-parameters."""
+
+    lr: float = 0.7
+    momentum: float = 0.9
+    nesterov: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ValueError(f"outer lr must be > 0, got {self.lr}")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"outer momentum must be in [0, 1), got {self.momentum}")
+
+
+def outer_step(
+    params: Mapping[str, torch.Tensor],
+    delta: Mapping[str, torch.Tensor],
+    buffers: Mapping[str, torch.Tensor],
+    config: OuterConfig,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """One outer step on a fragment; returns (new params, new momentum buffers)."""
+    if set(params) != set(delta):
+        raise MergeError(f"outer gradient names {sorted(delta)} do not match fragment {sorted(params)}")
+    new_params: dict[str, torch.Tensor] = {}
+    new_buffers: dict[str, torch.Tensor] = {}
+    mu, lr = config.momentum, config.lr
+    for name, theta in params.items():
+        d = delta[name].to(torch.float32).reshape(theta.shape)
+        buf = buffers.get(name)
+        buf = d.clone() if buf is None else buf.mul(mu).add_(d)
+        step = d.add(buf, alpha=mu) if config.nesterov else buf
+        new_params[name] = theta.sub(step, alpha=lr)
+        new_buffers[name] = buf
+    return new_params, new_buffers

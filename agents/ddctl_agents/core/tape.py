@@ -1,0 +1,68 @@
+"""The event tape: one JSON line per decision, append-only (ALGORITHM.md §7).
+
+The syncer's core emits records (joins, leaves, updates with their status,
+round closes with who was admitted and why), each stamped with its vector
+clock; the shell adds the run's configuration first and the result last.
+Replaying the records in order through the same core reproduces the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+TAPE_FORMAT = 1
+RECORD_TYPES = ("config", "join", "leave", "failure", "update", "round", "end")
+
+
+class TapeError(ValueError):
+    """The tape cannot be read or replayed; the message names the line."""
+
+
+class TapeWriter:
+    """Appends records as JSON lines; each line is flushed so a crash loses at most one."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file: IO[str] = path.open("a", encoding="utf-8")
+        self.count = 0
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        if record.get("type") not in RECORD_TYPES:
+            raise TapeError(f"record type must be one of {', '.join(RECORD_TYPES)}, got {record.get('type')!r}")
+        self._file.write(json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n")
+        self._file.flush()
+        self.count += 1
+
+    def close(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+
+    def __enter__(self) -> TapeWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_tape(path: Path) -> Iterator[dict[str, Any]]:
+    """Yield records in order; the first must be a config record of a known format."""
+    try:
+        lines = path.open(encoding="utf-8")
+    except OSError as exc:
+        raise TapeError(f"cannot open tape {path}: {exc.strerror}") from None
+    with lines:
+        for number, line in enumerate(lines, 1):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise TapeError(f"{path}:{number}: not a JSON record ({exc.msg})") from None
+            if not isinstance(record, dict) or record.get("type") not in RECORD_TYPES:
+                raise TapeError(f"{path}:{number}: record must be an object with a type in {', '.join(RECORD_TYPES)}")
+            if number == 1 and (record["type"] != "config" or record.get("format") != TAPE_FORMAT):
+                raise TapeError(f"{path}:1: a tape starts with a config record of format {TAPE_FORMAT}")
+            yield record

@@ -1,0 +1,57 @@
+"""Vector clocks: which events could have influenced which.
+
+A clock maps a process id (each learner, plus ``SYNCER``) to the number of
+events it has seen from that process. Clocks are plain dicts, never mutated:
+every function returns a new one, so records can hold them safely.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+SYNCER = "syncer"
+VectorClock = dict[str, int]
+
+
+def tick(clock: Mapping[str, int], process: str) -> VectorClock:
+    """The clock after ``process`` performs one local event."""
+    out = dict(clock)
+    out[process] = out.get(process, 0) + 1
+    return out
+
+
+def merge(a: Mapping[str, int], b: Mapping[str, int]) -> VectorClock:
+    """Element-wise maximum: what a receiver knows after a message."""
+    return {k: max(a.get(k, 0), b.get(k, 0)) for k in sorted(set(a) | set(b))}
+
+
+def receive(local: Mapping[str, int], message: Mapping[str, int], process: str) -> VectorClock:
+    """Merge a message's clock, then count the receive as an event of ``process``."""
+    return tick(merge(local, message), process)
+
+
+def leq(a: Mapping[str, int], b: Mapping[str, int]) -> bool:
+    return all(v <= b.get(k, 0) for k, v in a.items())
+
+
+def happened_before(a: Mapping[str, int], b: Mapping[str, int]) -> bool:
+    """True when the event stamped ``a`` could have caused the one stamped ``b``."""
+    return leq(a, b) and not leq(b, a)
+
+
+def concurrent(a: Mapping[str, int], b: Mapping[str, int]) -> bool:
+    return not leq(a, b) and not leq(b, a)
+
+
+def validate(clock: object, *, max_entries: int = 4096) -> VectorClock:
+    """Check an untrusted clock: a mapping of short strings to non-negative ints."""
+    if not isinstance(clock, Mapping) or len(clock) > max_entries:
+        raise ValueError(f"vector clock must be a mapping of at most {max_entries} entries")
+    out: VectorClock = {}
+    for k, v in clock.items():
+        if not isinstance(k, str) or not 0 < len(k) <= 128:
+            raise ValueError(f"vector clock key must be a string of 1-128 characters, got {k!r}")
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"vector clock entry {k!r} must be a non-negative integer, got {v!r}")
+        out[k] = v
+    return out

@@ -1,0 +1,181 @@
+"""One Decoupled DiLoCo learner, without I/O (ALGORITHM.md §3).
+
+A learner is an ordinary training loop (inner AdamW, never reset) plus, per
+fragment p, a reference point ref_p and counters c_steps[p], c_tokens[p]. After
+every inner step the shell asks which fragments are due, sends their outer
+gradients ``ref_p - theta_p`` and hands over fragment versions that arrived;
+adopting one overwrites theta_p (no alpha-mixing).
+
+[ours] ref_p is the adopted global value, or theta_p at the last send if that
+is later: a second send before the answer arrives carries only the new drift,
+so no drift is ever applied twice. In the normal flow this is exactly
+``Theta_p(base) - theta_p``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from ddctl_agents.core import codec as codecs
+from ddctl_agents.core import schedule, vclock
+from ddctl_agents.core.fragments import Fragmentation
+from ddctl_agents.core.messages import Adoption, FragmentVersion, Update
+from ddctl_agents.train.config import InnerConfig
+from ddctl_agents.train.data import BatchSampler
+from ddctl_agents.train.model import GPT
+from ddctl_agents.train.optim import build_inner_optimizer, inner_lr, inner_step
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SyncSettings:
+    """How a learner talks to the syncer."""
+
+    fragments: int = 24
+    inner_steps: int = 24
+    codec: str = "int4"
+    block: int = codecs.DEFAULT_BLOCK
+    error_feedback: bool = False
+    """[ours] Keep each fragment's quantisation residual and add it to its next outer gradient."""
+    push_before_overwrite: bool = True
+    """[ours] When a version arrives from a round this learner had no part in, send the drift it
+    is about to overwrite first (it folds into the next round as a late update) instead of
+    discarding it. Off = the paper's plain overwrite."""
+
+    def __post_init__(self) -> None:
+        schedule.check_schedule(self.fragments, self.inner_steps)
+        if self.codec not in codecs.CODECS:
+            raise ValueError(f"codec must be one of {', '.join(codecs.CODECS)}, got {self.codec!r}")
+
+
+@dataclass(slots=True)
+class LearnerLedger:
+    """Learner-side token accounting in fragment-tokens (see core.ledger)."""
+
+    trained: int = 0
+    sent: int = 0
+    overwritten: int = 0
+    """Drift discarded because a new version of its fragment arrived before it was sent."""
+
+
+@dataclass(slots=True)
+class _FragmentState:
+    version: int = -1
+    ref: dict[str, torch.Tensor] = field(default_factory=dict)
+    residual: dict[str, torch.Tensor] = field(default_factory=dict)
+    c_steps: int = 0
+    c_tokens: int = 0
+    sent_since_adopt: bool = False
+
+
+class Learner:
+    """Model, inner optimiser, data and per-fragment sync state of one learner."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        model: GPT,
+        inner: InnerConfig,
+        sync: SyncSettings,
+        fragmentation: Fragmentation,
+        sampler: BatchSampler,
+        total_steps: int,
+        start_step: int = 0,
+        incarnation: int = 0,
+    ) -> None:
+        self.name, self.incarnation = name, incarnation
+        self.model, self.inner, self.sync = model, inner, sync
+        self.fragmentation, self.sampler, self.total_steps = fragmentation, sampler, total_steps
+        self.optimizer = build_inner_optimizer(model, inner)
+        self.params = dict(model.named_parameters())
+        self.step = start_step
+        self.state = [_FragmentState() for _ in range(fragmentation.count)]
+        self.ledger = LearnerLedger()
+        self.clock: dict[str, int] = {}
+        self.adoptions: list[Adoption] = []
+        self._ids = itertools.count()
+        self.tokens_per_step = sampler.batch_size * sampler.seq_len
+
+    @property
+    def ready(self) -> bool:
+        """True once every fragment has been adopted at least once (bootstrapped)."""
+        return all(s.version >= 0 for s in self.state)
+
+    def train_step(self) -> torch.Tensor:
+        """One inner step on the next batch; returns the detached loss (no host sync)."""
+        x, y = self.sampler.batch(self.step)
+        lr = inner_lr(self.step, self.total_steps, self.inner)
+        loss = inner_step(self.model, self.optimizer, x, y, lr, self.inner.grad_clip)
+        self.step += 1
+        for s in self.state:
+            s.c_steps += 1
+            s.c_tokens += self.tokens_per_step
+        self.ledger.trained += self.tokens_per_step * len(self.state)
+        return loss
+
+    def due(self) -> list[int]:
+        return schedule.due_fragments(self.step, self.sync.fragments, self.sync.inner_steps)
+
+    def has_drift(self, p: int) -> bool:
+        return self.state[p].c_steps > 0
+
+    @torch.no_grad()
+    def make_update(self, p: int) -> Update:
+        """The outer gradient of fragment p since its reference point; moves the reference."""
+        s = self.state[p]
+        if s.version < 0 or s.c_steps == 0:
+            raise RuntimeError(f"fragment {p} has no drift to send (version {s.version}, {s.c_steps} steps)")
+        tensors: dict[str, torch.Tensor] = {}
+        for spec in self.fragmentation.fragments[p]:
+            theta = self.params[spec.name].detach()
+            delta = s.ref[spec.name] - theta.float()
+            if self.sync.error_feedback:
+                delta += s.residual.get(spec.name, 0.0)
+                s.residual[spec.name] = delta - codecs.roundtrip(self.sync.codec, delta, self.sync.block)
+            tensors[spec.name] = delta
+            s.ref[spec.name] = theta.float().clone()
+        self.clock = vclock.tick(self.clock, self.name)
+        update = Update(
+            learner=self.name, incarnation=self.incarnation, fragment=p, base_version=s.version,
+            update_id=f"{self.name}.{self.incarnation}.{next(self._ids)}", step=self.step,
+            c_steps=s.c_steps, c_tokens=s.c_tokens, tensors=tensors, vclock=dict(self.clock),
+            adoptions=tuple(self.adoptions),
+        )
+        self.ledger.sent += s.c_tokens
+        self.adoptions.clear()
+        s.c_steps = s.c_tokens = 0
+        s.sent_since_adopt = True
+        return update
+
+    def on_arrival(self, message: FragmentVersion) -> Update | None:
+        """Adopt a newer version; returns the drift to push first, if the settings say so."""
+        s = self.state[message.fragment]
+        if message.version <= s.version:
+            return None
+        update = None
+        if self.sync.push_before_overwrite and s.version >= 0 and s.c_steps > 0 and not s.sent_since_adopt:
+            update = self.make_update(message.fragment)
+        self.adopt(message)
+        return update
+
+    @torch.no_grad()
+    def adopt(self, message: FragmentVersion) -> bool:
+        """Overwrite fragment values with a newer global version; False if it is not newer."""
+        s = self.state[message.fragment]
+        if message.version <= s.version:
+            return False
+        for name, value in message.tensors.items():
+            self.params[name].copy_(value.reshape(self.params[name].shape))
+            s.ref[name] = value.detach().float().clone().reshape(self.params[name].shape)
+        self.ledger.overwritten += s.c_tokens
+        s.version, s.c_steps, s.c_tokens, s.sent_since_adopt = message.version, 0, 0, False
+        self.clock = vclock.receive(self.clock, message.vclock, self.name)
+        self.adoptions.append((message.fragment, message.version, self.step))
+        return True
+
+    def unsent(self) -> int:
+        """Fragment-tokens trained but not yet sent."""
+        return sum(s.c_tokens for s in self.state)

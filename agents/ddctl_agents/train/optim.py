@@ -1,0 +1,68 @@
+"""The inner optimiser: AdamW, its learning-rate schedule, and one training step."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from ddctl_agents.train.config import InnerConfig, require
+from ddctl_agents.train.model import POSITION_EMBEDDING
+
+
+def inner_lr(step: int, total_steps: int, config: InnerConfig) -> float:
+    """Linear warm-up to config.lr, then cosine decay to min_lr_ratio * lr at the last step.
+
+    step counts from 0; steps at or past total_steps - 1 stay on the floor.
+    """
+    require(step >= 0, f"step must be >= 0, got {step}")
+    require(total_steps >= 1, f"total_steps must be >= 1, got {total_steps}")
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    floor = config.min_lr_ratio * config.lr
+    decay_steps = max(1, total_steps - 1 - config.warmup_steps)
+    progress = min(1.0, (step - config.warmup_steps) / decay_steps)
+    return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (config.lr - floor)
+
+
+def _decays(name: str, param: Tensor) -> bool:
+    """Weight decay only for matrices: not LayerNorm gains, biases or positional embeddings."""
+    return param.ndim >= 2 and not name.endswith(POSITION_EMBEDDING)
+
+
+def build_inner_optimizer(model: nn.Module, config: InnerConfig) -> torch.optim.AdamW:
+    """AdamW with two parameter groups (decay / no decay), in the model's parameter order."""
+    named = list(model.named_parameters())
+    groups = [
+        {"params": [p for n, p in named if _decays(n, p)], "weight_decay": config.weight_decay},
+        {"params": [p for n, p in named if not _decays(n, p)], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas)
+
+
+def inner_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    x: Tensor,
+    y: Tensor,
+    lr: float,
+    grad_clip: float,
+) -> Tensor:
+    """One forward/backward/clip/update; returns the detached training loss.
+
+    The loss stays a device tensor so a GPU loop has no host sync: call .item()
+    only when logging. grad_clip 0 disables clipping.
+    """
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    loss: Tensor = model(x, y).loss
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip > 0:
+        nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    return loss.detach()
+
+
+__all__ = ["build_inner_optimizer", "inner_lr", "inner_step"]

@@ -1,0 +1,92 @@
+"""Build the parts of a run from its config: corpus, model, layout, syncer, learners.
+
+The virtual cluster and the replayer assemble runs the same way through this
+module, which is what makes a replay bit-identical to the run it replays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ddctl.settings import TrainConfig
+from ddctl_agents.core.fragments import Fragmentation, TensorSpec, fragment_tensors
+from ddctl_agents.core.syncer import Synchronizer
+from ddctl_agents.train.checksum import params_sha256
+from ddctl_agents.train.config import steps_per_learner
+from ddctl_agents.train.data import BatchSampler, Corpus, load_corpus, shard, validation_batches
+from ddctl_agents.train.evaluate import evaluate_bpb
+from ddctl_agents.train.learner import Learner
+from ddctl_agents.train.model import ModelConfig, build_model, embedding_names
+from ddctl_agents.train.presets import get_preset
+
+
+def learner_name(index: int) -> str:
+    return f"L{index}"
+
+
+@dataclass(slots=True)
+class Assembly:
+    """Everything derived deterministically from a TrainConfig."""
+
+    config: TrainConfig
+    model_config: ModelConfig
+    corpus: Corpus
+    initial: dict[str, torch.Tensor]
+    fragmentation: Fragmentation
+    embeddings: frozenset[str]
+    total_steps: int
+    val: list[tuple[torch.Tensor, torch.Tensor]]
+
+    @classmethod
+    def build(cls, config: TrainConfig, corpus: Corpus | None = None) -> Assembly:
+        torch.set_num_threads(config.threads)
+        model_config = get_preset(config.inner.preset)
+        corpus = corpus or load_corpus(config.data)
+        model = build_model(model_config, config.inner.seed)
+        initial = {k: v.detach().clone() for k, v in model.named_parameters()}
+        specs = [TensorSpec(name=n, shape=tuple(p.shape), is_embedding=n in embedding_names(model)) for n, p in model.named_parameters()]
+        fragmentation = fragment_tensors(specs, config.sync.fragments, config.fragmentation)
+        return cls(
+            config=config,
+            model_config=model_config,
+            corpus=corpus,
+            initial=initial,
+            fragmentation=fragmentation,
+            embeddings=embedding_names(model),
+            total_steps=steps_per_learner(config.budget, config.inner, model_config.seq_len),
+            val=validation_batches(corpus.val, model_config.seq_len, config.data.eval_windows, config.inner.batch_size),
+        )
+
+    def new_syncer(self) -> Synchronizer:
+        return Synchronizer(self.initial, self.fragmentation, self.embeddings, self.config.syncer)
+
+    def new_learner(self, index: int, incarnation: int = 0, start_step: int = 0) -> Learner:
+        """A fresh learner process: model at the seed's init (bootstrap overwrites it), new AdamW."""
+        model = build_model(self.model_config, self.config.inner.seed)
+        data = shard(self.corpus.train, index, self.config.budget.learners)
+        sampler = BatchSampler(data, self.config.inner.batch_size, self.model_config.seq_len, seed=self.config.inner.seed, stream=index)
+        return Learner(
+            name=learner_name(index), model=model, inner=self.config.inner, sync=self.config.sync,
+            fragmentation=self.fragmentation, sampler=sampler, total_steps=self.total_steps,
+            start_step=start_step, incarnation=incarnation,
+        )
+
+    def evaluate(self, params: dict[str, torch.Tensor]) -> float:
+        """Validation bits per byte of the model holding ``params``."""
+        model = build_model(self.model_config, self.config.inner.seed)
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                param.copy_(params[name])
+        return evaluate_bpb(model, self.val)
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "params": sum(v.numel() for v in self.initial.values()),
+            "fragment_sizes": self.fragmentation.sizes(),
+            "fragment_imbalance": round(self.fragmentation.imbalance(), 4),
+            "corpus_sha256": self.corpus.sha256,
+            "initial_sha256": params_sha256(self.initial),
+            "steps_per_learner": self.total_steps,
+        }

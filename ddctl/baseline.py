@@ -1,0 +1,290 @@
+"""The synchronous data-parallel baseline that Decoupled DiLoCo is measured against.
+
+M local processes train one model with real ``torch.distributed`` (gloo, DDP):
+every step all-reduces every gradient. Each rank draws its own shard and batch
+stream exactly as a Decoupled learner would, so the two see the same token
+budget; a DDP comm hook counts the bytes a ring all-reduce moves.
+
+Run small (a few seconds on a laptop CPU)::
+
+    from ddctl.baseline import run_data_parallel
+    from ddctl_agents.train.config import DataConfig, InnerConfig, RunBudget
+    budget = RunBudget(tokens=40_000, learners=2)
+    run_data_parallel(InnerConfig(), DataConfig(max_bytes=1 << 20), budget)
+"""
+
+from __future__ import annotations
+
+import datetime
+import queue
+import time
+import traceback
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+
+from ddctl_agents.train.checksum import params_sha256
+from ddctl_agents.train.config import (
+    DataConfig,
+    InnerConfig,
+    RunBudget,
+    require,
+    steps_per_learner,
+)
+from ddctl_agents.train.data import BatchSampler, load_corpus, shard, validation_batches
+from ddctl_agents.train.evaluate import evaluate_bpb
+from ddctl_agents.train.model import GPT, build_model
+from ddctl_agents.train.optim import build_inner_optimizer, inner_lr, inner_step
+from ddctl_agents.train.presets import get_preset
+
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import GradBucket
+
+COLLECTIVE_TIMEOUT_S = 600.0
+"""A rank waiting longer than this on its peers (one died or hung) fails instead of hanging."""
+
+LOSS_EVERY = 10
+"""Rank 0 records its training loss every this many steps (and at the last one)."""
+
+POLL_S = 0.5
+"""How often the parent checks for workers that died without reporting."""
+
+EXIT_GRACE_S = 30.0
+"""How long workers that reported may take to exit before they are killed."""
+
+
+class WorkerError(RuntimeError):
+    """A data-parallel worker failed, died or timed out; the message carries its traceback."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Job:
+    """Everything a worker needs, picklable for the spawn start method."""
+
+    inner: InnerConfig
+    data: DataConfig
+    budget: RunBudget
+    threads: int
+    port: int
+    keep_params: bool
+
+
+@dataclass(slots=True)
+class _CommCounter:
+    """DDP comm-hook state: bytes of gradient buckets this rank has all-reduced."""
+
+    bucket_bytes: int = 0
+
+
+def _counting_allreduce(
+    state: _CommCounter, bucket: GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """The default all-reduce (on the default group), after adding the bucket's size."""
+    buffer = bucket.buffer()
+    state.bucket_bytes += buffer.numel() * buffer.element_size()
+    return default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]
+
+
+def ring_allreduce_bytes(bucket_bytes: int, learners: int) -> int:
+    """Bytes one rank sends (and receives) to ring-all-reduce bucket_bytes: 2(M-1)/M of them."""
+    return round(Fraction(2 * (learners - 1) * bucket_bytes, learners))
+
+
+def _join_group(rank: int, job: _Job) -> None:
+    """Join the gloo group through the parent's TCP store on loopback."""
+    timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+    store = dist.TCPStore(  # type: ignore[attr-defined]
+        "127.0.0.1", job.port, is_master=False, timeout=timeout
+    )
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=job.budget.learners, timeout=timeout
+    )
+
+
+def _wrap_ddp(model: GPT, counter: _CommCounter) -> nn.Module:
+    """DDP with the counting hook. Every rank builds the same model from the seed, so the
+    initial broadcast is skipped and every byte moved passes through the hook."""
+    ddp = DistributedDataParallel(model, init_sync=False)
+    # DDP compares the hook's annotations to real classes; ours are postponed
+    # strings, so register an unannotated lambda around the typed hook.
+    ddp.register_comm_hook(counter, lambda state, bucket: _counting_allreduce(state, bucket))
+    return ddp
+
+
+def _train(
+    model: nn.Module, sampler: BatchSampler, steps: int, inner: InnerConfig, log: bool
+) -> list[list[float]]:
+    """The step loop; returns [step, loss] every LOSS_EVERY steps when log is set."""
+    optimizer = build_inner_optimizer(model, inner)
+    curve: list[list[float]] = []
+    for step in range(steps):
+        x, y = sampler.batch(step)
+        loss = inner_step(model, optimizer, x, y, inner_lr(step, steps, inner), inner.grad_clip)
+        if log and (step % LOSS_EVERY == 0 or step == steps - 1):
+            curve.append([step, loss.item()])
+    return curve
+
+
+def _train_rank(rank: int, job: _Job) -> dict[str, Any]:
+    """Train one rank on its shard and stream; rank 0 also evaluates."""
+    config = get_preset(job.inner.preset)
+    corpus = load_corpus(job.data)
+    learners = job.budget.learners
+    steps = steps_per_learner(job.budget, job.inner, config.seq_len)
+    model = build_model(config, job.inner.seed)
+    sampler = BatchSampler(
+        shard(corpus.train, rank, learners),
+        job.inner.batch_size,
+        config.seq_len,
+        seed=job.inner.seed,
+        stream=rank,
+    )
+    counter = _CommCounter()
+    if learners > 1:
+        _join_group(rank, job)
+    try:
+        start = time.perf_counter()
+        trained = _wrap_ddp(model, counter) if learners > 1 else model
+        curve = _train(trained, sampler, steps, job.inner, log=rank == 0)
+        train_s = time.perf_counter() - start
+    finally:
+        if learners > 1:
+            dist.destroy_process_group()
+    params = {name: p.detach() for name, p in model.named_parameters()}
+    report: dict[str, Any] = {
+        "steps": steps,
+        "tokens": steps * job.inner.batch_size * config.seq_len,
+        "bucket_bytes": counter.bucket_bytes,
+        "params_sha256": params_sha256(params),
+        "train_s": train_s,
+    }
+    if rank == 0:
+        windows, batch_size = job.data.eval_windows, job.inner.batch_size
+        report["val_bpb"] = evaluate_bpb(
+            model, validation_batches(corpus.val, config.seq_len, windows, batch_size)
+        )
+        report["loss_curve"] = curve
+        if job.keep_params:  # numpy pickles by value; a shared-memory tensor would die with us
+            report["params"] = {name: p.numpy().copy() for name, p in params.items()}
+    return report
+
+
+def _worker(rank: int, job: _Job, results: Any) -> None:
+    """Process entry point: report ("ok", rank, report) or ("error", rank, traceback)."""
+    try:
+        torch.set_num_threads(job.threads)
+        results.put(("ok", rank, _train_rank(rank, job)))
+    except BaseException:
+        results.put(("error", rank, traceback.format_exc()))
+
+
+def _collect(results: Any, procs: list[Any], timeout_s: float) -> dict[int, dict[str, Any]]:
+    """Wait for every rank's report; fail fast on an error, a silent death or the timeout."""
+    deadline = time.monotonic() + timeout_s
+    reports: dict[int, dict[str, Any]] = {}
+    while len(reports) < len(procs):
+        try:
+            status, rank, payload = results.get(timeout=POLL_S)
+        except queue.Empty:
+            for rank, proc in enumerate(procs):
+                if rank not in reports and proc.exitcode not in (None, 0):
+                    raise WorkerError(f"rank {rank} died with exit code {proc.exitcode}") from None
+            if time.monotonic() > deadline:
+                raise WorkerError(f"data-parallel run exceeded timeout_s={timeout_s:g}") from None
+            continue
+        if status == "error":
+            raise WorkerError(f"rank {rank} failed:\n{payload}")
+        reports[rank] = payload
+    return reports
+
+
+def _stop(procs: list[Any], grace_s: float) -> None:
+    """Let workers exit within grace_s, then kill what is left, so none outlives the run."""
+    for proc in procs:
+        proc.join(timeout=grace_s)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
+def _summarise(reports: dict[int, dict[str, Any]], learners: int, wall_s: float) -> dict[str, Any]:
+    """Merge rank reports into the run's result."""
+    lead = reports[0]
+    bytes_up = sum(ring_allreduce_bytes(r["bucket_bytes"], learners) for r in reports.values())
+    result = {
+        "val_bpb": lead["val_bpb"],
+        "tokens": sum(r["tokens"] for r in reports.values()),
+        "bytes_up": bytes_up,
+        "bytes_down": bytes_up,  # a ring all-reduce receives exactly what it sends
+        "wall_s": wall_s,
+        "train_s": lead["train_s"],
+        "params_sha256": lead["params_sha256"],
+        "rank_params_sha256": [reports[r]["params_sha256"] for r in range(learners)],
+        "steps": lead["steps"],
+        "learners": learners,
+        "loss_curve": lead["loss_curve"],
+    }
+    if "params" in lead:
+        result["params"] = {name: torch.from_numpy(a) for name, a in lead["params"].items()}
+    return result
+
+
+def run_data_parallel(
+    inner: InnerConfig,
+    data: DataConfig,
+    budget: RunBudget,
+    threads_per_rank: int = 1,
+    *,
+    timeout_s: float = 24 * 3600.0,
+    keep_params: bool = False,
+) -> dict[str, Any]:
+    """Train budget.tokens with budget.learners synchronous DDP ranks and report.
+
+    Each rank takes steps_per_learner(...) steps of inner.batch_size sequences
+    (so the global batch is M times a Decoupled learner's) with the same
+    schedule. Returns val_bpb (rank 0, final model), tokens, bytes_up/bytes_down
+    (ring all-reduce traffic summed over ranks; 0 when M = 1), wall_s, train_s,
+    params_sha256 (rank 0) and rank_params_sha256 (all ranks), steps, learners
+    and loss_curve; with keep_params also rank 0's final "params" (CPU tensors).
+    A worker's failure raises WorkerError carrying its traceback; so does
+    running past timeout_s.
+    """
+    get_preset(inner.preset)  # fail here, not in M processes
+    require(threads_per_rank >= 1, f"threads_per_rank must be >= 1, got {threads_per_rank}")
+    ctx = torch.multiprocessing.get_context("spawn")
+    timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+    store = dist.TCPStore(  # type: ignore[attr-defined]  # port 0: the OS picks a free one
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timeout
+    )
+    job = _Job(
+        inner=inner,
+        data=data,
+        budget=budget,
+        threads=threads_per_rank,
+        port=store.port,
+        keep_params=keep_params,
+    )
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(target=_worker, args=(rank, job, results), daemon=True)
+        for rank in range(budget.learners)
+    ]
+    start = time.monotonic()
+    for proc in procs:
+        proc.start()
+    try:
+        reports = _collect(results, procs, timeout_s)
+    except BaseException:
+        _stop(procs, grace_s=0.0)
+        raise
+    _stop(procs, grace_s=EXIT_GRACE_S)
+    return _summarise(reports, budget.learners, time.monotonic() - start)
+
+
+__all__ = ["COLLECTIVE_TIMEOUT_S", "WorkerError", "ring_allreduce_bytes", "run_data_parallel"]

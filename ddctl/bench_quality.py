@@ -1,0 +1,110 @@
+"""``ddctl bench quality``: Decoupled DiLoCo variants against data-parallel at equal tokens.
+
+Every run trains the same model on the same corpus with the same token budget
+and per-learner batch; only the named knobs differ. Quality is validation bits
+per byte; traffic is bytes per token, up plus down. The targets of issue 2 are
+evaluated on the numbers of this run, never on remembered ones.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from ddctl.settings import ClusterConfig, TrainConfig
+from ddctl_agents.core.quorum import QuorumConfig
+from ddctl_agents.core.syncer import SyncerConfig
+from ddctl_agents.train.config import ConfigError, RunBudget
+from ddctl_agents.train.learner import SyncSettings
+
+HETEROGENEOUS = (1.0, 1.0, 0.6, 0.6)
+"""Two fast and two slow learners (the paper's heterogeneous-hardware setting, halved)."""
+
+
+def _decoupled(tokens: int, learners: int = 4, **knobs: Any) -> TrainConfig:
+    sync = SyncSettings(fragments=knobs.pop("fragments", 24), inner_steps=24, codec=knobs.pop("codec", "int4"))
+    quorum = QuorumConfig(quorum=1, grace=knobs.pop("grace", True))
+    syncer = SyncerConfig(quorum=quorum, merge=knobs.pop("merge", "rda"), inner_steps=24)
+    cluster = ClusterConfig(speeds=knobs.pop("speeds", ()))
+    return TrainConfig(budget=RunBudget(tokens=tokens, learners=learners), sync=sync, syncer=syncer, cluster=cluster, **knobs)
+
+
+RUNS: dict[str, Callable[[int], TrainConfig]] = {
+    "dp_m4": lambda t: _decoupled(t),  # run by the data-parallel baseline
+    "decoupled_m2": lambda t: _decoupled(t, learners=2),
+    "decoupled_m4": lambda t: _decoupled(t),
+    "decoupled_m8": lambda t: _decoupled(t, learners=8),
+    "hetero_k1_nograce": lambda t: _decoupled(t, speeds=HETEROGENEOUS, grace=False),
+    "hetero_k1_grace": lambda t: _decoupled(t, speeds=HETEROGENEOUS, grace=True),
+    "codec_bf16": lambda t: _decoupled(t, codec="bf16"),
+    "codec_int2": lambda t: _decoupled(t, codec="int2"),
+    "codec_int1": lambda t: _decoupled(t, codec="int1"),
+    "merge_mean": lambda t: _decoupled(t, merge="mean"),
+    "frag6_balanced": lambda t: _decoupled(t, fragments=6),
+    "frag6_layer": lambda t: _decoupled(t, fragments=6, fragmentation="layer"),
+}
+"""Name -> config. Unnamed knobs are the defaults: M=4, P=H=24, tau=2, K=1, grace, int4, RDA, balanced."""
+
+
+def run_one(name: str, tokens: int) -> dict[str, Any]:
+    config = RUNS[name](tokens)
+    if name.startswith("dp_"):
+        from ddctl.baseline import run_data_parallel
+
+        result = run_data_parallel(config.inner, config.data, config.budget, threads_per_rank=1)
+    else:
+        from ddctl.training import train_decoupled
+
+        result = train_decoupled(config)
+    keep = ("val_bpb", "tokens", "bytes_up", "bytes_down", "wall_s", "rounds", "ledger", "learners")
+    row = {k: result[k] for k in keep if k in result}
+    row["bytes_per_token"] = (result["bytes_up"] + result["bytes_down"]) / max(result["tokens"], 1)
+    row["config"] = {"learners": config.budget.learners, "codec": config.sync.codec, "merge": config.syncer.merge,
+                     "fragments": config.sync.fragments, "fragmentation": config.fragmentation,
+                     "grace": config.syncer.quorum.grace, "speeds": list(config.speeds())}
+    return row
+
+
+def run_quality(tokens: int, only: list[str], out: Path | None = None, jobs: int = 1) -> dict[str, Any]:
+    unknown = [n for n in only if n not in RUNS]
+    if unknown:
+        raise ConfigError(f"unknown runs {', '.join(unknown)}; allowed: {', '.join(RUNS)}")
+    names = only or list(RUNS)
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            rows = dict(zip(names, pool.map(run_one, names, [tokens] * len(names))))
+    else:
+        rows = {name: run_one(name, tokens) for name in names}
+    result = {"tokens": tokens, "runs": rows, "targets": evaluate_targets(rows)}
+    if out is not None:
+        out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    return result
+
+
+def evaluate_targets(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Issue 2's targets, each with the two numbers it compares; absent runs give None."""
+
+    def ratio(a: str, b: str, key: str) -> float | None:
+        return rows[a][key] / rows[b][key] if a in rows and b in rows else None
+
+    m4_vs_dp = ratio("decoupled_m4", "dp_m4", "val_bpb")
+    int4_vs_bf16 = ratio("decoupled_m4", "codec_bf16", "val_bpb")
+    traffic = ratio("dp_m4", "decoupled_m4", "bytes_per_token")
+    low_bits = [ratio(n, "decoupled_m4", "val_bpb") for n in ("codec_int2", "codec_int1")]
+    return {
+        "m4_val_bpb_over_dp": m4_vs_dp,
+        "m4_within_5pct_of_dp": None if m4_vs_dp is None else m4_vs_dp <= 1.05,
+        "int4_val_bpb_over_bf16": int4_vs_bf16,
+        "int4_within_1pct_of_bf16": None if int4_vs_bf16 is None else int4_vs_bf16 <= 1.01,
+        "int2_int1_val_bpb_over_int4": low_bits,
+        "low_bits_worse": None if None in low_bits else all(r > 1.0 for r in low_bits),  # type: ignore[operator]
+        "dp_bytes_per_token_over_m4": traffic,
+        "traffic_50x_below_dp": None if traffic is None else traffic >= 50,
+    }
+
+
+__all__ = ["RUNS", "evaluate_targets", "run_one", "run_quality"]

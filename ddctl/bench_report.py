@@ -1,0 +1,35 @@
+"""Rich tables for benchmark results: pure functions from result dicts to renderables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+
+def codec_table(result: dict[str, Any]) -> Table:
+    memcpy = result["memcpy_gbps"]
+    table = Table(title=f"codecs on one core (memcpy {memcpy:.2f} GB/s, native={result.get('native')})")
+    for col in ("codec", "encode GB/s", "x memcpy", "decode GB/s", "x memcpy", "rel L2 error"):
+        table.add_column(col, justify="right")
+    for name, row in result["codecs"].items():
+        table.add_row(
+            name, f"{row['encode_gbps']:.2f}", f"{row['encode_gbps'] / memcpy:.2f}",
+            f"{row['decode_gbps']:.2f}", f"{row['decode_gbps'] / memcpy:.2f}", f"{row['rel_error']:.4f}",
+        )
+    return table
+
+
+def quality_table(result: dict[str, Any]) -> Table:
+    table = Table(title=f"quality at {result['tokens']:,} tokens per run")
+    for col in ("run", "M", "codec", "merge", "frag", "grace", "val_bpb", "bytes/token", "rounds", "wall s"):
+        table.add_column(col, justify="right")
+    for name, row in result["runs"].items():
+        c = row["config"]
+        table.add_row(
+            name, str(c["learners"]), c["codec"] if not name.startswith("dp") else "-", c["merge"] if not name.startswith("dp") else "-",
+            f"{c['fragmentation']}/{c['fragments']}" if not name.startswith("dp") else "-",
+            str(c["grace"]) if not name.startswith("dp") else "-", f"{row['val_bpb']:.4f}", f"{row['bytes_per_token']:.1f}",
+            str(row.get("rounds", "-")), f"{row['wall_s']:.0f}",
+        )
+    return table

@@ -1,0 +1,22 @@
+"""The ``ddctl`` command: one small module per command group, wired here."""
+
+from __future__ import annotations
+
+import typer
+
+from ddctl.cli import bench, replay, train
+
+app = typer.Typer(
+    name="ddctl",
+    help="Cross-region Decoupled DiLoCo training on preemptible GPUs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("train")(train.train)
+app.command("replay")(replay.replay)
+app.add_typer(bench.app, name="bench")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,63 @@
+"""The one place where errors become exit codes and one-line messages.
+
+Exit codes: 0 success; 1 unexpected internal error; 2 bad usage or settings;
+3 bad input data (corpus, tape, payload); 4 a replay that diverged from its
+tape; 5 a data-parallel worker failed.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import TypeVar
+
+import typer
+
+from ddctl.baseline import WorkerError
+from ddctl.replay import ReplayDivergence
+from ddctl_agents.core.codec import CodecError
+from ddctl_agents.core.fragments import FragmentationError
+from ddctl_agents.core.tape import TapeError
+from ddctl_agents.core.wire import WireError
+from ddctl_agents.train.config import ConfigError
+
+EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_DATA, EXIT_DIVERGED, EXIT_WORKER = 0, 1, 2, 3, 4, 5
+
+EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
+    (ReplayDivergence, EXIT_DIVERGED),
+    (TapeError, EXIT_DATA),
+    (WireError, EXIT_DATA),
+    (CodecError, EXIT_USAGE),
+    (FragmentationError, EXIT_USAGE),
+    (ConfigError, EXIT_USAGE),
+    (FileExistsError, EXIT_USAGE),
+    (WorkerError, EXIT_WORKER),
+    (ValueError, EXIT_USAGE),
+)
+"""First match wins, so subclasses come before their parents."""
+
+T = TypeVar("T")
+
+
+def exit_code_for(exc: BaseException) -> int:
+    for cls, code in EXIT_CODES:
+        if isinstance(exc, cls):
+            return code
+    return EXIT_INTERNAL
+
+
+def run_guarded(action: Callable[[], T]) -> T:
+    """Run a command body; known errors print ``ddctl: error: ...`` and exit with their code."""
+    try:
+        return action()
+    except typer.Exit:
+        raise
+    except KeyboardInterrupt:
+        sys.stderr.write("ddctl: interrupted\n")
+        raise typer.Exit(130) from None
+    except Exception as exc:  # noqa: BLE001 - the boundary where every error becomes an exit code
+        code = exit_code_for(exc)
+        if code == EXIT_INTERNAL:
+            raise
+        sys.stderr.write(f"ddctl: error: {exc}\n")
+        raise typer.Exit(code) from None

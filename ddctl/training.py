@@ -1,0 +1,78 @@
+"""`ddctl train`: run a Decoupled DiLoCo job on the virtual cluster and report it.
+
+Thin shell: assemble, run, evaluate, write the tape's first and last records.
+The result's keys are shared with the data-parallel baseline so the two can be
+compared line by line.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from ddctl.assembly import Assembly
+from ddctl.settings import TrainConfig, to_json
+from ddctl.virtual_cluster import Progress, VirtualCluster
+from ddctl_agents.core.tape import TAPE_FORMAT, TapeWriter
+from ddctl_agents.train.checksum import params_sha256
+
+
+def train_decoupled(config: TrainConfig, tape_path: Path | None = None, progress: Progress | None = None) -> dict[str, Any]:
+    """Train to the token budget; returns val_bpb, tokens, bytes, wall time and the params hash."""
+    started = time.perf_counter()
+    assembly = Assembly.build(config)
+    tape = _open_tape(tape_path, assembly) if tape_path else None
+    try:
+        cluster = VirtualCluster(assembly, tape, progress)
+        stats = cluster.run()
+        params = cluster.syncer.global_params()
+        result = {
+            "mode": "decoupled",
+            "val_bpb": assembly.evaluate(params),
+            "tokens": stats.tokens,
+            "bytes_up": stats.bytes_up,
+            "bytes_down": stats.bytes_down,
+            "wall_s": time.perf_counter() - started,
+            "params_sha256": params_sha256(params),
+            "learners": config.budget.learners,
+            "rounds": cluster.syncer.rounds_closed,
+            "virtual_time_s": stats.virtual_time_s,
+            "round_reasons": dict(sorted(stats.reasons.items())),
+            "ledger": _ledger(cluster, stats, assembly.fragmentation.count),
+            "loss_curve": stats.loss_curve,
+            **assembly.describe(),
+        }
+        if tape is not None:
+            tape.write({"type": "end", "t": stats.virtual_time_s, "params_sha256": result["params_sha256"], "val_bpb": result["val_bpb"]})
+        return result
+    finally:
+        if tape is not None:
+            tape.close()
+
+
+def _open_tape(path: Path, assembly: Assembly) -> TapeWriter:
+    if path.exists() and path.stat().st_size > 0:
+        raise FileExistsError(f"tape {path} already exists; choose a new path (tapes are append-only records of one run)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tape = TapeWriter(path)
+    tape.write({"type": "config", "format": TAPE_FORMAT, "config": to_json(assembly.config), **assembly.describe()})
+    return tape
+
+
+def _ledger(cluster: VirtualCluster, stats: Any, fragments: int) -> dict[str, Any]:
+    """Tokens by fate. Balanced means: every trained token was sent, overwritten by a newer
+    version, or lost with its learner; every sent one was received or lost in flight; and
+    every received one was merged, late-merged, dropped or is pending (ALGORITHM.md §4)."""
+    syncer, learner = cluster.syncer.ledger, stats.learner_ledger
+    unsent = learner.trained - learner.sent - learner.overwritten - stats.lost_at_failure
+    balanced = syncer.balanced() and syncer.received + stats.lost_in_flight == learner.sent and unsent == 0
+    return {
+        **syncer.as_tokens(fragments),
+        "trained": learner.trained / fragments,
+        "overwritten": learner.overwritten / fragments,
+        "lost_in_flight": stats.lost_in_flight / fragments,
+        "lost_at_failure": stats.lost_at_failure / fragments,
+        "unsent": unsent / fragments,
+        "balanced": balanced,
+    }

@@ -1,0 +1,261 @@
+"""M learners and the real syncer core in one process, on a virtual clock.
+
+Training compute is real (torch), messages are really encoded and decoded
+through the wire format, but time is simulated: each learner's step takes
+``step_time_s / speed`` virtual seconds (with seeded jitter) and each transfer
+``latency + bytes / bandwidth`` on a per-learner link that carries one message
+at a time. Events run in (time, sequence) order, so a run is deterministic for
+its config and its tape replays bit for bit.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddctl.assembly import Assembly, learner_name
+from ddctl_agents.core.messages import FragmentVersion, Update, decode_fragment, decode_update, encode_fragment, encode_update
+from ddctl_agents.core.syncer import Effect, Record, Send
+from ddctl_agents.core.tape import TapeWriter
+from ddctl_agents.train.learner import Learner, LearnerLedger
+
+Progress = Callable[[int, int], None]
+"""Called with (tokens trained so far, token budget)."""
+
+HEARTBEAT_BYTES = len(json.dumps({"learner": "L00", "step": 123456, "step_time": 1.234567, "tokens": 123456789}))
+LOSS_EVERY = 10
+
+
+@dataclass(slots=True)
+class _Slot:
+    """One learner position; a replacement after a failure is a new incarnation."""
+
+    index: int
+    speed: float
+    rng: random.Random
+    learner: Learner | None = None
+    incarnation: int = -1
+    alive: bool = False
+    died_at: dict[int, float] = field(default_factory=dict)
+    up_free_at: float = 0.0
+    down_free_at: float = 0.0
+    inbox: list[tuple[float, int, FragmentVersion]] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return learner_name(self.index)
+
+
+@dataclass(slots=True)
+class ClusterStats:
+    bytes_up: int = 0
+    bytes_down: int = 0
+    tokens: int = 0
+    lost_in_flight: int = 0
+    lost_at_failure: int = 0
+    learner_ledger: LearnerLedger = field(default_factory=LearnerLedger)
+    loss_curve: list[list[float]] = field(default_factory=list)
+    reasons: dict[str, int] = field(default_factory=dict)
+    virtual_time_s: float = 0.0
+
+
+class VirtualCluster:
+    """Runs a TrainConfig's Decoupled DiLoCo job to its token budget."""
+
+    def __init__(self, assembly: Assembly, tape: TapeWriter | None = None, progress: Progress | None = None) -> None:
+        self.a, self.cfg, self.tape, self.progress = assembly, assembly.config, tape, progress
+        self.syncer = assembly.new_syncer()
+        self.stats = ClusterStats()
+        self.events: list[tuple[float, int, str, Any]] = []
+        self.seq = itertools.count()
+        self.bytes_per_s = self.cfg.cluster.link_mbps * 1e6 / 8
+        self.latency = self.cfg.cluster.latency_ms / 1000
+        self.slots = [_Slot(index=i, speed=s, rng=random.Random(f"{self.cfg.inner.seed}:{i}")) for i, s in enumerate(self.cfg.speeds())]
+        self.draining = False
+        self.now = 0.0
+
+    # -- event loop ---------------------------------------------------------------------------
+    def run(self) -> ClusterStats:
+        for slot in self.slots:
+            self._push(0.0, "join", (slot.index, 0))
+        for outage in self.cfg.cluster.outages:
+            self._push(outage.at, "fail", (outage.learner, outage.duration))
+        while self.events:
+            self.now, _, kind, data = heapq.heappop(self.events)
+            getattr(self, f"_on_{kind}")(*data)
+        self._finish()
+        self.stats.virtual_time_s = self.now
+        return self.stats
+
+    def _push(self, at: float, kind: str, data: tuple[Any, ...]) -> None:
+        heapq.heappush(self.events, (at, next(self.seq), kind, data))
+
+    def _on_join(self, index: int, start_step: int) -> None:
+        slot = self.slots[index]
+        if self.draining or slot.alive:
+            return
+        slot.incarnation += 1
+        slot.alive, slot.inbox = True, []
+        slot.learner = self.a.new_learner(index, slot.incarnation, start_step)
+        self._apply(self.syncer.register(self.now, slot.name, slot.incarnation, start_step))
+        ready_at = max((t for t, _, _ in slot.inbox), default=self.now)
+        self._push(ready_at + self._step_time(slot), "step", (index, slot.incarnation))
+
+    def _on_step(self, index: int, incarnation: int) -> None:
+        slot = self.slots[index]
+        if not slot.alive or slot.incarnation != incarnation or self.draining:
+            return
+        learner = slot.learner
+        assert learner is not None
+        if not learner.ready:
+            self._adopt_arrived(slot)
+        loss = learner.train_step()
+        self.stats.tokens += learner.tokens_per_step
+        if learner.step % LOSS_EVERY == 0:
+            self.stats.loss_curve.append([self.stats.tokens, round(float(loss), 5)])
+        self._push(self.now + self.latency, "heartbeat", (slot.name, learner.step, self._nominal(slot)))
+        self.stats.bytes_up += HEARTBEAT_BYTES
+        for p in learner.due():
+            if learner.has_drift(p):
+                self._send(slot, learner.make_update(p))
+        self._adopt_arrived(slot)
+        if self.progress:
+            self.progress(self.stats.tokens, self.cfg.budget.tokens)
+        if self.stats.tokens >= self.cfg.budget.tokens:
+            self._drain()
+        else:
+            self._push(self.now + self._step_time(slot), "step", (index, incarnation))
+
+    def _on_heartbeat(self, name: str, step: int, step_time: float) -> None:
+        self.syncer.heartbeat(self.now, name, step, step_time)
+
+    def _on_arrive(self, index: int, incarnation: int, frame: bytes, sent_at: float) -> None:
+        slot = self.slots[index]
+        died = slot.died_at.get(incarnation)
+        update, _ = decode_update(frame)
+        if died is not None and died < self.now:
+            self.stats.lost_in_flight += update.c_tokens  # the sender died mid-upload: nothing of it lands
+            return
+        if update.learner not in self.syncer.live:
+            self.stats.lost_in_flight += update.c_tokens
+            return
+        self.syncer.observe_upload(update.learner, len(frame), self.now - sent_at, rtt_s=2 * self.latency)
+        _, effects = self.syncer.receive(self.now, update, len(frame))
+        self._apply(effects)
+        self._poll()
+
+    def _on_wake(self) -> None:
+        self._poll()
+
+    def _on_fail(self, index: int, duration: float | None) -> None:
+        slot = self.slots[index]
+        if not slot.alive or self.draining:
+            return
+        assert slot.learner is not None
+        slot.alive = False
+        slot.died_at[slot.incarnation] = self.now
+        self.stats.lost_at_failure += slot.learner.unsent()
+        self._retire(slot)
+        self._write({"type": "failure", "t": self.now, "learner": slot.name, "incarnation": slot.incarnation})
+        self._push(self.now + self.cfg.cluster.detect_after_steps * self.cfg.cluster.step_time_s, "detect", (index, slot.incarnation))
+        if duration is not None:
+            self._push(self.now + duration, "rejoin", (index,))
+
+    def _on_detect(self, index: int, incarnation: int) -> None:
+        slot = self.slots[index]
+        if slot.incarnation == incarnation and not slot.alive:
+            self._apply(self.syncer.deregister(self.now, slot.name, "heartbeat timeout"))
+            self._poll()
+
+    def _on_rejoin(self, index: int) -> None:
+        name = self.slots[index].name
+        self._on_join(index, self.syncer.links[name].pace.last_step if name in self.syncer.links else 0)
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _send(self, slot: _Slot, update: Update) -> None:
+        frame = encode_update(update, self.cfg.sync.codec, self.cfg.sync.block)
+        self.stats.bytes_up += len(frame)
+        start = max(self.now, slot.up_free_at)
+        slot.up_free_at = start + len(frame) / self.bytes_per_s
+        self._push(slot.up_free_at + self.latency, "arrive", (slot.index, slot.incarnation, frame, self.now))
+
+    def _apply(self, effects: list[Effect]) -> None:
+        for effect in effects:
+            if isinstance(effect, Record):
+                self._count_reason(effect.entry)
+                self._write(effect.entry)
+            elif isinstance(effect, Send):
+                self._deliver(effect)
+
+    def _deliver(self, send: Send) -> None:
+        frame = encode_fragment(send.message, self.cfg.down_codec, self.cfg.sync.block)
+        message, _ = decode_fragment(frame)
+        for name in send.to:
+            slot = self.slots[int(name[1:])]
+            if not slot.alive:
+                continue
+            start = max(self.now, slot.down_free_at)
+            slot.down_free_at = start + len(frame) / self.bytes_per_s
+            arrival = slot.down_free_at + self.latency
+            slot.inbox.append((arrival, next(self.seq), message))
+            self.syncer.observe_download(name, len(frame), arrival - self.now)
+            self.stats.bytes_down += len(frame)
+
+    def _adopt_arrived(self, slot: _Slot) -> None:
+        assert slot.learner is not None
+        arrived = sorted(m for m in slot.inbox if m[0] <= self.now)
+        slot.inbox = [m for m in slot.inbox if m[0] > self.now]
+        for _, _, message in arrived:
+            update = slot.learner.on_arrival(message)
+            if update is not None:
+                self._send(slot, update)
+
+    def _poll(self) -> None:
+        self._apply(self.syncer.poll(self.now))
+        wake = self.syncer.next_wake()
+        if wake is not None and not any(kind == "wake" and t == wake for t, _, kind, _ in self.events):
+            self._push(wake, "wake", ())
+
+    def _drain(self) -> None:
+        """Budget reached: every live learner flushes its drift; rounds close once all of it lands."""
+        self.draining = True
+        for slot in self.slots:
+            if slot.alive and slot.learner is not None and slot.learner.ready:
+                for p in range(self.a.fragmentation.count):
+                    if slot.learner.has_drift(p):
+                        self._send(slot, slot.learner.make_update(p))
+
+    def _finish(self) -> None:
+        for p in self.syncer.open_rounds():
+            self._apply(self.syncer.close_round(self.now, p, "final drain: every live learner flushed its drift"))
+        for slot in self.slots:
+            if slot.alive:
+                self._retire(slot)
+
+    def _retire(self, slot: _Slot) -> None:
+        assert slot.learner is not None
+        total, ledger = self.stats.learner_ledger, slot.learner.ledger
+        total.trained += ledger.trained
+        total.sent += ledger.sent
+        total.overwritten += ledger.overwritten
+
+    def _count_reason(self, entry: dict[str, Any]) -> None:
+        if entry.get("type") == "round":
+            key = str(entry["reason"]).split(":")[0].split(" with ")[0].split(" met")[0]
+            self.stats.reasons[key] = self.stats.reasons.get(key, 0) + 1
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if self.tape is not None:
+            self.tape.write(record)
+
+    def _step_time(self, slot: _Slot) -> float:
+        jitter = 1.0 + self.cfg.cluster.jitter * slot.rng.gauss(0.0, 1.0)
+        return self.cfg.cluster.step_time_s / slot.speed * min(max(jitter, 0.5), 1.5)
+
+    def _nominal(self, slot: _Slot) -> float:
+        return self.cfg.cluster.step_time_s / slot.speed

@@ -1,0 +1,50 @@
+"""Shared builders for tests: small syncers, updates and run configs."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from ddctl.settings import ClusterConfig, TrainConfig
+from ddctl_agents.core.fragments import TensorSpec, fragment_tensors
+from ddctl_agents.core.messages import Update
+from ddctl_agents.core.quorum import QuorumConfig
+from ddctl_agents.core.syncer import Synchronizer, SyncerConfig
+from ddctl_agents.train.config import DataConfig, InnerConfig, RunBudget
+from ddctl_agents.train.learner import SyncSettings
+
+_ids = itertools.count()
+
+
+def small_syncer(quorum: int = 1, grace: bool = False, fragments: int = 2, **kw: object) -> Synchronizer:
+    params = {"a": torch.zeros(4), "b": torch.zeros(4), "emb": torch.zeros(2, 2)}
+    specs = [TensorSpec(name=k, shape=tuple(v.shape), is_embedding=k == "emb") for k, v in params.items()]
+    config = SyncerConfig(quorum=QuorumConfig(quorum=quorum, grace=grace), inner_steps=4, **kw)  # type: ignore[arg-type]
+    return Synchronizer(params, fragment_tensors(specs, fragments), frozenset({"emb"}), config)
+
+
+def update_for(syncer: Synchronizer, learner: str, fragment: int, value: float = 1.0, base: int | None = None,
+               c_steps: int = 4, c_tokens: int = 400, update_id: str | None = None) -> Update:
+    tensors = {name: torch.full_like(t, value) for name, t in syncer.fragments[fragment].items()}
+    return Update(
+        learner=learner, fragment=fragment, base_version=syncer.versions[fragment] if base is None else base,
+        update_id=update_id or f"{learner}.{next(_ids)}", step=c_steps, c_steps=c_steps, c_tokens=c_tokens, tensors=tensors,
+    )
+
+
+CORPUS = DataConfig(max_bytes=1 << 20, eval_windows=16)
+
+
+def small_run(tokens: int = 40_000, learners: int = 2, **kw: object) -> TrainConfig:
+    """A run that takes seconds: tiny model, 1 MiB of corpus, few fragments."""
+    sync = SyncSettings(
+        fragments=4, inner_steps=8, codec=str(kw.pop("codec", "int4")),
+        error_feedback=bool(kw.pop("error_feedback", False)), push_before_overwrite=bool(kw.pop("push_before_overwrite", True)),
+    )
+    syncer = SyncerConfig(quorum=QuorumConfig(quorum=1, grace=bool(kw.pop("grace", True))), inner_steps=8)
+    cluster = kw.pop("cluster", ClusterConfig())
+    return TrainConfig(
+        inner=InnerConfig(batch_size=4, warmup_steps=5, lr=3e-3), data=CORPUS,
+        budget=RunBudget(tokens=tokens, learners=learners), sync=sync, syncer=syncer, cluster=cluster, **kw,  # type: ignore[arg-type]
+    )
