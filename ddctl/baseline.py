@@ -29,6 +29,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
+from ddctl.errors import WorkerError
 from ddctl_agents.train.checksum import params_sha256
 from ddctl_agents.train.config import (
     DataConfig,
@@ -57,10 +58,6 @@ POLL_S = 0.5
 
 EXIT_GRACE_S = 30.0
 """How long workers that reported may take to exit before they are killed."""
-
-
-class WorkerError(RuntimeError):
-    """A data-parallel worker failed, died or timed out; the message carries its traceback."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ddctl_agents.errors import ConfigError
+
 #: Report order; the first entry is the one the paper ships (ALGORITHM.md §5).
 BENCH_CODECS = ("int4", "int8", "bf16", "fp32", "int2", "int1")
 SEED = 0
@@ -28,7 +30,7 @@ def measure_codecs(numel: int = 16 * 2**20, repeats: int = 5, block: int = 128) 
     ‖decode(encode(x)) − x‖₂ / ‖x‖₂ on a seeded Gaussian vector.
     """
     if numel < 1 or repeats < 1:
-        raise ValueError(f"numel and repeats must be positive, got {numel} and {repeats}")
+        raise ConfigError(f"numel and repeats must be positive, got {numel} and {repeats}")
     import torch  # lazy: keeps `ddctl --help` fast
 
     from ddctl_agents.core import codec

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ddctl.assembly import Assembly
+from ddctl.errors import ReplayDivergence
 from ddctl.settings import TrainConfig, from_json
 from ddctl_agents.core.messages import FragmentVersion, decode_fragment, decode_update, encode_fragment, encode_update
 from ddctl_agents.core.syncer import Record, Send, Synchronizer
@@ -26,10 +27,6 @@ from ddctl_agents.train.learner import Learner
 
 HISTORY = 64
 """Fragment versions kept per fragment for learners that adopt late."""
-
-
-class ReplayDivergence(TapeError):
-    """The replayed run did something other than what the tape recorded."""
 
 
 class Replayer:

@@ -11,7 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ddctl.baseline import WorkerError, ring_allreduce_bytes, run_data_parallel
+from ddctl.baseline import ring_allreduce_bytes, run_data_parallel
+from ddctl.errors import WorkerError
 from ddctl_agents.train.checksum import params_sha256
 from ddctl_agents.train.config import DataConfig, InnerConfig, RunBudget
 from ddctl_agents.train.data import load_corpus, validation_batches

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from ddctl_agents.core.merge import MergeError
+from ddctl_agents.errors import ConfigError
 from ddctl_agents.core.outer import OuterConfig, outer_step
 
 
@@ -46,5 +47,5 @@ def test_mismatched_names_are_refused() -> None:
 
 @pytest.mark.parametrize(("lr", "momentum"), [(0.0, 0.9), (0.7, 1.0), (0.7, -0.1)])
 def test_bad_hyperparameters_are_refused(lr: float, momentum: float) -> None:
-    with pytest.raises(ValueError, match="outer"):
+    with pytest.raises(ConfigError, match="outer"):
         OuterConfig(lr=lr, momentum=momentum)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from ddctl_agents.errors import ConfigError
 from ddctl_agents.core.quorum import QuorumConfig, RoundView, Timing, decide_round, grace_window
 
 LIVE = frozenset({"A", "B", "C"})
@@ -67,5 +68,5 @@ def test_quorum_is_lowered_to_the_live_learners_so_a_round_never_hangs() -> None
 
 @pytest.mark.parametrize("kwargs", [{"quorum": 0}, {"overlap": -1}, {"gamma": 0.0}, {"gamma": 1.5}, {"cap_steps": -1.0}])
 def test_bad_settings_are_refused(kwargs: dict[str, float]) -> None:
-    with pytest.raises(ValueError, match="must be"):
+    with pytest.raises(ConfigError, match="must be"):
         QuorumConfig(**kwargs)  # type: ignore[arg-type]

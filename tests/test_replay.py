@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from builders import small_run
-from ddctl.replay import ReplayDivergence, replay_tape
+from ddctl.errors import ReplayDivergence
+from ddctl.replay import replay_tape
 from ddctl.settings import ClusterConfig, Outage
 from ddctl.training import train_decoupled
 from ddctl_agents.core.tape import TapeError

@@ -13,13 +13,8 @@ from typing import TypeVar
 
 import typer
 
-from ddctl.baseline import WorkerError
-from ddctl.replay import ReplayDivergence
-from ddctl_agents.core.codec import CodecError
-from ddctl_agents.core.fragments import FragmentationError
-from ddctl_agents.core.tape import TapeError
-from ddctl_agents.core.wire import WireError
-from ddctl_agents.train.config import ConfigError
+from ddctl.errors import ReplayDivergence, WorkerError
+from ddctl_agents.errors import AgentError, TapeError, WireError
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_DATA, EXIT_DIVERGED, EXIT_WORKER = 0, 1, 2, 3, 4, 5
 
@@ -27,12 +22,9 @@ EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (ReplayDivergence, EXIT_DIVERGED),
     (TapeError, EXIT_DATA),
     (WireError, EXIT_DATA),
-    (CodecError, EXIT_USAGE),
-    (FragmentationError, EXIT_USAGE),
-    (ConfigError, EXIT_USAGE),
+    (AgentError, EXIT_USAGE),
     (FileExistsError, EXIT_USAGE),
     (WorkerError, EXIT_WORKER),
-    (ValueError, EXIT_USAGE),
 )
 """First match wins, so subclasses come before their parents."""
 

@@ -27,18 +27,13 @@ def _value(x: Any) -> Any:
 
 def build_config(o: dict[str, Any]) -> TrainConfig:
     """Every flag lands in exactly one typed config; each validates its own ranges."""
-    try:
-        quorum = QuorumConfig(quorum=o["quorum"], grace=o["grace"], overlap=o["overlap"])
-        outer = OuterConfig(lr=o["outer_lr"], momentum=o["outer_momentum"])
-        sync = SyncSettings(
-            fragments=o["fragments"], inner_steps=o["inner_steps"], codec=_value(o["codec"]),
-            error_feedback=o["error_feedback"], push_before_overwrite=o["push_before_overwrite"],
-        )
-        syncer = SyncerConfig(quorum=quorum, outer=outer, merge=_value(o["merge"]), inner_steps=o["inner_steps"])
-    except ConfigError:
-        raise
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    quorum = QuorumConfig(quorum=o["quorum"], grace=o["grace"], overlap=o["overlap"])
+    outer = OuterConfig(lr=o["outer_lr"], momentum=o["outer_momentum"])
+    sync = SyncSettings(
+        fragments=o["fragments"], inner_steps=o["inner_steps"], codec=_value(o["codec"]),
+        error_feedback=o["error_feedback"], push_before_overwrite=o["push_before_overwrite"],
+    )
+    syncer = SyncerConfig(quorum=quorum, outer=outer, merge=_value(o["merge"]), inner_steps=o["inner_steps"])
     return TrainConfig(
         inner=InnerConfig(preset=o["preset"], batch_size=o["batch_size"], lr=o["lr"], seed=o["seed"]),
         data=DataConfig(paths=tuple(o["data"]), max_bytes=o["max_bytes"]),

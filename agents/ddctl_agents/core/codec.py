@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from ddctl_agents.core import _codec_ref, _native
+from ddctl_agents.errors import CodecError
 
 __all__ = [
     "CODECS",
@@ -63,8 +64,6 @@ MAX_BLOCK = 4096
 _ELEMENT_BYTES = {"fp32": 4, "bf16": 2}
 
 
-class CodecError(ValueError):
-    """Bad codec name, bad block size, wrong payload size, or non-finite input."""
 
 
 def native_available() -> bool:

@@ -14,11 +14,9 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from ddctl_agents.errors import FragmentationError
+
 STRATEGIES = ("balanced", "layer", "tensor")
-
-
-class FragmentationError(ValueError):
-    """The requested layout is impossible (e.g. more fragments than tensors)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -15,14 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
+from ddctl_agents.errors import MergeError
+
 MERGES = ("rda", "mean")
 DEGENERATE_COSINE = 1e-6
 """[ours] RDA falls back to the weighted mean when the mean direction's norm is
 below this (the unit directions cancel), where normalising would amplify noise."""
-
-
-class MergeError(ValueError):
-    """Inputs to a merge are inconsistent (no weight, mismatched shapes, bad method)."""
 
 
 def token_weight(c_tokens: int, c_steps: int) -> float:

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ddctl_agents.core.merge import MergeError
+from ddctl_agents.errors import ConfigError
+from ddctl_agents.errors import MergeError
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -26,9 +27,9 @@ class OuterConfig:
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
-            raise ValueError(f"outer lr must be > 0, got {self.lr}")
+            raise ConfigError(f"outer lr must be > 0, got {self.lr}")
         if not 0 <= self.momentum < 1:
-            raise ValueError(f"outer momentum must be in [0, 1), got {self.momentum}")
+            raise ConfigError(f"outer momentum must be in [0, 1), got {self.momentum}")
 
 
 def outer_step(

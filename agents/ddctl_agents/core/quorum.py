@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ddctl_agents.errors import ConfigError
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class QuorumConfig:
@@ -36,13 +38,13 @@ class QuorumConfig:
 
     def __post_init__(self) -> None:
         if self.quorum < 1:
-            raise ValueError(f"quorum must be >= 1, got {self.quorum}")
+            raise ConfigError(f"quorum must be >= 1, got {self.quorum}")
         if self.overlap < 0:
-            raise ValueError(f"overlap must be >= 0, got {self.overlap}")
+            raise ConfigError(f"overlap must be >= 0, got {self.overlap}")
         if not 0 < self.gamma <= 1:
-            raise ValueError(f"grace gamma must be in (0, 1], got {self.gamma}")
+            raise ConfigError(f"grace gamma must be in (0, 1], got {self.gamma}")
         if self.cap_steps < 0:
-            raise ValueError(f"grace cap must be >= 0 steps, got {self.cap_steps}")
+            raise ConfigError(f"grace cap must be >= 0 steps, got {self.cap_steps}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

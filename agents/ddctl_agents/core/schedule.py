@@ -7,12 +7,14 @@ first send of every fragment carries at least H/P steps of drift.
 
 from __future__ import annotations
 
+from ddctl_agents.errors import ConfigError
+
 
 def check_schedule(fragments: int, inner_steps: int) -> None:
     if fragments < 1:
-        raise ValueError(f"fragments must be >= 1, got {fragments}")
+        raise ConfigError(f"fragments must be >= 1, got {fragments}")
     if inner_steps < 1:
-        raise ValueError(f"inner steps H must be >= 1, got {inner_steps}")
+        raise ConfigError(f"inner steps H must be >= 1, got {inner_steps}")
 
 
 def offset(fragment: int, fragments: int, inner_steps: int) -> int:

@@ -25,35 +25,7 @@ from ddctl_agents.core.merge import MERGES, Contribution, merge_fragment
 from ddctl_agents.core.messages import FragmentVersion, Update
 from ddctl_agents.core.outer import OuterConfig, outer_step
 from ddctl_agents.core.quorum import QuorumConfig, RoundView, Timing, decide_round
-
-
-class SyncError(ValueError):
-    """An update the syncer refuses; ``status`` is the HTTP code the service maps it to.
-
-    SyncError
-    ├── UnknownLearner    (401) not registered
-    ├── BadUpdate         (400) fragment/tensor layout does not match the model
-    ├── NonFiniteUpdate   (422) NaN or Inf in an outer gradient
-    └── ImpossibleVersion (409) a base version the syncer never produced
-    """
-
-    status = 400
-
-
-class UnknownLearner(SyncError):
-    status = 401
-
-
-class BadUpdate(SyncError):
-    status = 400
-
-
-class NonFiniteUpdate(SyncError):
-    status = 422
-
-
-class ImpossibleVersion(SyncError):
-    status = 409
+from ddctl_agents.errors import BadUpdate, ConfigError, ImpossibleVersion, NonFiniteUpdate, SyncError, UnknownLearner
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,9 +42,9 @@ class SyncerConfig:
 
     def __post_init__(self) -> None:
         if self.merge not in MERGES:
-            raise ValueError(f"merge must be one of {', '.join(MERGES)}, got {self.merge!r}")
+            raise ConfigError(f"merge must be one of {', '.join(MERGES)}, got {self.merge!r}")
         if self.max_behind < 0:
-            raise ValueError(f"max_behind must be >= 0, got {self.max_behind}")
+            raise ConfigError(f"max_behind must be >= 0, got {self.max_behind}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

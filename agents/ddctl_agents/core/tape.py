@@ -14,12 +14,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from ddctl_agents.errors import TapeError
+
 TAPE_FORMAT = 1
 RECORD_TYPES = ("config", "join", "leave", "failure", "update", "round", "end")
-
-
-class TapeError(ValueError):
-    """The tape cannot be read or replayed; the message names the line."""
 
 
 class TapeWriter:

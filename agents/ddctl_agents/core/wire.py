@@ -31,15 +31,12 @@ from typing import Any
 import torch
 
 from ddctl_agents.core import codec as codecs
+from ddctl_agents.errors import WireError
 
 MAGIC = b"DDLW"
 FORMAT_VERSION = 1
 _PREFIX = struct.Struct("<4sHHIQ")
 _CRC = struct.Struct("<I")
-
-
-class WireError(ValueError):
-    """A frame is malformed, truncated, oversized, inconsistent or corrupted."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -7,9 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-
-class ConfigError(ValueError):
-    """A setting is out of its allowed range; the message names it and the range."""
+from ddctl_agents.errors import ConfigError
 
 
 def require(ok: bool, message: str) -> None:

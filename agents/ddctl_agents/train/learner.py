@@ -23,6 +23,7 @@ from ddctl_agents.core import codec as codecs
 from ddctl_agents.core import schedule, vclock
 from ddctl_agents.core.fragments import Fragmentation
 from ddctl_agents.core.messages import Adoption, FragmentVersion, Update
+from ddctl_agents.errors import ConfigError
 from ddctl_agents.train.config import InnerConfig
 from ddctl_agents.train.data import BatchSampler
 from ddctl_agents.train.model import GPT
@@ -47,7 +48,7 @@ class SyncSettings:
     def __post_init__(self) -> None:
         schedule.check_schedule(self.fragments, self.inner_steps)
         if self.codec not in codecs.CODECS:
-            raise ValueError(f"codec must be one of {', '.join(codecs.CODECS)}, got {self.codec!r}")
+            raise ConfigError(f"codec must be one of {', '.join(codecs.CODECS)}, got {self.codec!r}")
 
 
 @dataclass(slots=True)
