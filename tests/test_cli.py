@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ddctl.cli.app import app
+
+runner = CliRunner()
+SMALL = ["--tokens", "16000", "--learners", "2", "--fragments", "4", "--inner-steps", "8", "--batch-size", "4",
+         "--max-bytes", str(1 << 20)]
+
+
+def test_train_json_has_the_promised_keys(tmp_path: Path) -> None:
+    tape = tmp_path / "t.jsonl"
+    result = runner.invoke(app, ["train", *SMALL, "--tape", str(tape), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert {"val_bpb", "tokens", "bytes_up", "bytes_down", "wall_s", "params_sha256"} <= set(data)
+    assert data["val_bpb"] < 8.0 and data["tokens"] >= 16000
+    replay = runner.invoke(app, ["replay", str(tape), "--json"])
+    assert replay.exit_code == 0, replay.output
+    assert json.loads(replay.stdout)["params_sha256"] == data["params_sha256"]
+
+
+def test_plain_output_has_no_colour_codes_when_not_a_terminal() -> None:
+    result = runner.invoke(app, ["train", *SMALL, "--learners", "1"])
+    assert result.exit_code == 0, result.output
+    assert "val_bpb" in result.stdout and "\x1b[" not in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--learners", "0"], "learners must be in [1, 64], got 0"),
+        (["--speeds", "1,fast"], "--speeds '1,fast' must be comma-separated numbers"),
+        (["--speeds", "1,1,1"], "give one speed per learner (2), got 3"),
+        (["--outage", "soon"], "outage 'soon' must look like LEARNER@SECONDS[+SECONDS]"),
+        (["--outage", "5@10"], "outage learners must be < learners (2)"),
+        (["--fragments", "500"], "fragments must be in [1, 64] (the number of tensors)"),
+        (["--quorum", "0"], "quorum must be >= 1"),
+        (["--data", "/nonexistent/corpus"], "/nonexistent/corpus"),
+        (["--down-codec", "int4"], "down codec must be fp32 or bf16"),
+        (["--preset", "huge"], "huge"),
+    ],
+)
+def test_bad_input_exits_2_with_a_message_naming_what_is_allowed(args: list[str], message: str) -> None:
+    result = runner.invoke(app, ["train", *SMALL, *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_unknown_codec_is_refused_by_the_parser() -> None:
+    result = runner.invoke(app, ["train", "--codec", "int3"])
+    assert result.exit_code == 2 and "int3" in result.output
+
+
+def test_replay_of_a_missing_tape_exits_3() -> None:
+    result = runner.invoke(app, ["replay", "/nonexistent/tape.jsonl"])
+    assert result.exit_code == 3 and "cannot open tape" in result.stderr
+
+
+def test_bench_codec_json_shape() -> None:
+    result = runner.invoke(app, ["bench", "codec", "--numel", "65536", "--repeats", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["memcpy_gbps"] > 0
+    assert set(data["codecs"]) == {"fp32", "bf16", "int8", "int4", "int2", "int1"}
+    assert all({"encode_gbps", "decode_gbps", "rel_error"} <= set(row) for row in data["codecs"].values())
+
+
+def test_bench_quality_refuses_unknown_runs() -> None:
+    result = runner.invoke(app, ["bench", "quality", "--only", "bogus"])
+    assert result.exit_code == 2 and "unknown runs bogus" in result.stderr
+
+
+@pytest.mark.parametrize("command", [[], ["train"], ["replay"], ["bench"], ["bench", "codec"], ["bench", "quality"]])
+def test_every_command_has_help(command: list[str]) -> None:
+    result = runner.invoke(app, [*command, "--help"])
+    assert result.exit_code == 0 and "Usage" in result.output
+
+
+def test_help_does_not_import_torch() -> None:
+    code = "import sys, ddctl.cli.app; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
