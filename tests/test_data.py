@@ -97,11 +97,14 @@ def test_missing_path_and_empty_folder_are_config_errors(tmp_path: Path) -> None
         load_corpus(DataConfig(paths=(tmp_path / "empty",)))
 
 
-def test_shards_are_disjoint_contiguous_equal_and_cover() -> None:
+def test_shards_are_disjoint_equal_interleaved_and_cover() -> None:
     data = torch.arange(103)
-    parts = [shard(data, i, 4) for i in range(4)]
+    parts = [shard(data, i, 4, block=5) for i in range(4)]
     assert [len(p) for p in parts] == [25] * 4
-    assert torch.equal(torch.cat(parts), data[:100])
+    assert torch.equal(torch.sort(torch.cat(parts)).values, data[:100])
+    assert parts[1][:5].tolist() == [5, 6, 7, 8, 9] and parts[1][5:10].tolist() == [25, 26, 27, 28, 29]
+    small = [shard(data, i, 4) for i in range(4)]  # a block larger than the data: one block each
+    assert torch.equal(torch.sort(torch.cat(small)).values, data[:100])
     with pytest.raises(ConfigError, match="learner"):
         shard(data, 4, 4)
 

@@ -145,12 +145,24 @@ def load_corpus(config: DataConfig) -> Corpus:
     )
 
 
-def shard(train: Tensor, learner: int, learners: int) -> Tensor:
-    """Learner's disjoint contiguous slice; all slices equal (a remainder < learners is unused)."""
+SHARD_BLOCK = 64 * 2**10
+"""Shards interleave blocks of this many bytes, so every learner sees the whole mix."""
+
+
+def shard(train: Tensor, learner: int, learners: int, block: int = SHARD_BLOCK) -> Tensor:
+    """Learner's disjoint share: blocks learner, learner+M, learner+2M, ... of the stream.
+
+    Interleaving (not one contiguous slice each) keeps shards statistically alike:
+    the stdlib sorted by path would otherwise give each learner different modules,
+    a non-IID split that real learners drawing from one data mix do not have.
+    All shards are equal; a remainder shorter than M blocks (or M bytes) is unused.
+    """
     require(learners >= 1, f"learners must be >= 1, got {learners}")
     require(0 <= learner < learners, f"learner must be in [0, {learners}), got {learner}")
-    size = len(train) // learners
-    return train[learner * size : (learner + 1) * size]
+    block = max(1, min(block, len(train) // learners))
+    rows = len(train) // (block * learners)
+    blocks = train[: rows * block * learners].reshape(rows, learners, block)
+    return blocks[:, learner, :].reshape(-1)
 
 
 def _windows(data: Tensor, starts: Tensor, seq_len: int) -> tuple[Tensor, Tensor]:
