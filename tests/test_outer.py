@@ -29,7 +29,7 @@ def test_matches_torch_sgd_with_nesterov() -> None:
         d = torch.randn(50, generator=gen)
         p.grad = d.clone()
         opt.step()
-        theta, buf = outer_step(theta, {"w": d}, buf, OuterConfig())
+        theta, buf = outer_step(theta, {"w": d}, buf, OuterConfig(lr=0.7, momentum=0.9))
     assert torch.allclose(theta["w"], p.detach(), atol=1e-6)
 
 

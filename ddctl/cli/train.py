@@ -53,8 +53,8 @@ def train(
     tokens: Annotated[int, typer.Option(help="Total token budget across all learners.")] = 1_000_000,
     batch_size: Annotated[int, typer.Option(help="Sequences per inner step per learner.")] = 8,
     lr: Annotated[float, typer.Option(help="Peak inner AdamW learning rate.")] = 3e-3,
-    outer_lr: Annotated[float, typer.Option(help="Outer Nesterov learning rate.")] = 0.7,
-    outer_momentum: Annotated[float, typer.Option(help="Outer Nesterov momentum.")] = 0.9,
+    outer_lr: Annotated[float, typer.Option(help="Outer Nesterov learning rate.")] = 0.4,
+    outer_momentum: Annotated[float, typer.Option(help="Outer Nesterov momentum.")] = 0.8,
     speeds: Annotated[str, typer.Option(help="Relative learner speeds, comma-separated (e.g. 1,1,0.5,0.5).")] = "",
     outage: Annotated[list[str], typer.Option(help="LEARNER@SECONDS[+SECONDS]: learner fails at a virtual time, returns later. Repeatable.")] = [],  # noqa: B006
     link_mbps: Annotated[float, typer.Option(help="Virtual link bandwidth per learner, each way.")] = 100.0,
