@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ddctl.settings import ClusterConfig, TrainConfig
+from ddctl_agents.core.outer import OuterConfig
 from ddctl_agents.core.quorum import QuorumConfig
 from ddctl_agents.core.syncer import SyncerConfig
 from ddctl_agents.train.config import ConfigError, RunBudget
@@ -26,9 +27,13 @@ HETEROGENEOUS = (1.0, 1.0, 0.6, 0.6)
 
 
 def _decoupled(tokens: int, learners: int = 4, **knobs: Any) -> TrainConfig:
-    sync = SyncSettings(fragments=knobs.pop("fragments", 24), inner_steps=24, codec=knobs.pop("codec", "int4"))
+    sync = SyncSettings(
+        fragments=knobs.pop("fragments", 24), inner_steps=24, codec=knobs.pop("codec", "int4"),
+        push_before_overwrite=knobs.pop("push_before_overwrite", True),
+    )
     quorum = QuorumConfig(quorum=1, grace=knobs.pop("grace", True))
-    syncer = SyncerConfig(quorum=quorum, merge=knobs.pop("merge", "rda"), inner_steps=24)
+    outer = OuterConfig(lr=knobs.pop("outer_lr", OuterConfig().lr), momentum=knobs.pop("outer_momentum", OuterConfig().momentum))
+    syncer = SyncerConfig(quorum=quorum, outer=outer, merge=knobs.pop("merge", "rda"), inner_steps=24)
     cluster = ClusterConfig(speeds=knobs.pop("speeds", ()))
     return TrainConfig(budget=RunBudget(tokens=tokens, learners=learners), sync=sync, syncer=syncer, cluster=cluster, **knobs)
 
@@ -46,6 +51,9 @@ RUNS: dict[str, Callable[[int], TrainConfig]] = {
     "merge_mean": lambda t: _decoupled(t, merge="mean"),
     "frag6_balanced": lambda t: _decoupled(t, fragments=6),
     "frag6_layer": lambda t: _decoupled(t, fragments=6, fragmentation="layer"),
+    "outer_diloco": lambda t: _decoupled(t, outer_lr=0.7, outer_momentum=0.9),
+    "outer_average": lambda t: _decoupled(t, outer_lr=1.0, outer_momentum=0.0),
+    "hetero_k1_grace_overwrite": lambda t: _decoupled(t, speeds=HETEROGENEOUS, grace=True, push_before_overwrite=False),
 }
 """Name -> config. Unnamed knobs are the defaults: M=4, P=H=24, tau=2, K=1, grace, int4, RDA, balanced."""
 
@@ -65,7 +73,9 @@ def run_one(name: str, tokens: int) -> dict[str, Any]:
     row["bytes_per_token"] = (result["bytes_up"] + result["bytes_down"]) / max(result["tokens"], 1)
     row["config"] = {"learners": config.budget.learners, "codec": config.sync.codec, "merge": config.syncer.merge,
                      "fragments": config.sync.fragments, "fragmentation": config.fragmentation,
-                     "grace": config.syncer.quorum.grace, "speeds": list(config.speeds())}
+                     "grace": config.syncer.quorum.grace, "speeds": list(config.speeds()),
+                     "outer": [config.syncer.outer.lr, config.syncer.outer.momentum],
+                     "push_before_overwrite": config.sync.push_before_overwrite}
     return row
 
 

@@ -52,7 +52,7 @@ class Replayer:
         elif kind == "update":
             self._update(number, t, record)
         elif kind == "round":
-            effects = self.syncer.close_round(t, record["fragment"], record["reason"], record.get("grace_s", 0.0))
+            effects = self.syncer.close_round(t, record["fragment"], record["cause"], record["reason"], record.get("grace_s", 0.0))
             made = next(e.entry for e in effects if isinstance(e, Record))
             if made["version"] != record["version"] or made["admitted"] != record["admitted"]:
                 raise ReplayDivergence(f"line {number}: round of fragment {record['fragment']} admitted {made['admitted']}, tape says {record['admitted']}")

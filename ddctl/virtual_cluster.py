@@ -61,6 +61,10 @@ class ClusterStats:
     learner_ledger: LearnerLedger = field(default_factory=LearnerLedger)
     loss_curve: list[list[float]] = field(default_factory=list)
     reasons: dict[str, int] = field(default_factory=dict)
+    admitted: list[int] = field(default_factory=list)
+    """Learners admitted fresh (not late) by each round, in order."""
+    round_times: list[tuple[float, int]] = field(default_factory=list)
+    """(virtual time, fragment) of each round close."""
     virtual_time_s: float = 0.0
 
 
@@ -187,7 +191,7 @@ class VirtualCluster:
     def _apply(self, effects: list[Effect]) -> None:
         for effect in effects:
             if isinstance(effect, Record):
-                self._count_reason(effect.entry)
+                self._count_round(effect.entry)
                 self._write(effect.entry)
             elif isinstance(effect, Send):
                 self._deliver(effect)
@@ -232,7 +236,7 @@ class VirtualCluster:
 
     def _finish(self) -> None:
         for p in self.syncer.open_rounds():
-            self._apply(self.syncer.close_round(self.now, p, "final drain: every live learner flushed its drift"))
+            self._apply(self.syncer.close_round(self.now, p, "final_drain", "final drain: every live learner flushed its drift"))
         for slot in self.slots:
             if slot.alive:
                 self._retire(slot)
@@ -244,10 +248,12 @@ class VirtualCluster:
         total.sent += ledger.sent
         total.overwritten += ledger.overwritten
 
-    def _count_reason(self, entry: dict[str, Any]) -> None:
+    def _count_round(self, entry: dict[str, Any]) -> None:
         if entry.get("type") == "round":
-            key = str(entry["reason"]).split(":")[0].split(" with ")[0].split(" met")[0]
+            key = str(entry["cause"])
             self.stats.reasons[key] = self.stats.reasons.get(key, 0) + 1
+            self.stats.admitted.append(sum(not a["late"] for a in entry["admitted"]))
+            self.stats.round_times.append((self.now, entry["fragment"]))
 
     def _write(self, record: dict[str, Any]) -> None:
         if self.tape is not None:

@@ -72,11 +72,19 @@ class Timing:
     """Absent learner -> predicted arrival time of its update (absolute seconds)."""
 
 
+CAUSES = ("quorum_wait", "grace_wait", "all_arrived", "grace_off", "grace_over", "none_coming", "final_drain")
+"""Why a round waits (first two) or closes; final_drain is decided by the shell at the end of a run."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RoundDecision:
-    """Close now or wait; ``wake_at`` says when to ask again if nothing arrives."""
+    """Close now or wait; ``wake_at`` says when to ask again if nothing arrives.
+
+    ``cause`` is a stable code for counting (see CAUSES); ``reason`` the sentence for people.
+    """
 
     close: bool
+    cause: str
     reason: str
     grace_s: float = 0.0
     wake_at: float | None = None
@@ -93,28 +101,30 @@ def decide_round(now: float, view: RoundView, timing: Timing, config: QuorumConf
     present = len(view.arrived)
     needed = min(config.quorum, max(1, len(view.live | view.arrived)))
     if present < needed:
-        return RoundDecision(close=False, reason=f"waiting for quorum {present}/{needed}")
+        return RoundDecision(close=False, cause="quorum_wait", reason=f"waiting for quorum {present}/{needed}")
     lowered = " (quorum lowered to live learners)" if needed < config.quorum else ""
     absent = sorted(view.live - view.arrived)
     if not absent:
-        return RoundDecision(close=True, reason=f"all {present} live learners arrived{lowered}")
+        return RoundDecision(close=True, cause="all_arrived", reason=f"all {present} live learners arrived{lowered}")
     if not config.grace:
-        return RoundDecision(close=True, reason=f"quorum {present}/{needed} met, grace off{lowered}")
+        return RoundDecision(close=True, cause="grace_off", reason=f"quorum {present}/{needed} met, grace off{lowered}")
     met_at = now if view.quorum_met_at is None else view.quorum_met_at
     window = grace_window(met_at - view.opened_at, timing, config)
     deadline = met_at + window
     if now >= deadline:
-        return RoundDecision(close=True, reason=f"grace {window:.3f}s over with {present}/{present + len(absent)}", grace_s=window)
+        return RoundDecision(close=True, cause="grace_over", reason=f"grace {window:.3f}s over with {present}/{present + len(absent)}", grace_s=window)
     coming = sorted((timing.forecasts[m], m) for m in absent if m in timing.forecasts and timing.forecasts[m] <= deadline)
     if not coming:
         return RoundDecision(
             close=True,
+            cause="none_coming",
             reason=f"quorum {present}/{needed} met; no absent learner can arrive within grace {window:.3f}s",
             grace_s=window,
         )
     eta, who = coming[0]
     return RoundDecision(
         close=False,
+        cause="grace_wait",
         reason=f"grace: waiting up to {window:.3f}s for {who} (due in {eta - now:.3f}s)",
         grace_s=window,
         wake_at=deadline,

@@ -180,14 +180,14 @@ class Synchronizer:
                 rnd.quorum_met_at = now
             rnd.wake_at = decision.wake_at
             if decision.close:
-                effects += self.close_round(now, p, decision.reason, decision.grace_s)
+                effects += self.close_round(now, p, decision.cause, decision.reason, decision.grace_s)
         return effects
 
     def next_wake(self) -> float | None:
         wakes = [r.wake_at for r in self.rounds if r.wake_at is not None]
         return min(wakes) if wakes else None
 
-    def close_round(self, now: float, p: int, reason: str, grace_s: float = 0.0) -> list[Effect]:
+    def close_round(self, now: float, p: int, cause: str, reason: str, grace_s: float = 0.0) -> list[Effect]:
         """Merge the round's contributions, take the outer step, broadcast the new version."""
         rnd = self.rounds[p]
         contributions = _by_learner(rnd)
@@ -209,7 +209,7 @@ class Synchronizer:
             for c in sorted(contributions, key=lambda c: c.learner)
         ]
         record = self._record(
-            now, "round", fragment=p, version=self.versions[p], reason=reason, grace_s=round(grace_s, 6),
+            now, "round", fragment=p, version=self.versions[p], cause=cause, reason=reason, grace_s=round(grace_s, 6),
             admitted=admitted, opened_at=rnd.opened_at,
         )
         return [record, Send(to=tuple(sorted(self.live)), message=self.fragment_message(p), reason="round")]
