@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+import pytest
+
+from ddctl_agents.core.links import LearnerLinks, LinkEstimate, Pace
+
+
+def test_ewma_moves_toward_new_throughput() -> None:
+    link = LinkEstimate(alpha=0.5)
+    assert link.transfer_time(100) is None
+    link.observe(1000, 1.0, rtt_s=0.1)
+    link.observe(3000, 1.0, rtt_s=0.3)
+    assert link.bytes_per_s == pytest.approx(2000.0)
+    assert link.rtt_s == pytest.approx(0.2)
+    assert link.transfer_time(2000) == pytest.approx(0.1 + 1.0)
+    assert (link.transfers, link.total_bytes) == (2, 4000)
+
+
+def test_step_time_is_a_median_robust_to_one_slow_step() -> None:
+    pace = Pace(window=5)
+    for i, t in enumerate([1.0, 1.0, 9.0, 1.0, 1.0, 1.0]):
+        pace.observe(float(i), i, t)
+    assert pace.step_time == 1.0 and len(pace.step_times) == 5
+
+
+def test_arrival_forecast_uses_pace_and_uplink() -> None:
+    links = LearnerLinks()
+    assert links.predict_arrival(0.0, 5, 100) is None
+    links.pace.observe(10.0, step=3, step_time=2.0)
+    links.up.observe(1000, 1.0)
+    # two more steps (4 s after the report) then 0.5 s to upload 500 bytes
+    assert links.predict_arrival(11.0, 5, 500) == pytest.approx(14.5)
