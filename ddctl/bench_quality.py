@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -84,14 +84,25 @@ def run_quality(tokens: int, only: list[str], out: Path | None = None, jobs: int
     if unknown:
         raise ConfigError(f"unknown runs {', '.join(unknown)}; allowed: {', '.join(RUNS)}")
     names = only or list(RUNS)
+    rows: dict[str, dict[str, Any]] = {}
+
+    def record(name: str, row: dict[str, Any]) -> dict[str, Any]:
+        """Keep every finished run: a long benchmark never loses what it has measured."""
+        rows[name] = row
+        result = {"tokens": tokens, "runs": {n: rows[n] for n in names if n in rows}, "targets": evaluate_targets(rows)}
+        if out is not None:
+            out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        return result
+
+    result: dict[str, Any] = {}
     if jobs > 1:
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            rows = dict(zip(names, pool.map(run_one, names, [tokens] * len(names))))
+            futures = {pool.submit(run_one, name, tokens): name for name in names}
+            for future in as_completed(futures):
+                result = record(futures[future], future.result())
     else:
-        rows = {name: run_one(name, tokens) for name in names}
-    result = {"tokens": tokens, "runs": rows, "targets": evaluate_targets(rows)}
-    if out is not None:
-        out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        for name in names:
+            result = record(name, run_one(name, tokens))
     return result
 
 
