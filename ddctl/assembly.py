@@ -46,7 +46,10 @@ class Assembly:
         corpus = corpus or load_corpus(config.data)
         model = build_model(model_config, config.inner.seed)
         initial = {k: v.detach().clone() for k, v in model.named_parameters()}
-        specs = [TensorSpec(name=n, shape=tuple(p.shape), is_embedding=n in embedding_names(model)) for n, p in model.named_parameters()]
+        specs = [
+            TensorSpec(name=n, shape=tuple(p.shape), is_embedding=n in embedding_names(model))
+            for n, p in model.named_parameters()
+        ]
         fragmentation = fragment_tensors(specs, config.sync.fragments, config.fragmentation)
         return cls(
             config=config,
@@ -66,11 +69,19 @@ class Assembly:
         """A fresh learner process: model at the seed's init (bootstrap overwrites it), new AdamW."""
         model = build_model(self.model_config, self.config.inner.seed)
         data = shard(self.corpus.train, index, self.config.budget.learners)
-        sampler = BatchSampler(data, self.config.inner.batch_size, self.model_config.seq_len, seed=self.config.inner.seed, stream=index)
+        sampler = BatchSampler(
+            data, self.config.inner.batch_size, self.model_config.seq_len, seed=self.config.inner.seed, stream=index
+        )
         return Learner(
-            name=learner_name(index), model=model, inner=self.config.inner, sync=self.config.sync,
-            fragmentation=self.fragmentation, sampler=sampler, total_steps=self.total_steps,
-            start_step=start_step, incarnation=incarnation,
+            name=learner_name(index),
+            model=model,
+            inner=self.config.inner,
+            sync=self.config.sync,
+            fragmentation=self.fragmentation,
+            sampler=sampler,
+            total_steps=self.total_steps,
+            start_step=start_step,
+            incarnation=incarnation,
         )
 
     def evaluate(self, params: dict[str, torch.Tensor]) -> float:

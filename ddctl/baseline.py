@@ -79,9 +79,7 @@ class _CommCounter:
     bucket_bytes: int = 0
 
 
-def _counting_allreduce(
-    state: _CommCounter, bucket: GradBucket
-) -> torch.futures.Future[torch.Tensor]:
+def _counting_allreduce(state: _CommCounter, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The default all-reduce (on the default group), after adding the bucket's size."""
     buffer = bucket.buffer()
     state.bucket_bytes += buffer.numel() * buffer.element_size()
@@ -99,9 +97,7 @@ def _join_group(rank: int, job: _Job) -> None:
     store = dist.TCPStore(  # type: ignore[attr-defined]
         "127.0.0.1", job.port, is_master=False, timeout=timeout
     )
-    dist.init_process_group(
-        "gloo", store=store, rank=rank, world_size=job.budget.learners, timeout=timeout
-    )
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=job.budget.learners, timeout=timeout)
 
 
 def _wrap_ddp(model: GPT, counter: _CommCounter) -> nn.Module:
@@ -114,9 +110,7 @@ def _wrap_ddp(model: GPT, counter: _CommCounter) -> nn.Module:
     return ddp
 
 
-def _train(
-    model: nn.Module, sampler: BatchSampler, steps: int, inner: InnerConfig, log: bool
-) -> list[list[float]]:
+def _train(model: nn.Module, sampler: BatchSampler, steps: int, inner: InnerConfig, log: bool) -> list[list[float]]:
     """The step loop; returns [step, loss] every LOSS_EVERY steps when log is set."""
     optimizer = build_inner_optimizer(model, inner)
     curve: list[list[float]] = []
@@ -163,9 +157,7 @@ def _train_rank(rank: int, job: _Job) -> dict[str, Any]:
     }
     if rank == 0:
         windows, batch_size = job.data.eval_windows, job.inner.batch_size
-        report["val_bpb"] = evaluate_bpb(
-            model, validation_batches(corpus.val, config.seq_len, windows, batch_size)
-        )
+        report["val_bpb"] = evaluate_bpb(model, validation_batches(corpus.val, config.seq_len, windows, batch_size))
         report["loss_curve"] = curve
         if job.keep_params:  # numpy pickles by value; a shared-memory tensor would die with us
             report["params"] = {name: p.numpy().copy() for name, p in params.items()}
@@ -268,10 +260,7 @@ def run_data_parallel(
         keep_params=keep_params,
     )
     results = ctx.Queue()
-    procs = [
-        ctx.Process(target=_worker, args=(rank, job, results), daemon=True)
-        for rank in range(budget.learners)
-    ]
+    procs = [ctx.Process(target=_worker, args=(rank, job, results), daemon=True) for rank in range(budget.learners)]
     start = time.monotonic()
     for proc in procs:
         proc.start()

@@ -11,6 +11,7 @@ Run it small: ``python -c "from ddctl.bench_codec import measure_codecs as m; pr
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -44,8 +45,8 @@ def measure_codecs(numel: int = 16 * 2**20, repeats: int = 5, block: int = 128) 
         results = {}
         for name in BENCH_CODECS:
             payload = codec.encode(name, x, block)
-            encode_s = _best_seconds(lambda: codec.encode(name, x, block), repeats)
-            decode_s = _best_seconds(lambda: codec.decode(name, payload, numel, block), repeats)
+            encode_s = _best_seconds(functools.partial(codec.encode, name, x, block), repeats)
+            decode_s = _best_seconds(functools.partial(codec.decode, name, payload, numel, block), repeats)
             y = codec.decode(name, payload, numel, block)
             rel = (y.double() - x.double()).norm() / x.double().norm()
             results[name] = {

@@ -28,7 +28,9 @@ HETEROGENEOUS = (1.0, 1.0, 0.6, 0.6)
 
 def _decoupled(tokens: int, learners: int = 4, **knobs: Any) -> TrainConfig:
     sync = SyncSettings(
-        fragments=knobs.pop("fragments", 24), inner_steps=24, codec=knobs.pop("codec", "int4"),
+        fragments=knobs.pop("fragments", 24),
+        inner_steps=24,
+        codec=knobs.pop("codec", "int4"),
         push_before_overwrite=knobs.pop("push_before_overwrite", True),
     )
     quorum = QuorumConfig(quorum=1, grace=knobs.pop("grace", True))
@@ -71,11 +73,17 @@ def run_one(name: str, tokens: int) -> dict[str, Any]:
     keep = ("val_bpb", "tokens", "bytes_up", "bytes_down", "wall_s", "rounds", "ledger", "learners")
     row = {k: result[k] for k in keep if k in result}
     row["bytes_per_token"] = (result["bytes_up"] + result["bytes_down"]) / max(result["tokens"], 1)
-    row["config"] = {"learners": config.budget.learners, "codec": config.sync.codec, "merge": config.syncer.merge,
-                     "fragments": config.sync.fragments, "fragmentation": config.fragmentation,
-                     "grace": config.syncer.quorum.grace, "speeds": list(config.speeds()),
-                     "outer": [config.syncer.outer.lr, config.syncer.outer.momentum],
-                     "push_before_overwrite": config.sync.push_before_overwrite}
+    row["config"] = {
+        "learners": config.budget.learners,
+        "codec": config.sync.codec,
+        "merge": config.syncer.merge,
+        "fragments": config.sync.fragments,
+        "fragmentation": config.fragmentation,
+        "grace": config.syncer.quorum.grace,
+        "speeds": list(config.speeds()),
+        "outer": [config.syncer.outer.lr, config.syncer.outer.momentum],
+        "push_before_overwrite": config.sync.push_before_overwrite,
+    }
     return row
 
 

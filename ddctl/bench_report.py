@@ -14,8 +14,12 @@ def codec_table(result: dict[str, Any]) -> Table:
         table.add_column(col, justify="right")
     for name, row in result["codecs"].items():
         table.add_row(
-            name, f"{row['encode_gbps']:.2f}", f"{row['encode_gbps'] / memcpy:.2f}",
-            f"{row['decode_gbps']:.2f}", f"{row['decode_gbps'] / memcpy:.2f}", f"{row['rel_error']:.4f}",
+            name,
+            f"{row['encode_gbps']:.2f}",
+            f"{row['encode_gbps'] / memcpy:.2f}",
+            f"{row['decode_gbps']:.2f}",
+            f"{row['decode_gbps'] / memcpy:.2f}",
+            f"{row['rel_error']:.4f}",
         )
     return table
 
@@ -27,9 +31,15 @@ def quality_table(result: dict[str, Any]) -> Table:
     for name, row in result["runs"].items():
         c = row["config"]
         table.add_row(
-            name, str(c["learners"]), c["codec"] if not name.startswith("dp") else "-", c["merge"] if not name.startswith("dp") else "-",
+            name,
+            str(c["learners"]),
+            c["codec"] if not name.startswith("dp") else "-",
+            c["merge"] if not name.startswith("dp") else "-",
             f"{c['fragmentation']}/{c['fragments']}" if not name.startswith("dp") else "-",
-            str(c["grace"]) if not name.startswith("dp") else "-", f"{row['val_bpb']:.4f}", f"{row['bytes_per_token']:.1f}",
-            str(row.get("rounds", "-")), f"{row['wall_s']:.0f}",
+            str(c["grace"]) if not name.startswith("dp") else "-",
+            f"{row['val_bpb']:.4f}",
+            f"{row['bytes_per_token']:.1f}",
+            str(row.get("rounds", "-")),
+            f"{row['wall_s']:.0f}",
         )
     return table

@@ -1,8 +1,8 @@
 """Errors of the laptop side that are not bad input to the agents (no torch needed).
 
-    DdctlError
-    ├── WorkerError        a data-parallel worker failed, died or timed out
-    └── ReplayDivergence   a replay did something other than its tape recorded (also a TapeError)
+DdctlError
+├── WorkerError        a data-parallel worker failed, died or timed out
+└── ReplayDivergence   a replay did something other than its tape recorded (also a TapeError)
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ from ddctl.errors import ReplayDivergence
 from ddctl.settings import TrainConfig, from_json
 from ddctl_agents.core.messages import FragmentVersion, decode_fragment, decode_update, encode_fragment, encode_update
 from ddctl_agents.core.syncer import Record, Send, Synchronizer
-from ddctl_agents.core.tape import TapeError, read_tape
+from ddctl_agents.core.tape import read_tape
+from ddctl_agents.errors import TapeError
 from ddctl_agents.train.checksum import params_sha256
 from ddctl_agents.train.learner import Learner
 
@@ -52,16 +53,23 @@ class Replayer:
         elif kind == "update":
             self._update(number, t, record)
         elif kind == "round":
-            effects = self.syncer.close_round(t, record["fragment"], record["cause"], record["reason"], record.get("grace_s", 0.0))
+            effects = self.syncer.close_round(
+                t, record["fragment"], record["cause"], record["reason"], record.get("grace_s", 0.0)
+            )
             made = next(e.entry for e in effects if isinstance(e, Record))
             if made["version"] != record["version"] or made["admitted"] != record["admitted"]:
-                raise ReplayDivergence(f"line {number}: round of fragment {record['fragment']} admitted {made['admitted']}, tape says {record['admitted']}")
+                raise ReplayDivergence(
+                    f"line {number}: round of fragment {record['fragment']} admitted {made['admitted']}, "
+                    f"tape says {record['admitted']}"
+                )
             self._effects(effects)
 
     def _update(self, number: int, t: float, record: dict[str, Any]) -> None:
         learner = self.learners.get(record["learner"])
         if learner is None or learner.incarnation != record["incarnation"]:
-            raise ReplayDivergence(f"line {number}: update from {record['learner']} incarnation {record['incarnation']} before it joined")
+            raise ReplayDivergence(
+                f"line {number}: update from {record['learner']} incarnation {record['incarnation']} before it joined"
+            )
         for p, version, step in record["adoptions"]:
             self._advance(learner, step, number)
             if (p, version) not in self.history:
@@ -108,7 +116,8 @@ def replay_tape(path: Path) -> dict[str, Any]:
     config = from_json(TrainConfig, header["config"])
     assembly = Assembly.build(config)
     if assembly.corpus.sha256 != header.get("corpus_sha256"):
-        raise TapeError(f"{path}: the corpus differs from the recorded one (sha256 {assembly.corpus.sha256[:12]} vs {str(header.get('corpus_sha256'))[:12]})")
+        recorded = str(header.get("corpus_sha256"))[:12]
+        raise TapeError(f"{path}: the corpus differs from the recorded one (sha256 {assembly.corpus.sha256[:12]} vs {recorded})")
     replayer = Replayer(assembly)
     end: dict[str, Any] | None = None
     for number, record in enumerate(records, 2):

@@ -92,11 +92,19 @@ class TrainConfig:
     """torch intra-op threads; fixed so that runs and replays are bit-identical."""
 
     def __post_init__(self) -> None:
-        require(self.fragmentation in STRATEGIES, f"fragmentation must be one of {', '.join(STRATEGIES)}, got {self.fragmentation!r}")
-        require(self.down_codec in ("fp32", "bf16"), f"down codec must be fp32 or bf16 (fragments stay near-lossless), got {self.down_codec!r}")
+        require(
+            self.fragmentation in STRATEGIES, f"fragmentation must be one of {', '.join(STRATEGIES)}, got {self.fragmentation!r}"
+        )
+        require(
+            self.down_codec in ("fp32", "bf16"),
+            f"down codec must be fp32 or bf16 (fragments stay near-lossless), got {self.down_codec!r}",
+        )
         require(self.sync.inner_steps == self.syncer.inner_steps, "sync.inner_steps and syncer.inner_steps must agree")
         m = self.budget.learners
-        require(not self.cluster.speeds or len(self.cluster.speeds) == m, f"give one speed per learner ({m}), got {len(self.cluster.speeds)}")
+        require(
+            not self.cluster.speeds or len(self.cluster.speeds) == m,
+            f"give one speed per learner ({m}), got {len(self.cluster.speeds)}",
+        )
         require(all(o.learner < m for o in self.cluster.outages), f"outage learners must be < learners ({m})")
         require(self.threads >= 1, f"threads must be >= 1, got {self.threads}")
         require(self.sync.codec in CODECS, f"codec must be one of {', '.join(CODECS)}")
@@ -130,16 +138,18 @@ def from_json(cls: type, data: Any) -> Any:
 
 def _coerce(hint: Any, value: Any) -> Any:
     origin = typing.get_origin(hint)
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return from_json(hint, value)
     if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        return None if value is None else _coerce(args[0], value)
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        return None if value is None else _coerce(options[0], value)
     if origin is tuple:
         args = typing.get_args(hint)
         if len(args) == 2 and args[1] is Ellipsis:
             return tuple(_coerce(args[0], v) for v in value)
-        return tuple(_coerce(a, v) for a, v in zip(args, value))
+        if not isinstance(value, list) or len(value) != len(args):
+            raise ConfigError(f"expected a list of {len(args)} values, got {value!r}")
+        return tuple(_coerce(a, v) for a, v in zip(args, value, strict=True))
     if hint is Path:
         return Path(value)
     if hint is float and isinstance(value, int):

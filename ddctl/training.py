@@ -44,7 +44,9 @@ def train_decoupled(config: TrainConfig, tape_path: Path | None = None, progress
             **assembly.describe(),
         }
         if tape is not None:
-            tape.write({"type": "end", "t": stats.virtual_time_s, "params_sha256": result["params_sha256"], "val_bpb": result["val_bpb"]})
+            tape.write(
+                {"type": "end", "t": stats.virtual_time_s, "params_sha256": result["params_sha256"], "val_bpb": result["val_bpb"]}
+            )
         return result
     finally:
         if tape is not None:

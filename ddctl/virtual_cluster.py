@@ -79,7 +79,9 @@ class VirtualCluster:
         self.seq = itertools.count()
         self.bytes_per_s = self.cfg.cluster.link_mbps * 1e6 / 8
         self.latency = self.cfg.cluster.latency_ms / 1000
-        self.slots = [_Slot(index=i, speed=s, rng=random.Random(f"{self.cfg.inner.seed}:{i}")) for i, s in enumerate(self.cfg.speeds())]
+        self.slots = [
+            _Slot(index=i, speed=s, rng=random.Random(f"{self.cfg.inner.seed}:{i}")) for i, s in enumerate(self.cfg.speeds())
+        ]
         self.draining = False
         self.now = 0.0
 
@@ -166,7 +168,9 @@ class VirtualCluster:
         self.stats.lost_at_failure += slot.learner.unsent()
         self._retire(slot)
         self._write({"type": "failure", "t": self.now, "learner": slot.name, "incarnation": slot.incarnation})
-        self._push(self.now + self.cfg.cluster.detect_after_steps * self.cfg.cluster.step_time_s, "detect", (index, slot.incarnation))
+        self._push(
+            self.now + self.cfg.cluster.detect_after_steps * self.cfg.cluster.step_time_s, "detect", (index, slot.incarnation)
+        )
         if duration is not None:
             self._push(self.now + duration, "rejoin", (index,))
 

@@ -10,7 +10,7 @@ from ddctl.settings import ClusterConfig, TrainConfig
 from ddctl_agents.core.fragments import TensorSpec, fragment_tensors
 from ddctl_agents.core.messages import Update
 from ddctl_agents.core.quorum import QuorumConfig
-from ddctl_agents.core.syncer import Synchronizer, SyncerConfig
+from ddctl_agents.core.syncer import SyncerConfig, Synchronizer
 from ddctl_agents.train.config import DataConfig, InnerConfig, RunBudget
 from ddctl_agents.train.learner import SyncSettings
 
@@ -24,12 +24,26 @@ def small_syncer(quorum: int = 1, grace: bool = False, fragments: int = 2, **kw:
     return Synchronizer(params, fragment_tensors(specs, fragments), frozenset({"emb"}), config)
 
 
-def update_for(syncer: Synchronizer, learner: str, fragment: int, value: float = 1.0, base: int | None = None,
-               c_steps: int = 4, c_tokens: int = 400, update_id: str | None = None) -> Update:
+def update_for(
+    syncer: Synchronizer,
+    learner: str,
+    fragment: int,
+    value: float = 1.0,
+    base: int | None = None,
+    c_steps: int = 4,
+    c_tokens: int = 400,
+    update_id: str | None = None,
+) -> Update:
     tensors = {name: torch.full_like(t, value) for name, t in syncer.fragments[fragment].items()}
     return Update(
-        learner=learner, fragment=fragment, base_version=syncer.versions[fragment] if base is None else base,
-        update_id=update_id or f"{learner}.{next(_ids)}", step=c_steps, c_steps=c_steps, c_tokens=c_tokens, tensors=tensors,
+        learner=learner,
+        fragment=fragment,
+        base_version=syncer.versions[fragment] if base is None else base,
+        update_id=update_id or f"{learner}.{next(_ids)}",
+        step=c_steps,
+        c_steps=c_steps,
+        c_tokens=c_tokens,
+        tensors=tensors,
     )
 
 
@@ -39,12 +53,20 @@ CORPUS = DataConfig(max_bytes=1 << 20, eval_windows=16)
 def small_run(tokens: int = 40_000, learners: int = 2, **kw: object) -> TrainConfig:
     """A run that takes seconds: tiny model, 1 MiB of corpus, few fragments."""
     sync = SyncSettings(
-        fragments=4, inner_steps=8, codec=str(kw.pop("codec", "int4")),
-        error_feedback=bool(kw.pop("error_feedback", False)), push_before_overwrite=bool(kw.pop("push_before_overwrite", True)),
+        fragments=4,
+        inner_steps=8,
+        codec=str(kw.pop("codec", "int4")),
+        error_feedback=bool(kw.pop("error_feedback", False)),
+        push_before_overwrite=bool(kw.pop("push_before_overwrite", True)),
     )
     syncer = SyncerConfig(quorum=QuorumConfig(quorum=1, grace=bool(kw.pop("grace", True))), inner_steps=8)
     cluster = kw.pop("cluster", ClusterConfig())
     return TrainConfig(
-        inner=InnerConfig(batch_size=4, warmup_steps=5, lr=3e-3), data=CORPUS,
-        budget=RunBudget(tokens=tokens, learners=learners), sync=sync, syncer=syncer, cluster=cluster, **kw,  # type: ignore[arg-type]
+        inner=InnerConfig(batch_size=4, warmup_steps=5, lr=3e-3),
+        data=CORPUS,
+        budget=RunBudget(tokens=tokens, learners=learners),
+        sync=sync,
+        syncer=syncer,
+        cluster=cluster,
+        **kw,  # type: ignore[arg-type]
     )

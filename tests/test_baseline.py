@@ -54,9 +54,7 @@ def test_bytes_follow_the_ring_all_reduce_formula(two_ranks: dict[str, Any]) -> 
     assert two_ranks["bytes_up"] == two_ranks["bytes_down"] == 2 * per_rank
 
 
-def test_ranks_end_identical_and_params_are_the_evaluated_ones(
-    two_ranks: dict[str, Any], val_batches: list[Any]
-) -> None:
+def test_ranks_end_identical_and_params_are_the_evaluated_ones(two_ranks: dict[str, Any], val_batches: list[Any]) -> None:
     rank0, rank1 = two_ranks["rank_params_sha256"]
     assert rank0 == rank1 == two_ranks["params_sha256"] == params_sha256(two_ranks["params"])
     initial = build_model(TINY, INNER.seed)

@@ -11,8 +11,20 @@ from typer.testing import CliRunner
 from ddctl.cli.app import app
 
 runner = CliRunner()
-SMALL = ["--tokens", "16000", "--learners", "2", "--fragments", "4", "--inner-steps", "8", "--batch-size", "4",
-         "--max-bytes", str(1 << 20)]
+SMALL = [
+    "--tokens",
+    "16000",
+    "--learners",
+    "2",
+    "--fragments",
+    "4",
+    "--inner-steps",
+    "8",
+    "--batch-size",
+    "4",
+    "--max-bytes",
+    str(1 << 20),
+]
 
 
 def test_train_json_has_the_promised_keys(tmp_path: Path) -> None:

@@ -51,8 +51,7 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
 def _require_native() -> None:
     if not codec.native_available():
         pytest.fail(
-            f"native codec kernels unavailable: {_native.missing_reason()}; "
-            "build them with `python setup.py build_ext --inplace`"
+            f"native codec kernels unavailable: {_native.missing_reason()}; build them with `python setup.py build_ext --inplace`"
         )
 
 
@@ -111,9 +110,7 @@ def test_payload_size_is_encoded_nbytes(path: str, x: np.ndarray, block: int, na
 
 @props
 @given(x=vectors, block=blocks, name=st.sampled_from(("int8", "int4", "int2")))
-def test_symmetric_codecs_err_at_most_half_a_step(
-    path: str, x: np.ndarray, block: int, name: str
-) -> None:
+def test_symmetric_codecs_err_at_most_half_a_step(path: str, x: np.ndarray, block: int, name: str) -> None:
     t = _t(x)
     err = (roundtrip(name, t, block) - t).abs()
     bound = _block_absmax(t, block) * (HALF_STEP[name] * (1 + 1e-5)) + TINY
@@ -129,9 +126,7 @@ def test_int1_keeps_sign_and_block_mean(path: str, x: np.ndarray, block: int) ->
     for start in range(0, t.numel(), block):
         part = t[start : start + block].double()
         mean = part.abs().mean().item()
-        assert y[start : start + block].abs().tolist() == pytest.approx(
-            [mean] * part.numel(), rel=1e-5, abs=1e-38
-        )
+        assert y[start : start + block].abs().tolist() == pytest.approx([mean] * part.numel(), rel=1e-5, abs=1e-38)
 
 
 @props
@@ -263,16 +258,12 @@ def _both_paths(monkeypatch: pytest.MonkeyPatch, name: str, x: torch.Tensor, blo
 
 @props
 @given(x=vectors, block=blocks, name=st.sampled_from(("int8", "int4")))
-def test_native_matches_reference_bytes(
-    monkeypatch: pytest.MonkeyPatch, x: np.ndarray, block: int, name: str
-) -> None:
+def test_native_matches_reference_bytes(monkeypatch: pytest.MonkeyPatch, x: np.ndarray, block: int, name: str) -> None:
     _both_paths(monkeypatch, name, _t(x), block)
 
 
 @pytest.mark.parametrize("name", ("int8", "int4"))
-def test_native_matches_reference_on_large_and_edge_inputs(
-    monkeypatch: pytest.MonkeyPatch, name: str
-) -> None:
+def test_native_matches_reference_on_large_and_edge_inputs(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(100_003, generator=gen) * torch.logspace(-30, 30, 100_003)
     ties = torch.arange(-64, 64, dtype=torch.float32) / 2  # exact .5 steps

@@ -91,8 +91,11 @@ def test_tensorwise_gives_one_fragment_per_tensor() -> None:
 def test_balanced_beats_layerwise_on_imbalance_for_a_real_shape() -> None:
     tensors = [TensorSpec(name="tok_emb.weight", shape=(256, 128), is_embedding=True)]
     for i in range(4):
-        tensors += [TensorSpec(name=f"blocks.{i}.qkv", shape=(384, 128)), TensorSpec(name=f"blocks.{i}.fc", shape=(512, 128)),
-                    TensorSpec(name=f"blocks.{i}.ln", shape=(128,))]
+        tensors += [
+            TensorSpec(name=f"blocks.{i}.qkv", shape=(384, 128)),
+            TensorSpec(name=f"blocks.{i}.fc", shape=(512, 128)),
+            TensorSpec(name=f"blocks.{i}.ln", shape=(128,)),
+        ]
     assert fragment_tensors(tensors, 4).imbalance() < fragment_tensors(tensors, 4, "layer").imbalance()
 
 

@@ -77,7 +77,9 @@ def test_plain_overwrite_when_pushing_is_off() -> None:
     learner = bootstrapped(a)
     learner.train_step()
     frag = a.fragmentation.fragments[2]
-    assert learner.on_arrival(FragmentVersion(fragment=2, version=1, tensors={t.name: torch.zeros(t.shape) for t in frag})) is None
+    assert (
+        learner.on_arrival(FragmentVersion(fragment=2, version=1, tensors={t.name: torch.zeros(t.shape) for t in frag})) is None
+    )
     assert learner.ledger.overwritten == learner.tokens_per_step
 
 

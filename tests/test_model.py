@@ -74,9 +74,7 @@ def test_build_model_is_deterministic_and_leaves_global_rng_alone() -> None:
     rng = torch.get_rng_state()
     a, b, c = build_model(SMALL, seed=7), build_model(SMALL, seed=7), build_model(SMALL, seed=8)
     assert torch.equal(rng, torch.get_rng_state())
-    for (name, pa), (_, pb), (_, pc) in zip(
-        a.named_parameters(), b.named_parameters(), c.named_parameters(), strict=True
-    ):
+    for (name, pa), (_, pb), (_, pc) in zip(a.named_parameters(), b.named_parameters(), c.named_parameters(), strict=True):
         assert torch.equal(pa, pb), name
         if pa.ndim >= 2:
             assert not torch.equal(pa, pc), name

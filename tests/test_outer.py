@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from ddctl_agents.core.merge import MergeError
-from ddctl_agents.errors import ConfigError
 from ddctl_agents.core.outer import OuterConfig, outer_step
+from ddctl_agents.errors import ConfigError
 
 
 def test_nesterov_golden_values() -> None:

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from ddctl_agents.errors import ConfigError
 from ddctl_agents.core.quorum import QuorumConfig, RoundView, Timing, decide_round, grace_window
+from ddctl_agents.errors import ConfigError
 
 LIVE = frozenset({"A", "B", "C"})
 

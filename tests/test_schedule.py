@@ -7,7 +7,7 @@ def test_each_fragment_is_sent_once_every_h_steps_staggered_evenly() -> None:
     fragments, h = 4, 8
     sends = {p: [t for t in range(1, 33) if is_due(t, p, fragments, h)] for p in range(fragments)}
     for times in sends.values():
-        assert len(times) == 4 and all(b - a == h for a, b in zip(times, times[1:]))
+        assert len(times) == 4 and all(b - a == h for a, b in zip(times, times[1:], strict=False))
     firsts = sorted(times[0] for times in sends.values())
     assert firsts == [2, 4, 6, 8]  # one fragment every H/P steps, the first after >= H/P steps
 

@@ -17,8 +17,10 @@ def test_outage_syntax() -> None:
 
 
 def test_config_survives_a_json_round_trip_exactly() -> None:
-    config = TrainConfig(budget=RunBudget(tokens=5000, learners=3),
-                         cluster=ClusterConfig(speeds=(1.0, 0.5, 2.0), outages=(Outage(learner=2, at=3.0, duration=4.0),)))
+    config = TrainConfig(
+        budget=RunBudget(tokens=5000, learners=3),
+        cluster=ClusterConfig(speeds=(1.0, 0.5, 2.0), outages=(Outage(learner=2, at=3.0, duration=4.0),)),
+    )
     assert from_json(TrainConfig, json.loads(json.dumps(to_json(config)))) == config
 
 
@@ -51,7 +53,12 @@ def test_inconsistent_configs_are_refused(kwargs: dict, message: str) -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"speeds": (0.0,)}, "speeds"), ({"jitter": 0.7}, "jitter"), ({"link_mbps": 0}, "link_mbps"), ({"latency_ms": -1}, "latency")],
+    [
+        ({"speeds": (0.0,)}, "speeds"),
+        ({"jitter": 0.7}, "jitter"),
+        ({"link_mbps": 0}, "link_mbps"),
+        ({"latency_ms": -1}, "latency"),
+    ],
 )
 def test_cluster_knobs_are_range_checked(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):

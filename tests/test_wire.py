@@ -41,8 +41,19 @@ def test_round_trip_keeps_names_shapes_and_meta(codec: str) -> None:
 
 
 def test_update_message_round_trip() -> None:
-    u = Update(learner="L1", fragment=3, base_version=7, update_id="L1.0.9", step=48, c_steps=22, c_tokens=22528,
-               tensors={"w": torch.ones(4)}, step_time=0.5, vclock={"L1": 4, "syncer": 9}, adoptions=((3, 7, 26),))
+    u = Update(
+        learner="L1",
+        fragment=3,
+        base_version=7,
+        update_id="L1.0.9",
+        step=48,
+        c_steps=22,
+        c_tokens=22528,
+        tensors={"w": torch.ones(4)},
+        step_time=0.5,
+        vclock={"L1": 4, "syncer": 9},
+        adoptions=((3, 7, 26),),
+    )
     back, _ = decode_update(encode_update(u, "fp32", 64))
     assert back.meta() == u.meta() and torch.equal(back.tensors["w"], torch.ones(4))
 
@@ -125,11 +136,19 @@ def test_version_and_magic_are_checked() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value", "message"),
-    [("learner", "", "learner"), ("c_steps", -3, "c_steps"), ("step_time", float("nan"), "step_time"),
-     ("adoptions", [[1, 2]], "adoptions"), ("vclock", {"a": -1}, "vclock"), ("fragment", True, "fragment")],
+    [
+        ("learner", "", "learner"),
+        ("c_steps", -3, "c_steps"),
+        ("step_time", float("nan"), "step_time"),
+        ("adoptions", [[1, 2]], "adoptions"),
+        ("vclock", {"a": -1}, "vclock"),
+        ("fragment", True, "fragment"),
+    ],
 )
 def test_bad_update_meta_names_the_field(field: str, value: object, message: str) -> None:
-    u = Update(learner="L0", fragment=0, base_version=0, update_id="u", step=1, c_steps=1, c_tokens=1, tensors={"w": torch.ones(2)})
+    u = Update(
+        learner="L0", fragment=0, base_version=0, update_id="u", step=1, c_steps=1, c_tokens=1, tensors={"w": torch.ones(2)}
+    )
     meta = u.meta()
     meta[field] = value
     data = pack("update", meta, u.tensors, "fp32", 64) if field != "step_time" else _nan_frame(meta, u.tensors)

@@ -41,8 +41,12 @@ def progress_bar(description: str, total: int) -> Iterator[Any]:
         yield lambda done, total: None
         return
     with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=Console(file=sys.stderr), transient=True,
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(file=sys.stderr),
+        transient=True,
     ) as bar:
         task = bar.add_task(description, total=total)
         yield lambda done, total: bar.update(task, completed=min(done, total), total=total)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,11 +12,11 @@ from ddctl.cli.errors import run_guarded
 from ddctl.cli.output import print_json, print_table, progress_bar
 
 
-class Baseline(str, Enum):
+class Baseline(StrEnum):
     dp = "dp"
 
 
-class Codec(str, Enum):
+class Codec(StrEnum):
     fp32 = "fp32"
     bf16 = "bf16"
     int8 = "int8"
@@ -25,12 +25,12 @@ class Codec(str, Enum):
     int1 = "int1"
 
 
-class Merge(str, Enum):
+class Merge(StrEnum):
     rda = "rda"
     mean = "mean"
 
 
-class Fragmentation(str, Enum):
+class Fragmentation(StrEnum):
     balanced = "balanced"
     layer = "layer"
     tensor = "tensor"
@@ -46,9 +46,13 @@ def train(
     codec: Annotated[Codec, typer.Option(help="Outer-gradient codec.")] = Codec.int4,
     down_codec: Annotated[str, typer.Option(help="Codec for fragments sent back to learners: bf16 or fp32.")] = "bf16",
     merge: Annotated[Merge, typer.Option(help="rda (radial-directional) or mean (ablation).")] = Merge.rda,
-    fragmentation: Annotated[Fragmentation, typer.Option(help="balanced (LPT), layer or tensor (ablations).")] = Fragmentation.balanced,
+    fragmentation: Annotated[
+        Fragmentation, typer.Option(help="balanced (LPT), layer or tensor (ablations).")
+    ] = Fragmentation.balanced,
     error_feedback: Annotated[bool, typer.Option(help="Carry each fragment's quantisation residual to its next send.")] = False,
-    push_before_overwrite: Annotated[bool, typer.Option(help="Send drift a new version would overwrite (off = paper's plain overwrite).")] = True,
+    push_before_overwrite: Annotated[
+        bool, typer.Option(help="Send drift a new version would overwrite (off = paper's plain overwrite).")
+    ] = True,
     preset: Annotated[str, typer.Option(help="Model preset: tiny, tiny-moe, small, base, large.")] = "tiny",
     tokens: Annotated[int, typer.Option(help="Total token budget across all learners.")] = 1_000_000,
     batch_size: Annotated[int, typer.Option(help="Sequences per inner step per learner.")] = 8,
@@ -56,15 +60,21 @@ def train(
     outer_lr: Annotated[float, typer.Option(help="Outer Nesterov learning rate.")] = 0.4,
     outer_momentum: Annotated[float, typer.Option(help="Outer Nesterov momentum.")] = 0.8,
     speeds: Annotated[str, typer.Option(help="Relative learner speeds, comma-separated (e.g. 1,1,0.5,0.5).")] = "",
-    outage: Annotated[list[str], typer.Option(help="LEARNER@SECONDS[+SECONDS]: learner fails at a virtual time, returns later. Repeatable.")] = [],  # noqa: B006
+    outage: Annotated[
+        list[str], typer.Option(help="LEARNER@SECONDS[+SECONDS]: learner fails at a virtual time, returns later. Repeatable.")
+    ] = [],  # noqa: B006
     link_mbps: Annotated[float, typer.Option(help="Virtual link bandwidth per learner, each way.")] = 100.0,
     latency_ms: Annotated[float, typer.Option(help="Virtual one-way latency per learner.")] = 50.0,
-    data: Annotated[list[Path], typer.Option(help="Text file or folder to train on (repeatable); default: the Python stdlib's sources.")] = [],  # noqa: B006
+    data: Annotated[
+        list[Path], typer.Option(help="Text file or folder to train on (repeatable); default: the Python stdlib's sources.")
+    ] = [],  # noqa: B006
     max_bytes: Annotated[int, typer.Option(help="Read at most this many corpus bytes.")] = 24 * 2**20,
     seed: Annotated[int, typer.Option(help="Seeds model init, data order and virtual timing.")] = 0,
     threads: Annotated[int, typer.Option(help="torch threads (fixed so runs replay bit for bit).")] = 1,
     tape: Annotated[Path | None, typer.Option(help="Write the event tape (JSON lines) to this new file.")] = None,
-    baseline: Annotated[Baseline | None, typer.Option(help="Run the synchronous data-parallel baseline instead (torch.distributed, gloo).")] = None,
+    baseline: Annotated[
+        Baseline | None, typer.Option(help="Run the synchronous data-parallel baseline instead (torch.distributed, gloo).")
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
 ) -> None:
     """Train a model with Decoupled DiLoCo on a virtual cluster (or the DP baseline).

@@ -30,8 +30,11 @@ def build_config(o: dict[str, Any]) -> TrainConfig:
     quorum = QuorumConfig(quorum=o["quorum"], grace=o["grace"], overlap=o["overlap"])
     outer = OuterConfig(lr=o["outer_lr"], momentum=o["outer_momentum"])
     sync = SyncSettings(
-        fragments=o["fragments"], inner_steps=o["inner_steps"], codec=_value(o["codec"]),
-        error_feedback=o["error_feedback"], push_before_overwrite=o["push_before_overwrite"],
+        fragments=o["fragments"],
+        inner_steps=o["inner_steps"],
+        codec=_value(o["codec"]),
+        error_feedback=o["error_feedback"],
+        push_before_overwrite=o["push_before_overwrite"],
     )
     syncer = SyncerConfig(quorum=quorum, outer=outer, merge=_value(o["merge"]), inner_steps=o["inner_steps"])
     return TrainConfig(
@@ -43,8 +46,10 @@ def build_config(o: dict[str, Any]) -> TrainConfig:
         fragmentation=_value(o["fragmentation"]),
         down_codec=o["down_codec"],
         cluster=ClusterConfig(
-            speeds=parse_speeds(o["speeds"]), outages=tuple(parse_outage(t) for t in o["outage"]),
-            link_mbps=o["link_mbps"], latency_ms=o["latency_ms"],
+            speeds=parse_speeds(o["speeds"]),
+            outages=tuple(parse_outage(t) for t in o["outage"]),
+            link_mbps=o["link_mbps"],
+            latency_ms=o["latency_ms"],
         ),
         threads=o["threads"],
     )

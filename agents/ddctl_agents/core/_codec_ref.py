@@ -58,7 +58,6 @@ def _pack(codes: torch.Tensor, numel: int, bits: int) -> torch.Tensor:
 
 def _unpack(packed: torch.Tensor, numel: int, bits: int) -> torch.Tensor:
     """Inverse of _pack: unsigned codes as uint8, length numel."""
-    per = 8 // bits
     mask = (1 << bits) - 1
     shifts = torch.arange(0, 8, bits, dtype=torch.uint8)
     return ((packed[:, None] >> shifts) & mask).reshape(-1)[:numel]

@@ -58,7 +58,8 @@ def encode_into(codec: str, src: int, numel: int, block: int, scales: int, codes
     """Run the native encoder on raw pointers; False means the input held NaN/Inf."""
     lib = kernels()
     assert lib is not None and codec in NATIVE_CODECS
-    return getattr(lib, f"ddctl_{codec}_encode")(src, numel, block, scales, codes) == 0
+    status: int = getattr(lib, f"ddctl_{codec}_encode")(src, numel, block, scales, codes)
+    return status == 0
 
 
 def decode_into(codec: str, scales: int, codes: int, numel: int, block: int, dst: int) -> None:

@@ -64,8 +64,6 @@ MAX_BLOCK = 4096
 _ELEMENT_BYTES = {"fp32": 4, "bf16": 2}
 
 
-
-
 def native_available() -> bool:
     """True when int8/int4 run in the native kernels (not disabled by DDCTL_NO_NATIVE)."""
     return _native.kernels() is not None
@@ -117,10 +115,7 @@ def decode(
     expected = encoded_nbytes(codec, numel, block)
     buf = _payload_bytes(payload)
     if buf.size != expected:
-        raise CodecError(
-            f"{codec} payload for {numel} values (block {block}) must be "
-            f"{expected} bytes, got {buf.size}"
-        )
+        raise CodecError(f"{codec} payload for {numel} values (block {block}) must be {expected} bytes, got {buf.size}")
     if codec == "fp32":
         return torch.from_numpy(buf.view("<f4").astype(np.float32))
     if codec == "bf16":
@@ -144,9 +139,7 @@ def _check_codec(codec: str) -> None:
 def _check_block(block: int) -> None:
     ok = isinstance(block, int) and not isinstance(block, bool)
     if not ok or not MIN_BLOCK <= block <= MAX_BLOCK or block % 8:
-        raise CodecError(
-            f"block must be a multiple of 8 in [{MIN_BLOCK}, {MAX_BLOCK}], got {block!r}"
-        )
+        raise CodecError(f"block must be a multiple of 8 in [{MIN_BLOCK}, {MAX_BLOCK}], got {block!r}")
 
 
 def _non_finite(codec: str) -> CodecError:

@@ -34,7 +34,7 @@ def weighted_mean(vectors: Sequence[torch.Tensor], weights: Sequence[float]) -> 
     """Sum_m w_m v_m / Sum_m w_m, accumulated in fp32."""
     total = _check(vectors, weights)
     out = torch.zeros_like(vectors[0], dtype=torch.float32)
-    for v, w in zip(vectors, weights):
+    for v, w in zip(vectors, weights, strict=True):
         if w:
             out.add_(v, alpha=w / total)
     return out
@@ -45,7 +45,7 @@ def radial_directional_average(vectors: Sequence[torch.Tensor], weights: Sequenc
     total = _check(vectors, weights)
     direction = torch.zeros_like(vectors[0], dtype=torch.float32)
     radius = 0.0
-    for v, w in zip(vectors, weights):
+    for v, w in zip(vectors, weights, strict=True):
         if not w:
             continue
         norm = float(torch.linalg.vector_norm(v))

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from ddctl_agents.core import vclock
-from ddctl_agents.core.wire import Frame, WireError, WireLimits, is_count, pack, unpack
+from ddctl_agents.core.wire import DEFAULT_LIMITS, Frame, WireLimits, is_count, pack, unpack
+from ddctl_agents.errors import WireError
 
 Adoption = tuple[int, int, int]
 """(fragment, version, learner step at which it was adopted)."""
@@ -76,7 +77,7 @@ def encode_fragment(message: FragmentVersion, codec: str, block: int) -> bytes:
     return pack("fragment", message.meta(), message.tensors, codec, block)
 
 
-def decode_update(data: bytes | bytearray | memoryview, limits: WireLimits = WireLimits()) -> tuple[Update, Frame]:
+def decode_update(data: bytes | bytearray | memoryview, limits: WireLimits = DEFAULT_LIMITS) -> tuple[Update, Frame]:
     frame = unpack(data, limits, expect="update")
     m = frame.meta
     update = Update(
@@ -96,10 +97,12 @@ def decode_update(data: bytes | bytearray | memoryview, limits: WireLimits = Wir
     return update, frame
 
 
-def decode_fragment(data: bytes | bytearray | memoryview, limits: WireLimits = WireLimits()) -> tuple[FragmentVersion, Frame]:
+def decode_fragment(data: bytes | bytearray | memoryview, limits: WireLimits = DEFAULT_LIMITS) -> tuple[FragmentVersion, Frame]:
     frame = unpack(data, limits, expect="fragment")
     m = frame.meta
-    message = FragmentVersion(fragment=_count(m, "fragment"), version=_count(m, "version"), vclock=_clock(m), tensors=frame.tensors)
+    message = FragmentVersion(
+        fragment=_count(m, "fragment"), version=_count(m, "version"), vclock=_clock(m), tensors=frame.tensors
+    )
     return message, frame
 
 

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ddctl_agents.errors import ConfigError
-from ddctl_agents.errors import MergeError
+from ddctl_agents.errors import ConfigError, MergeError
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -112,7 +112,12 @@ def decide_round(now: float, view: RoundView, timing: Timing, config: QuorumConf
     window = grace_window(met_at - view.opened_at, timing, config)
     deadline = met_at + window
     if now >= deadline:
-        return RoundDecision(close=True, cause="grace_over", reason=f"grace {window:.3f}s over with {present}/{present + len(absent)}", grace_s=window)
+        return RoundDecision(
+            close=True,
+            cause="grace_over",
+            reason=f"grace {window:.3f}s over with {present}/{present + len(absent)}",
+            grace_s=window,
+        )
     coming = sorted((timing.forecasts[m], m) for m in absent if m in timing.forecasts and timing.forecasts[m] <= deadline)
     if not coming:
         return RoundDecision(

@@ -25,7 +25,7 @@ from ddctl_agents.core.merge import MERGES, Contribution, merge_fragment
 from ddctl_agents.core.messages import FragmentVersion, Update
 from ddctl_agents.core.outer import OuterConfig, outer_step
 from ddctl_agents.core.quorum import QuorumConfig, RoundView, Timing, decide_round
-from ddctl_agents.errors import BadUpdate, ConfigError, ImpossibleVersion, NonFiniteUpdate, SyncError, UnknownLearner
+from ddctl_agents.errors import BadUpdate, ConfigError, ImpossibleVersion, NonFiniteUpdate, UnknownLearner
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,7 +112,9 @@ class Synchronizer:
         self.links.setdefault(learner, LearnerLinks())
         self.clock = vclock.tick(self.clock, vclock.SYNCER)
         effects: list[Effect] = [self._record(now, "join", learner=learner, incarnation=incarnation, start_step=start_step)]
-        effects += [Send(to=(learner,), message=self.fragment_message(p), reason="bootstrap") for p in range(self.fragmentation.count)]
+        effects += [
+            Send(to=(learner,), message=self.fragment_message(p), reason="bootstrap") for p in range(self.fragmentation.count)
+        ]
         return effects
 
     def deregister(self, now: float, learner: str, reason: str) -> list[Effect]:
@@ -147,11 +149,17 @@ class Synchronizer:
         units = update.c_tokens
         self.ledger.received += units
         behind = current - update.base_version
-        contribution = Contribution(learner=update.learner, tensors=update.tensors, c_steps=update.c_steps, c_tokens=update.c_tokens)
+        contribution = Contribution(
+            learner=update.learner, tensors=update.tensors, c_steps=update.c_steps, c_tokens=update.c_tokens
+        )
         rnd = self.rounds[p]
         if behind > self.config.max_behind:
             self.ledger.dropped += units
-            ack = Ack(status="dropped", reason=f"base version {update.base_version} is {behind} behind {current}; resync", version=current)
+            ack = Ack(
+                status="dropped",
+                reason=f"base version {update.base_version} is {behind} behind {current}; resync",
+                version=current,
+            )
             resync = Send(to=(update.learner,), message=self.fragment_message(p), reason="resync")
             return ack, [self._update_record(now, update, ack), resync]
         self.ledger.pending += units
@@ -163,7 +171,11 @@ class Synchronizer:
             ack = Ack(status="accepted", reason=f"in round {current + 1} of fragment {p}", version=current)
         else:
             rnd.late[update.learner] = _accumulate(rnd.late.get(update.learner), contribution)
-            ack = Ack(status="late", reason=f"base {update.base_version} is {behind} behind; folded into round {current + 1}", version=current)
+            ack = Ack(
+                status="late",
+                reason=f"base {update.base_version} is {behind} behind; folded into round {current + 1}",
+                version=current,
+            )
         return ack, [self._update_record(now, update, ack)]
 
     def poll(self, now: float) -> list[Effect]:
@@ -205,12 +217,25 @@ class Synchronizer:
         self.rounds[p] = _Round()
         self.clock = vclock.tick(self.clock, vclock.SYNCER)
         admitted = [
-            {"learner": c.learner, "late": c.learner in rnd.late and c.learner not in rnd.fresh, "c_steps": c.c_steps, "c_tokens": c.c_tokens, "weight": c.weight}
+            {
+                "learner": c.learner,
+                "late": c.learner in rnd.late and c.learner not in rnd.fresh,
+                "c_steps": c.c_steps,
+                "c_tokens": c.c_tokens,
+                "weight": c.weight,
+            }
             for c in sorted(contributions, key=lambda c: c.learner)
         ]
         record = self._record(
-            now, "round", fragment=p, version=self.versions[p], cause=cause, reason=reason, grace_s=round(grace_s, 6),
-            admitted=admitted, opened_at=rnd.opened_at,
+            now,
+            "round",
+            fragment=p,
+            version=self.versions[p],
+            cause=cause,
+            reason=reason,
+            grace_s=round(grace_s, 6),
+            admitted=admitted,
+            opened_at=rnd.opened_at,
         )
         return [record, Send(to=tuple(sorted(self.live)), message=self.fragment_message(p), reason="round")]
 
@@ -233,9 +258,10 @@ class Synchronizer:
             raise UnknownLearner(f"learner {update.learner!r} is not registered")
         if not 0 <= update.fragment < self.fragmentation.count:
             raise BadUpdate(f"fragment {update.fragment} out of range [0, {self.fragmentation.count})")
-        if update.base_version > self.versions[update.fragment]:
+        current = self.versions[update.fragment]
+        if update.base_version > current:
             raise ImpossibleVersion(
-                f"base version {update.base_version} of fragment {update.fragment} is ahead of the syncer's {self.versions[update.fragment]}"
+                f"base version {update.base_version} of fragment {update.fragment} is ahead of the syncer's {current}"
             )
         if update.c_steps < 1 or update.c_tokens < 1:
             raise BadUpdate(f"c_steps and c_tokens must be >= 1, got {update.c_steps}/{update.c_tokens}")
@@ -271,9 +297,18 @@ class Synchronizer:
 
     def _update_record(self, now: float, update: Update, ack: Ack) -> Record:
         return self._record(
-            now, "update", learner=update.learner, incarnation=update.incarnation, fragment=update.fragment,
-            base_version=update.base_version, update_id=update.update_id, step=update.step, c_steps=update.c_steps,
-            c_tokens=update.c_tokens, status=ack.status, adoptions=[list(a) for a in update.adoptions],
+            now,
+            "update",
+            learner=update.learner,
+            incarnation=update.incarnation,
+            fragment=update.fragment,
+            base_version=update.base_version,
+            update_id=update.update_id,
+            step=update.step,
+            c_steps=update.c_steps,
+            c_tokens=update.c_tokens,
+            status=ack.status,
+            adoptions=[list(a) for a in update.adoptions],
         )
 
 
@@ -282,7 +317,9 @@ def _accumulate(previous: Contribution | None, new: Contribution) -> Contributio
     if previous is None:
         return new
     tensors = {k: previous.tensors[k] + new.tensors[k] for k in new.tensors}
-    return Contribution(learner=new.learner, tensors=tensors, c_steps=previous.c_steps + new.c_steps, c_tokens=previous.c_tokens + new.c_tokens)
+    return Contribution(
+        learner=new.learner, tensors=tensors, c_steps=previous.c_steps + new.c_steps, c_tokens=previous.c_tokens + new.c_tokens
+    )
 
 
 def _by_learner(rnd: _Round) -> list[Contribution]:

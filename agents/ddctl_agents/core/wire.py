@@ -50,6 +50,9 @@ class WireLimits:
     max_rank: int = 8
 
 
+DEFAULT_LIMITS = WireLimits()
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Frame:
     """A decoded frame: what kind of message, its metadata and its tensors."""
@@ -83,7 +86,7 @@ def pack(
     return body + _CRC.pack(zlib.crc32(body))
 
 
-def unpack(data: bytes | bytearray | memoryview, limits: WireLimits = WireLimits(), expect: str | None = None) -> Frame:
+def unpack(data: bytes | bytearray | memoryview, limits: WireLimits = DEFAULT_LIMITS, expect: str | None = None) -> Frame:
     """Validate and decode a frame; never trusts a length it has not checked."""
     view = memoryview(data)
     header, payload_len, body_end = _check_frame(view, limits)
@@ -96,7 +99,9 @@ def unpack(data: bytes | bytearray | memoryview, limits: WireLimits = WireLimits
         name: codecs.decode(head["codec"], payload[off : off + nb], numel, head["block"]).reshape(shape)
         for name, shape, numel, off, nb in entries
     }
-    return Frame(kind=head["kind"], meta=head["meta"], codec=head["codec"], block=head["block"], tensors=tensors, nbytes=len(view))
+    return Frame(
+        kind=head["kind"], meta=head["meta"], codec=head["codec"], block=head["block"], tensors=tensors, nbytes=len(view)
+    )
 
 
 def _check_frame(view: memoryview, limits: WireLimits) -> tuple[int, int, int]:
@@ -113,7 +118,9 @@ def _check_frame(view: memoryview, limits: WireLimits) -> tuple[int, int, int]:
         raise WireError(f"payload of {payload} bytes exceeds the {limits.max_payload}-byte limit")
     body_end = _PREFIX.size + header + payload
     if len(view) != body_end + _CRC.size:
-        raise WireError(f"frame length {len(view)} does not match its header ({body_end + _CRC.size} expected): truncated or padded")
+        raise WireError(
+            f"frame length {len(view)} does not match its header ({body_end + _CRC.size} expected): truncated or padded"
+        )
     (crc,) = _CRC.unpack_from(view, body_end)
     if zlib.crc32(view[:body_end]) != crc:
         raise WireError("checksum mismatch: the frame was corrupted in transit")
@@ -176,7 +183,7 @@ def _entry_fields(entry: object, i: int, limits: WireLimits) -> tuple[str, list[
         raise WireError(f"tensor {name!r}: shape must be a list of at most {limits.max_rank} non-negative integers")
     if not is_count(off) or not is_count(nb):
         raise WireError(f"tensor {name!r}: offset and nbytes must be non-negative integers")
-    return name, shape, off, nb
+    return name, shape, int(off), int(nb)  # type: ignore[arg-type]  # is_count checked both
 
 
 def is_count(x: object) -> bool:

@@ -82,9 +82,7 @@ def _user_files(paths: tuple[Path, ...]) -> tuple[str, list[tuple[str, Path]]]:
         if given.is_file():
             found = [(given.name, given)]
         else:
-            found = sorted(
-                ((Path(given.name) / p.relative_to(given)).as_posix(), p) for p in _walk(given, "")
-            )
+            found = sorted(((Path(given.name) / p.relative_to(given)).as_posix(), p) for p in _walk(given, ""))
         for rel, path in found:
             if path.resolve() not in seen and path.stat().st_size <= MAX_FILE_BYTES:
                 seen.add(path.resolve())
@@ -203,9 +201,7 @@ class BatchSampler:
         return _windows(self.data, starts, self.seq_len)
 
 
-def validation_batches(
-    val: Tensor, seq_len: int, windows: int, batch_size: int
-) -> list[tuple[Tensor, Tensor]]:
+def validation_batches(val: Tensor, seq_len: int, windows: int, batch_size: int) -> list[tuple[Tensor, Tensor]]:
     """Evenly spaced held-out windows, batched: the same bytes for every evaluation."""
     _require_window(val, seq_len, "validation data")
     require(windows >= 1, f"windows must be >= 1, got {windows}")

@@ -140,9 +140,16 @@ class Learner:
             s.ref[spec.name] = theta.float().clone()
         self.clock = vclock.tick(self.clock, self.name)
         update = Update(
-            learner=self.name, incarnation=self.incarnation, fragment=p, base_version=s.version,
-            update_id=f"{self.name}.{self.incarnation}.{next(self._ids)}", step=self.step,
-            c_steps=s.c_steps, c_tokens=s.c_tokens, tensors=tensors, vclock=dict(self.clock),
+            learner=self.name,
+            incarnation=self.incarnation,
+            fragment=p,
+            base_version=s.version,
+            update_id=f"{self.name}.{self.incarnation}.{next(self._ids)}",
+            step=self.step,
+            c_steps=s.c_steps,
+            c_tokens=s.c_tokens,
+            tensors=tensors,
+            vclock=dict(self.clock),
             adoptions=tuple(self.adoptions),
         )
         self.ledger.sent += s.c_tokens

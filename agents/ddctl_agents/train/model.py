@@ -235,9 +235,7 @@ def embedding_names(model: nn.Module) -> frozenset[str]:
     because their rows are updated sparsely.
     """
     return frozenset(
-        f"{name}.weight" if name else "weight"
-        for name, module in model.named_modules()
-        if isinstance(module, nn.Embedding)
+        f"{name}.weight" if name else "weight" for name, module in model.named_modules() if isinstance(module, nn.Embedding)
     )
 
 

@@ -58,7 +58,7 @@ def inner_step(
         group["lr"] = lr
     loss: Tensor = model(x, y).loss
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    loss.backward()  # type: ignore[no-untyped-call]
     if grad_clip > 0:
         nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()
