@@ -41,7 +41,9 @@ def _decoupled(tokens: int, learners: int = 4, **knobs: Any) -> TrainConfig:
 
 
 RUNS: dict[str, Callable[[int], TrainConfig]] = {
-    "dp_m4": lambda t: _decoupled(t),  # run by the data-parallel baseline
+    "dp_m4": lambda t: _decoupled(t),  # dp_* runs use the data-parallel baseline
+    "dp_m2": lambda t: _decoupled(t, learners=2),
+    "dp_m8": lambda t: _decoupled(t, learners=8),
     "decoupled_m2": lambda t: _decoupled(t, learners=2),
     "decoupled_m4": lambda t: _decoupled(t),
     "decoupled_m8": lambda t: _decoupled(t, learners=8),
