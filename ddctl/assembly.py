@@ -13,6 +13,7 @@ import torch
 from ddctl.settings import TrainConfig
 from ddctl_agents.core.fragments import Fragmentation, TensorSpec, fragment_tensors
 from ddctl_agents.core.syncer import Synchronizer
+from ddctl_agents.errors import ConfigError
 from ddctl_agents.train.checksum import params_sha256
 from ddctl_agents.train.config import steps_per_learner
 from ddctl_agents.train.data import BatchSampler, Corpus, load_corpus, shard, validation_batches
@@ -24,6 +25,13 @@ from ddctl_agents.train.presets import get_preset
 
 def learner_name(index: int) -> str:
     return f"L{index}"
+
+
+def learner_index(name: str) -> int:
+    """Inverse of learner_name; a name it never produced is a ConfigError."""
+    if not (name.startswith("L") and name[1:].isdigit()):
+        raise ConfigError(f"learner names look like L0, L1, ...; got {name!r}")
+    return int(name[1:])
 
 
 @dataclass(slots=True)

@@ -16,7 +16,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from ddctl.assembly import Assembly
+from ddctl.assembly import Assembly, learner_index
 from ddctl.errors import ReplayDivergence
 from ddctl.settings import TrainConfig, from_json
 from ddctl_agents.core.messages import FragmentVersion, decode_fragment, decode_update, encode_fragment, encode_update
@@ -45,7 +45,7 @@ class Replayer:
     def apply(self, number: int, record: dict[str, Any]) -> None:
         kind, t = record["type"], float(record.get("t", 0.0))
         if kind == "join":
-            index = int(record["learner"][1:])
+            index = learner_index(record["learner"])
             self.learners[record["learner"]] = self.a.new_learner(index, record["incarnation"], record.get("start_step", 0))
             self._effects(self.syncer.register(t, record["learner"], record["incarnation"], record.get("start_step", 0)))
         elif kind == "leave":

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddctl.assembly import Assembly, learner_name
+from ddctl.assembly import Assembly, learner_index, learner_name
 from ddctl_agents.core.messages import FragmentVersion, Update, decode_fragment, decode_update, encode_fragment, encode_update
 from ddctl_agents.core.syncer import Effect, Record, Send
 from ddctl_agents.core.tape import TapeWriter
@@ -204,7 +204,7 @@ class VirtualCluster:
         frame = encode_fragment(send.message, self.cfg.down_codec, self.cfg.sync.block)
         message, _ = decode_fragment(frame)
         for name in send.to:
-            slot = self.slots[int(name[1:])]
+            slot = self.slots[learner_index(name)]
             if not slot.alive:
                 continue
             start = max(self.now, slot.down_free_at)
