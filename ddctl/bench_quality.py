@@ -31,7 +31,7 @@ def _decoupled(tokens: int, learners: int = 4, **knobs: Any) -> TrainConfig:
         fragments=knobs.pop("fragments", 24),
         inner_steps=24,
         codec=knobs.pop("codec", "int4"),
-        push_before_overwrite=knobs.pop("push_before_overwrite", True),
+        push_before_overwrite=knobs.pop("push_before_overwrite", False),
     )
     quorum = QuorumConfig(quorum=1, grace=knobs.pop("grace", True))
     outer = OuterConfig(lr=knobs.pop("outer_lr", OuterConfig().lr), momentum=knobs.pop("outer_momentum", OuterConfig().momentum))
@@ -57,7 +57,7 @@ RUNS: dict[str, Callable[[int], TrainConfig]] = {
     "frag6_layer": lambda t: _decoupled(t, fragments=6, fragmentation="layer"),
     "outer_diloco": lambda t: _decoupled(t, outer_lr=0.7, outer_momentum=0.9),
     "outer_average": lambda t: _decoupled(t, outer_lr=1.0, outer_momentum=0.0),
-    "hetero_k1_grace_overwrite": lambda t: _decoupled(t, speeds=HETEROGENEOUS, grace=True, push_before_overwrite=False),
+    "hetero_k1_grace_push": lambda t: _decoupled(t, speeds=HETEROGENEOUS, grace=True, push_before_overwrite=True),
 }
 """Name -> config. Unnamed knobs are the defaults: M=4, P=H=24, tau=2, K=1, grace, int4, RDA, balanced."""
 

@@ -57,7 +57,7 @@ def small_run(tokens: int = 40_000, learners: int = 2, **kw: object) -> TrainCon
         inner_steps=8,
         codec=str(kw.pop("codec", "int4")),
         error_feedback=bool(kw.pop("error_feedback", False)),
-        push_before_overwrite=bool(kw.pop("push_before_overwrite", True)),
+        push_before_overwrite=bool(kw.pop("push_before_overwrite", False)),
     )
     syncer = SyncerConfig(quorum=QuorumConfig(quorum=1, grace=bool(kw.pop("grace", True))), inner_steps=8)
     cluster = kw.pop("cluster", ClusterConfig())

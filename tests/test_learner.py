@@ -62,7 +62,8 @@ def test_adoption_overwrites_and_ignores_stale_versions(assembly: Assembly) -> N
     assert not learner.adopt(FragmentVersion(fragment=0, version=1, tensors=values))
 
 
-def test_drift_no_round_has_seen_is_pushed_before_overwrite(assembly: Assembly) -> None:
+def test_drift_no_round_has_seen_is_pushed_before_overwrite() -> None:
+    assembly = Assembly.build(small_run(push_before_overwrite=True))
     learner = bootstrapped(assembly)
     learner.train_step()
     frag = assembly.fragmentation.fragments[2]
@@ -72,8 +73,8 @@ def test_drift_no_round_has_seen_is_pushed_before_overwrite(assembly: Assembly) 
     assert learner.ledger.overwritten == 0
 
 
-def test_plain_overwrite_when_pushing_is_off() -> None:
-    a = Assembly.build(small_run(push_before_overwrite=False))
+def test_plain_overwrite_by_default(assembly: Assembly) -> None:
+    a = assembly
     learner = bootstrapped(a)
     learner.train_step()
     frag = a.fragmentation.fragments[2]

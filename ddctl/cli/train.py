@@ -51,8 +51,8 @@ def train(
     ] = Fragmentation.balanced,
     error_feedback: Annotated[bool, typer.Option(help="Carry each fragment's quantisation residual to its next send.")] = False,
     push_before_overwrite: Annotated[
-        bool, typer.Option(help="Send drift a new version would overwrite (off = paper's plain overwrite).")
-    ] = True,
+        bool, typer.Option(help="Ablation: send drift a new version would overwrite (off = the paper's plain overwrite).")
+    ] = False,
     preset: Annotated[str, typer.Option(help="Model preset: tiny, tiny-moe, small, base, large.")] = "tiny",
     tokens: Annotated[int, typer.Option(help="Total token budget across all learners.")] = 1_000_000,
     batch_size: Annotated[int, typer.Option(help="Sequences per inner step per learner.")] = 8,

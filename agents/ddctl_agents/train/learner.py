@@ -40,10 +40,11 @@ class SyncSettings:
     block: int = codecs.DEFAULT_BLOCK
     error_feedback: bool = False
     """[ours] Keep each fragment's quantisation residual and add it to its next outer gradient."""
-    push_before_overwrite: bool = True
-    """[ours] When a version arrives from a round this learner had no part in, send the drift it
-    is about to overwrite first (it folds into the next round as a late update) instead of
-    discarding it. Off = the paper's plain overwrite."""
+    push_before_overwrite: bool = False
+    """Ablation: when a version arrives from a round this learner had no part in, send the drift
+    it is about to overwrite first (it folds into the next round as a late update) instead of
+    discarding it. Off (the paper's plain overwrite) measured better: stale drift hurt more
+    than discarded drift (docs/benchmarks.md)."""
 
     def __post_init__(self) -> None:
         schedule.check_schedule(self.fragments, self.inner_steps)
