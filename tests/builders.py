@@ -61,8 +61,9 @@ def small_run(tokens: int = 40_000, learners: int = 2, **kw: object) -> TrainCon
     )
     syncer = SyncerConfig(quorum=QuorumConfig(quorum=1, grace=bool(kw.pop("grace", True))), inner_steps=8)
     cluster = kw.pop("cluster", ClusterConfig())
+    preset = str(kw.pop("preset", "tiny"))
     return TrainConfig(
-        inner=InnerConfig(batch_size=4, warmup_steps=5, lr=3e-3),
+        inner=InnerConfig(preset=preset, batch_size=4, warmup_steps=5, lr=3e-3),
         data=CORPUS,
         budget=RunBudget(tokens=tokens, learners=learners),
         sync=sync,

@@ -49,3 +49,9 @@ def test_a_failed_learner_costs_only_its_own_tokens_and_rejoins() -> None:
     assert ledger["balanced"], ledger
     assert ledger["lost_at_failure"] > 0
     assert ledger["merged"] + ledger["late_merged"] > 0.8 * ledger["trained"]
+
+
+def test_the_mixture_of_experts_model_trains_through_the_same_path() -> None:
+    run = train_decoupled(small_run(tokens=16_000, preset="tiny-moe"))
+    assert run["params"] > 2_000_000  # four experts per layer
+    assert run["val_bpb"] < 7.0 and run["ledger"]["balanced"]
