@@ -18,7 +18,9 @@ from rich.table import Table
 
 
 def stdout() -> Console:
-    return Console(file=sys.stdout, no_color=not sys.stdout.isatty(), highlight=False, soft_wrap=True)
+    """A terminal gets its own width and colour; a pipe gets plain text wide enough not to truncate."""
+    tty = sys.stdout.isatty()
+    return Console(file=sys.stdout, no_color=not tty, highlight=False, width=None if tty else 160)
 
 
 def print_json(data: Any) -> None:
