@@ -27,7 +27,12 @@ from ddctl_agents.train.learner import Learner, LearnerLedger
 Progress = Callable[[int, int], None]
 """Called with (tokens trained so far, token budget)."""
 
-HEARTBEAT_BYTES = len(json.dumps({"learner": "L00", "step": 123456, "step_time": 1.234567, "tokens": 123456789}))
+
+def heartbeat_bytes(name: str, step: int, due: tuple[int, ...]) -> int:
+    """What a heartbeat would weigh as JSON on the wire; counted in bytes_up."""
+    return len(json.dumps({"learner": name, "step": step, "step_time": 1.234567, "tokens": 123456789, "due": list(due)}))
+
+
 LOSS_EVERY = 10
 
 
@@ -124,8 +129,9 @@ class VirtualCluster:
         self.stats.tokens += learner.tokens_per_step
         if learner.step % LOSS_EVERY == 0:
             self.stats.loss_curve.append([self.stats.tokens, round(float(loss), 5)])
-        self._push(self.now + self.latency, "heartbeat", (slot.name, learner.step, self._nominal(slot)))
-        self.stats.bytes_up += HEARTBEAT_BYTES
+        due = learner.due_steps()
+        self._push(self.now + self.latency, "heartbeat", (slot.name, learner.step, self._nominal(slot), due))
+        self.stats.bytes_up += heartbeat_bytes(slot.name, learner.step, due)
         for p in learner.due():
             if learner.has_drift(p):
                 self._send(slot, learner.make_update(p))
@@ -137,8 +143,8 @@ class VirtualCluster:
         else:
             self._push(self.now + self._step_time(slot), "step", (index, incarnation))
 
-    def _on_heartbeat(self, name: str, step: int, step_time: float) -> None:
-        self.syncer.heartbeat(self.now, name, step, step_time)
+    def _on_heartbeat(self, name: str, step: int, step_time: float, due: tuple[int, ...]) -> None:
+        self.syncer.heartbeat(self.now, name, step, step_time, due)
 
     def _on_arrive(self, index: int, incarnation: int, frame: bytes, sent_at: float) -> None:
         slot = self.slots[index]

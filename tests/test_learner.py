@@ -97,3 +97,28 @@ def test_sending_without_drift_is_a_bug(assembly: Assembly) -> None:
     learner = bootstrapped(assembly)
     with pytest.raises(RuntimeError, match="no drift"):
         learner.make_update(0)
+
+
+def test_first_sends_are_staggered_then_due_h_minus_1_after_adoption(assembly: Assembly) -> None:
+    learner = bootstrapped(assembly)
+    h, p_count = assembly.config.sync.inner_steps, assembly.fragmentation.count
+    firsts = sorted(learner.due_steps())
+    assert firsts == [h - p * h // p_count for p in reversed(range(p_count))]  # bootstrap keeps the stagger
+    while 0 not in learner.due():
+        learner.train_step()
+    sent_at = learner.step
+    learner.make_update(0)
+    assert learner.due_steps()[0] == sent_at + h  # no answer: send again after H steps
+    learner.train_step()
+    frag = assembly.fragmentation.fragments[0]
+    learner.on_arrival(FragmentVersion(fragment=0, version=1, tensors={t.name: torch.zeros(t.shape) for t in frag}))
+    assert learner.due_steps()[0] == sent_at + h  # adopted one step later: period H
+
+
+def test_a_version_from_a_missed_round_realigns_the_schedule(assembly: Assembly) -> None:
+    learner = bootstrapped(assembly)
+    h = assembly.config.sync.inner_steps
+    learner.train_step()
+    frag = assembly.fragmentation.fragments[1]
+    learner.on_arrival(FragmentVersion(fragment=1, version=1, tensors={t.name: torch.zeros(t.shape) for t in frag}))
+    assert learner.due_steps()[1] == 1 + h - 1  # aligned with the learners whose round this was

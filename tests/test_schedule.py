@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ddctl_agents.core.schedule import due_fragments, is_due, next_due_step
+from ddctl_agents.core.schedule import due_after_adoption, is_due, next_due_step
 
 
 def test_each_fragment_is_sent_once_every_h_steps_staggered_evenly() -> None:
@@ -13,7 +13,12 @@ def test_each_fragment_is_sent_once_every_h_steps_staggered_evenly() -> None:
 
 
 def test_paper_default_sends_one_fragment_every_step() -> None:
-    assert all(len(due_fragments(t, 24, 24)) == 1 for t in range(1, 100))
+    assert all(sum(is_due(t, p, 24, 24) for p in range(24)) == 1 for t in range(1, 100))
+
+
+def test_after_adoption_the_period_stays_h_in_the_normal_flow() -> None:
+    sent_after, adopted_after = 24, 25  # the answer lands during the next step
+    assert due_after_adoption(adopted_after, 24) == sent_after + 24
 
 
 def test_next_due_step_agrees_with_is_due() -> None:

@@ -47,9 +47,13 @@ class Pace:
     step_times: deque[float] = field(default_factory=deque)
     last_step: int = 0
     reported_at: float = 0.0
+    due: tuple[int, ...] = ()
+    """Each fragment's next due step as the learner last reported it (empty: unknown)."""
 
-    def observe(self, now: float, step: int, step_time: float) -> None:
+    def observe(self, now: float, step: int, step_time: float, due: tuple[int, ...] = ()) -> None:
         self.last_step, self.reported_at = step, now
+        if due:
+            self.due = due
         if step_time > 0:
             self.step_times.append(step_time)
             while len(self.step_times) > self.window:

@@ -127,8 +127,9 @@ class Synchronizer:
         self.clock = vclock.tick(self.clock, vclock.SYNCER)
         return [self._record(now, "leave", learner=learner, reason=reason)]
 
-    def heartbeat(self, now: float, learner: str, step: int, step_time: float) -> None:
-        self._links(learner).pace.observe(now, step, step_time)
+    def heartbeat(self, now: float, learner: str, step: int, step_time: float, due: tuple[int, ...] = ()) -> None:
+        """Progress report: step, median step time and, optionally, each fragment's next due step."""
+        self._links(learner).pace.observe(now, step, step_time, due)
 
     def observe_upload(self, learner: str, nbytes: int, seconds: float, rtt_s: float | None = None) -> None:
         self._links(learner).up.observe(nbytes, seconds, rtt_s)
@@ -284,7 +285,11 @@ class Synchronizer:
             if m in rnd.fresh:
                 continue
             links = self._links(m)
-            due = schedule.next_due_step(links.pace.last_step, p, self.fragmentation.count, self.config.inner_steps)
+            due = (
+                links.pace.due[p]
+                if len(links.pace.due) > p
+                else schedule.next_due_step(links.pace.last_step, p, self.fragmentation.count, self.config.inner_steps)
+            )
             eta = links.predict_arrival(now, due, rnd.upload_bytes)
             if eta is not None:
                 forecasts[m] = eta

@@ -70,6 +70,8 @@ class _FragmentState:
     c_steps: int = 0
     c_tokens: int = 0
     sent_since_adopt: bool = False
+    due: int = 0
+    """Inner step after which this fragment is next sent (core/schedule.py)."""
 
 
 class Learner:
@@ -94,7 +96,10 @@ class Learner:
         self.optimizer = build_inner_optimizer(model, inner)
         self.params = dict(model.named_parameters())
         self.step = start_step
-        self.state = [_FragmentState() for _ in range(fragmentation.count)]
+        self.state = [
+            _FragmentState(due=schedule.next_due_step(start_step, p, sync.fragments, sync.inner_steps))
+            for p in range(fragmentation.count)
+        ]
         self.ledger = LearnerLedger()
         self.clock: dict[str, int] = {}
         self.adoptions: list[Adoption] = []
@@ -119,7 +124,12 @@ class Learner:
         return loss
 
     def due(self) -> list[int]:
-        return schedule.due_fragments(self.step, self.sync.fragments, self.sync.inner_steps)
+        """Fragments to send after the step just taken."""
+        return [p for p, s in enumerate(self.state) if s.due <= self.step]
+
+    def due_steps(self) -> tuple[int, ...]:
+        """Each fragment's next due step, for heartbeats: the syncer forecasts arrivals from them."""
+        return tuple(s.due for s in self.state)
 
     def has_drift(self, p: int) -> bool:
         return self.state[p].c_steps > 0
@@ -157,6 +167,7 @@ class Learner:
         self.adoptions.clear()
         s.c_steps = s.c_tokens = 0
         s.sent_since_adopt = True
+        s.due = self.step + self.sync.inner_steps
         return update
 
     def on_arrival(self, message: FragmentVersion) -> Update | None:
@@ -180,6 +191,8 @@ class Learner:
             self.params[name].copy_(value.reshape(self.params[name].shape))
             s.ref[name] = value.detach().float().clone().reshape(self.params[name].shape)
         self.ledger.overwritten += s.c_tokens
+        if s.version >= 0:  # a bootstrap keeps the staggered first sends
+            s.due = schedule.due_after_adoption(self.step, self.sync.inner_steps)
         s.version, s.c_steps, s.c_tokens, s.sent_since_adopt = message.version, 0, 0, False
         self.clock = vclock.receive(self.clock, message.vclock, self.name)
         self.adoptions.append((message.fragment, message.version, self.step))
