@@ -49,6 +49,7 @@ class _Slot:
     died_at: dict[int, float] = field(default_factory=dict)
     up_free_at: float = 0.0
     down_free_at: float = 0.0
+    step_started: float = 0.0
     inbox: list[tuple[float, int, FragmentVersion]] = field(default_factory=list)
 
     @property
@@ -115,7 +116,7 @@ class VirtualCluster:
         slot.learner = self.a.new_learner(index, slot.incarnation, start_step)
         self._apply(self.syncer.register(self.now, slot.name, slot.incarnation, start_step))
         ready_at = max((t for t, _, _ in slot.inbox), default=self.now)
-        self._push(ready_at + self._step_time(slot), "step", (index, slot.incarnation))
+        self._start_step(slot, slot.incarnation, at=ready_at)
 
     def _on_step(self, index: int, incarnation: int) -> None:
         slot = self.slots[index]
@@ -130,7 +131,7 @@ class VirtualCluster:
         if learner.step % LOSS_EVERY == 0:
             self.stats.loss_curve.append([self.stats.tokens, round(float(loss), 5)])
         due = learner.due_steps()
-        self._push(self.now + self.latency, "heartbeat", (slot.name, learner.step, self._nominal(slot), due))
+        self._push(self.now + self.latency, "heartbeat", (slot.name, learner.step, self.now - slot.step_started, due))
         self.stats.bytes_up += heartbeat_bytes(slot.name, learner.step, due)
         for p in learner.due():
             if learner.has_drift(p):
@@ -141,7 +142,7 @@ class VirtualCluster:
         if self.stats.tokens >= self.cfg.budget.tokens:
             self._drain()
         else:
-            self._push(self.now + self._step_time(slot), "step", (index, incarnation))
+            self._start_step(slot, incarnation)
 
     def _on_heartbeat(self, name: str, step: int, step_time: float, due: tuple[int, ...]) -> None:
         self.syncer.heartbeat(self.now, name, step, step_time, due)
@@ -273,5 +274,7 @@ class VirtualCluster:
         jitter = 1.0 + self.cfg.cluster.jitter * slot.rng.gauss(0.0, 1.0)
         return self.cfg.cluster.step_time_s / slot.speed * min(max(jitter, 0.5), 1.5)
 
-    def _nominal(self, slot: _Slot) -> float:
-        return self.cfg.cluster.step_time_s / slot.speed
+    def _start_step(self, slot: _Slot, incarnation: int, at: float | None = None) -> None:
+        """Schedule the slot's next step; the heartbeat after it reports how long it took."""
+        slot.step_started = self.now if at is None else at
+        self._push(slot.step_started + self._step_time(slot), "step", (slot.index, incarnation))

@@ -124,3 +124,13 @@ def test_dead_learner_lowers_nothing_but_rounds_still_close() -> None:
     s.deregister(2.0, "L1", "heartbeat timeout")
     effects = s.poll(2.0)
     assert s.versions[0] == 1 and any(isinstance(e, Record) and e.entry["type"] == "round" for e in effects)
+
+
+def test_the_duplicate_window_is_bounded_per_learner() -> None:
+    from ddctl_agents.core.syncer import _RecentIds
+
+    recent = _RecentIds(size=2)
+    for update_id in ("a", "b", "c"):
+        recent.add(update_id)
+    assert "a" not in recent and "b" in recent and "c" in recent
+    assert len(recent.ids) == len(recent.order) == 2

@@ -11,6 +11,7 @@ socket, so a run is a deterministic function of its event sequence.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,6 +77,25 @@ class Ack:
 
 
 @dataclass(slots=True)
+class _RecentIds:
+    """A learner's last ``size`` update ids: retries arrive soon after the original, so a
+    bounded window per learner deduplicates them without growing with the run."""
+
+    size: int = 4096
+    order: deque[str] = field(default_factory=deque)
+    ids: set[str] = field(default_factory=set)
+
+    def __contains__(self, update_id: object) -> bool:
+        return update_id in self.ids
+
+    def add(self, update_id: str) -> None:
+        self.order.append(update_id)
+        self.ids.add(update_id)
+        if len(self.order) > self.size:
+            self.ids.discard(self.order.popleft())
+
+
+@dataclass(slots=True)
 class _Round:
     opened_at: float | None = None
     quorum_met_at: float | None = None
@@ -102,7 +122,7 @@ class Synchronizer:
         self.links: dict[str, LearnerLinks] = {}
         self.ledger = TokenLedger()
         self.clock: dict[str, int] = {vclock.SYNCER: 0}
-        self.seen_updates: set[str] = set()
+        self.seen_updates: dict[str, _RecentIds] = {}
         self.rounds_closed = 0
 
     # -- registry ---------------------------------------------------------------------------
@@ -142,9 +162,10 @@ class Synchronizer:
         """Acknowledge an update into a round (fresh or late), or drop it; never closes a round."""
         self._validate(update)
         p, current = update.fragment, self.versions[update.fragment]
-        if update.update_id in self.seen_updates:
+        recent = self.seen_updates.setdefault(update.learner, _RecentIds())
+        if update.update_id in recent:
             return Ack(status="duplicate", reason="update id already applied", version=current), []
-        self.seen_updates.add(update.update_id)
+        recent.add(update.update_id)
         self.clock = vclock.receive(self.clock, update.vclock, vclock.SYNCER)
         self.heartbeat(now, update.learner, update.step, update.step_time)
         units = update.c_tokens
