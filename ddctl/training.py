@@ -38,7 +38,7 @@ def train_decoupled(config: TrainConfig, tape_path: Path | None = None, progress
             "learners": config.budget.learners,
             "rounds": cluster.syncer.rounds_closed,
             "virtual_time_s": stats.virtual_time_s,
-            "round_reasons": dict(sorted(stats.reasons.items())),
+            "round_causes": dict(sorted(stats.causes.items())),
             "ledger": _ledger(cluster, stats, assembly.fragmentation.count),
             "loss_curve": stats.loss_curve,
             **assembly.describe(),

@@ -66,7 +66,8 @@ class ClusterStats:
     lost_at_failure: int = 0
     learner_ledger: LearnerLedger = field(default_factory=LearnerLedger)
     loss_curve: list[list[float]] = field(default_factory=list)
-    reasons: dict[str, int] = field(default_factory=dict)
+    causes: dict[str, int] = field(default_factory=dict)
+    """Rounds closed per cause code (core.quorum.CAUSES)."""
     admitted: list[int] = field(default_factory=list)
     """Learners admitted fresh (not late) by each round, in order."""
     round_times: list[tuple[float, int]] = field(default_factory=list)
@@ -261,8 +262,8 @@ class VirtualCluster:
 
     def _count_round(self, entry: dict[str, Any]) -> None:
         if entry.get("type") == "round":
-            key = str(entry["cause"])
-            self.stats.reasons[key] = self.stats.reasons.get(key, 0) + 1
+            cause = str(entry["cause"])
+            self.stats.causes[cause] = self.stats.causes.get(cause, 0) + 1
             self.stats.admitted.append(sum(not a["late"] for a in entry["admitted"]))
             self.stats.round_times.append((self.now, entry["fragment"]))
 

@@ -21,8 +21,8 @@ def test_grace_admits_more_learners_per_round_than_k1_alone() -> None:
     without = run(tokens=30_000, learners=3, grace=False, cluster=speeds)
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     assert mean(with_grace.stats.admitted) > mean(without.stats.admitted)
-    assert "grace_off" in without.stats.reasons
-    assert "grace_off" not in with_grace.stats.reasons
+    assert "grace_off" in without.stats.causes
+    assert "grace_off" not in with_grace.stats.causes
 
 
 def test_a_learner_killed_mid_upload_is_not_merged_and_the_rest_keep_merging() -> None:
