@@ -16,13 +16,13 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from ddctl.assembly import Assembly, learner_index
 from ddctl.errors import ReplayDivergence
 from ddctl.settings import TrainConfig, from_json
 from ddctl_agents.core.messages import FragmentVersion, decode_fragment, decode_update, encode_fragment, encode_update
 from ddctl_agents.core.syncer import Record, Send, Synchronizer
 from ddctl_agents.core.tape import read_tape
 from ddctl_agents.errors import TapeError
+from ddctl_agents.train.assembly import Assembly, learner_index
 from ddctl_agents.train.checksum import params_sha256
 from ddctl_agents.train.learner import Learner
 

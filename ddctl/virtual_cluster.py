@@ -18,10 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddctl.assembly import Assembly, learner_index, learner_name
+from ddctl.settings import TrainConfig
 from ddctl_agents.core.messages import FragmentVersion, Update, decode_fragment, decode_update, encode_fragment, encode_update
 from ddctl_agents.core.syncer import Effect, Record, Send
 from ddctl_agents.core.tape import TapeWriter
+from ddctl_agents.errors import ConfigError
+from ddctl_agents.train.assembly import Assembly, learner_index, learner_name
 from ddctl_agents.train.learner import Learner, LearnerLedger
 
 Progress = Callable[[int, int], None]
@@ -79,7 +81,10 @@ class VirtualCluster:
     """Runs a TrainConfig's Decoupled DiLoCo job to its token budget."""
 
     def __init__(self, assembly: Assembly, tape: TapeWriter | None = None, progress: Progress | None = None) -> None:
-        self.a, self.cfg, self.tape, self.progress = assembly, assembly.config, tape, progress
+        if not isinstance(assembly.config, TrainConfig):
+            raise ConfigError("the virtual cluster needs a TrainConfig: a job plus its cluster")
+        self.cfg: TrainConfig = assembly.config
+        self.a, self.tape, self.progress = assembly, tape, progress
         self.syncer = assembly.new_syncer()
         self.stats = ClusterStats()
         self.events: list[tuple[float, int, str, Any]] = []

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from builders import small_run
-from ddctl.assembly import Assembly
 from ddctl_agents.core.messages import FragmentVersion
+from ddctl_agents.train.assembly import Assembly
 from ddctl_agents.train.learner import Learner
 
 

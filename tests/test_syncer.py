@@ -94,7 +94,7 @@ def test_ledger_balances_through_rounds() -> None:
 @pytest.mark.parametrize(
     ("make", "error", "status"),
     [
-        (lambda s: update_for(s, "ghost", 0), UnknownLearner, 401),
+        (lambda s: update_for(s, "ghost", 0), UnknownLearner, 409),
         (lambda s: update_for(s, "L0", 0, base=5), ImpossibleVersion, 409),
         (lambda s: update_for(s, "L0", 0, value=float("nan")), NonFiniteUpdate, 422),
         (lambda s: update_for(s, "L0", 0, c_steps=0), BadUpdate, 400),

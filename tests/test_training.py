@@ -3,9 +3,9 @@ from __future__ import annotations
 import pytest
 
 from builders import small_run
-from ddctl.assembly import Assembly
 from ddctl.settings import ClusterConfig, Outage
 from ddctl.training import train_decoupled
+from ddctl_agents.train.assembly import Assembly
 
 
 @pytest.fixture(scope="module")

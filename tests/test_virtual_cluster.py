@@ -3,9 +3,9 @@ from __future__ import annotations
 import pytest
 
 from builders import small_run
-from ddctl.assembly import Assembly
 from ddctl.settings import ClusterConfig, Outage
 from ddctl.virtual_cluster import VirtualCluster
+from ddctl_agents.train.assembly import Assembly
 
 
 def run(**kw: object) -> VirtualCluster:

@@ -9,7 +9,7 @@
     ├── TapeError                    unreadable tape
     └── SyncError                    an update the syncer refuses (``status`` = HTTP code)
         ├── BadUpdate          400   layout does not match the model
-        ├── UnknownLearner     401   not registered
+        ├── UnknownLearner     409   not registered (or declared gone): register again
         ├── NonFiniteUpdate    422   NaN or Inf in an outer gradient
         └── ImpossibleVersion  409   a base version the syncer never produced
 
@@ -49,9 +49,11 @@ class TapeError(AgentError):
 
 
 class SyncError(AgentError):
-    """An update the syncer refuses; ``status`` is the HTTP code the service maps it to."""
+    """An update the syncer refuses; ``status`` is the HTTP code the service maps it to,
+    ``code`` the stable word a client switches on."""
 
     status = 400
+    code = "bad_update"
 
 
 class BadUpdate(SyncError):
@@ -59,12 +61,15 @@ class BadUpdate(SyncError):
 
 
 class UnknownLearner(SyncError):
-    status = 401
+    status = 409
+    code = "unknown_learner"
 
 
 class NonFiniteUpdate(SyncError):
     status = 422
+    code = "non_finite"
 
 
 class ImpossibleVersion(SyncError):
     status = 409
+    code = "impossible_version"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ddctl.cli import bench, replay, train
+from ddctl.cli import bench, replay, syncer, train
 
 app = typer.Typer(
     name="ddctl",
@@ -16,6 +16,8 @@ app = typer.Typer(
 app.command("train")(train.train)
 app.command("replay")(replay.replay)
 app.add_typer(bench.app, name="bench")
+app.add_typer(syncer.syncer_app, name="syncer")
+app.add_typer(syncer.learner_app, name="learner")
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ from typing import TypeVar
 
 import typer
 
-from ddctl.errors import ReplayDivergence, WorkerError
+from ddctl.errors import DdctlError, ReplayDivergence, WorkerError
 from ddctl_agents.errors import AgentError, TapeError, WireError
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_DATA, EXIT_DIVERGED, EXIT_WORKER = 0, 1, 2, 3, 4, 5
@@ -25,6 +25,7 @@ EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (AgentError, EXIT_USAGE),
     (FileExistsError, EXIT_USAGE),
     (WorkerError, EXIT_WORKER),
+    (DdctlError, EXIT_USAGE),
 )
 """First match wins, so subclasses come before their parents."""
 

@@ -71,9 +71,17 @@ class LearnerLinks:
     up: LinkEstimate = field(default_factory=LinkEstimate)
     down: LinkEstimate = field(default_factory=LinkEstimate)
     pace: Pace = field(default_factory=Pace)
+    inflight: dict[int, tuple[float, int, int]] = field(default_factory=dict)
+    """fragment -> (when last seen, bytes received, bytes expected) of an upload in progress."""
 
-    def predict_arrival(self, now: float, due_step: int, upload_bytes: int) -> float | None:
-        """When this learner's update due at ``due_step`` should land, from pace and uplink."""
+    def predict_arrival(self, now: float, due_step: int, upload_bytes: int, fragment: int | None = None) -> float | None:
+        """When this learner's update due at ``due_step`` should land, from pace and uplink.
+
+        An upload of ``fragment`` already in progress lands when its remaining bytes do.
+        """
+        if fragment is not None and fragment in self.inflight and self.up.bytes_per_s:
+            seen, received, expected = self.inflight[fragment]
+            return max(seen, now) + max(expected - received, 0) / self.up.bytes_per_s
         step_time, upload = self.pace.step_time, self.up.transfer_time(upload_bytes)
         if step_time is None or upload is None:
             return None

@@ -157,6 +157,14 @@ class Synchronizer:
     def observe_download(self, learner: str, nbytes: int, seconds: float) -> None:
         self._links(learner).down.observe(nbytes, seconds)
 
+    def observe_inflight(self, now: float, learner: str, fragment: int, received: int, expected: int | None) -> None:
+        """Progress of an upload still arriving (``expected`` None: it ended or failed)."""
+        inflight = self._links(learner).inflight
+        if expected is None:
+            inflight.pop(fragment, None)
+        else:
+            inflight[fragment] = (now, received, expected)
+
     # -- updates ----------------------------------------------------------------------------
     def receive(self, now: float, update: Update, nbytes: int = 0) -> tuple[Ack, list[Effect]]:
         """Acknowledge an update into a round (fresh or late), or drop it; never closes a round."""
@@ -311,7 +319,7 @@ class Synchronizer:
                 if len(links.pace.due) > p
                 else schedule.next_due_step(links.pace.last_step, p, self.fragmentation.count, self.config.inner_steps)
             )
-            eta = links.predict_arrival(now, due, rnd.upload_bytes)
+            eta = links.predict_arrival(now, due, rnd.upload_bytes, p)
             if eta is not None:
                 forecasts[m] = eta
         sync = [self._links(m).down.transfer_time(rnd.upload_bytes) for m in rnd.fresh]

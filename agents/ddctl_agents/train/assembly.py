@@ -1,7 +1,8 @@
 """Build the parts of a run from its config: corpus, model, layout, syncer, learners.
 
-The virtual cluster and the replayer assemble runs the same way through this
-module, which is what makes a replay bit-identical to the run it replays.
+The virtual cluster, the replayer, the syncer service and the learner agent
+assemble runs the same way through this module: that is what makes a replay
+bit-identical to its run, and every process of a job agree on the layout.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ddctl.settings import TrainConfig
 from ddctl_agents.core.fragments import Fragmentation, TensorSpec, fragment_tensors
 from ddctl_agents.core.syncer import Synchronizer
 from ddctl_agents.errors import ConfigError
@@ -18,6 +18,7 @@ from ddctl_agents.train.checksum import params_sha256
 from ddctl_agents.train.config import steps_per_learner
 from ddctl_agents.train.data import BatchSampler, Corpus, load_corpus, shard, validation_batches
 from ddctl_agents.train.evaluate import evaluate_bpb
+from ddctl_agents.train.job import JobConfig
 from ddctl_agents.train.learner import Learner
 from ddctl_agents.train.model import ModelConfig, build_model, embedding_names
 from ddctl_agents.train.presets import get_preset
@@ -38,7 +39,7 @@ def learner_index(name: str) -> int:
 class Assembly:
     """Everything derived deterministically from a TrainConfig."""
 
-    config: TrainConfig
+    config: JobConfig
     model_config: ModelConfig
     corpus: Corpus
     initial: dict[str, torch.Tensor]
@@ -48,7 +49,7 @@ class Assembly:
     val: list[tuple[torch.Tensor, torch.Tensor]]
 
     @classmethod
-    def build(cls, config: TrainConfig, corpus: Corpus | None = None) -> Assembly:
+    def build(cls, config: JobConfig, corpus: Corpus | None = None) -> Assembly:
         torch.set_num_threads(config.threads)
         model_config = get_preset(config.inner.preset)
         corpus = corpus or load_corpus(config.data)

@@ -1,0 +1,228 @@
+"""The learner's network side: three threads beside the training loop, which never waits on them.
+
+- uploader: encodes each outer gradient and pushes it until the syncer
+  acknowledges it (retrying through syncer restarts; re-registering if the
+  syncer forgot us);
+- subscriber: keeps the fragment stream open and queues every new version for
+  the training loop to adopt between steps;
+- heartbeat: reports progress and measured link figures every ``interval_s``.
+
+Each thread has its own HTTP/2 connection, so a long upload never delays a
+heartbeat or an incoming fragment.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable, retry
+from ddctl_agents.core.messages import FragmentVersion, Update, decode_fragment, encode_update
+
+log = logging.getLogger("ddctl.learner")
+
+
+@dataclass(slots=True)
+class CommLedger:
+    """Fragment-tokens by fate, as the learner sees them."""
+
+    sent: int = 0
+    """Handed to the uploader."""
+    acked: dict[str, int] = field(default_factory=dict)
+    """By the syncer's answer: accepted, late, dropped, duplicate."""
+    rejected: int = 0
+    """Refused with a 4xx: never applied."""
+    bytes_up: int = 0
+    bytes_down: int = 0
+
+    def acked_total(self) -> int:
+        return sum(self.acked.values())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Identity:
+    name: str
+    incarnation: int
+    region: str
+
+
+class Comms:
+    """See the module docstring. ``connect`` makes a fresh client (one per thread)."""
+
+    def __init__(
+        self, connect: Callable[[], SyncerClient], me: Identity, codec: str, block: int, interval_s: float = 0.5
+    ) -> None:
+        self.connect, self.me, self.codec, self.block, self.interval_s = connect, me, codec, block, interval_s
+        self.outbox: queue.Queue[Update] = queue.Queue()
+        self.inbox: queue.Queue[FragmentVersion] = queue.Queue()
+        self.ledger = CommLedger()
+        self.report: dict[str, Any] = {}
+        self.versions: list[int] = []
+        self.stopping = threading.Event()
+        self._idle = threading.Condition()
+        self._busy = 0
+        self._lock = threading.Lock()
+        self._down = [0, 0.0]
+        self._rtt: float | None = None
+        self._threads: list[threading.Thread] = []
+        self.register_answer: dict[str, Any] = {}
+        self.last_contact = time.monotonic()
+
+    # -- called by the training loop ------------------------------------------------------------
+    def start(self, fragments: int) -> dict[str, Any]:
+        """Register (retrying until the syncer answers) and start the threads."""
+        client = self.connect()
+        try:
+            self.register_answer = retry(lambda: client.register(self.me.name, self.me.incarnation, self.me.region))
+        finally:
+            client.close()
+        self.versions = [-1] * fragments
+        for target in (self._upload_loop, self._subscribe_loop, self._heartbeat_loop):
+            thread = threading.Thread(target=target, name=f"ddctl-{target.__name__.strip('_')}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self.register_answer
+
+    def send(self, update: Update) -> None:
+        with self._idle:
+            self._busy += 1
+            self.ledger.sent += update.c_tokens
+        self.outbox.put(update)
+
+    def arrivals(self) -> list[FragmentVersion]:
+        out = []
+        while True:
+            try:
+                out.append(self.inbox.get_nowait())
+            except queue.Empty:
+                return out
+
+    def set_report(self, **fields: Any) -> None:
+        with self._lock:
+            self.report = fields
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait until every queued update is acknowledged (or refused); False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._idle:
+            while self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+        return True
+
+    def close(self, reason: str | None = "left") -> None:
+        self.stopping.set()
+        if reason is not None:
+            client = self.connect()
+            try:
+                retry(lambda: client.leave(self.me.name, reason), give_up_after_s=10.0)
+            except (Unavailable, Refused) as exc:
+                log.warning("could not say goodbye: %s", exc)
+            finally:
+                client.close()
+        for thread in self._threads:
+            thread.join(timeout=5.0)
+
+    # -- threads --------------------------------------------------------------------------------
+    def _reregister(self, client: SyncerClient) -> None:
+        client.register(self.me.name, self.me.incarnation, self.me.region)
+
+    def _upload_loop(self) -> None:
+        client = self.connect()
+        try:
+            while not self.stopping.is_set():
+                try:
+                    update = self.outbox.get(timeout=0.2)
+                except queue.Empty:
+                    continue
+                frame = encode_update(update, self.codec, self.block)
+                try:
+                    ack = retry(functools.partial(self._push, client, frame, update.fragment), stop=self.stopping.is_set)
+                    status = str(ack["status"])
+                    with self._lock:
+                        self.ledger.acked[status] = self.ledger.acked.get(status, 0) + update.c_tokens
+                        self.ledger.bytes_up += len(frame)
+                except Refused as exc:
+                    log.error("update %s refused: %s", update.update_id, exc)
+                    self.ledger.rejected += update.c_tokens
+                except Unavailable:
+                    self.outbox.put(update)  # stopping: leave it queued, drain() reports it unsent
+                    return
+                with self._idle:
+                    self._busy -= 1
+                    self._idle.notify_all()
+        finally:
+            client.close()
+
+    def _push(self, client: SyncerClient, frame: bytes, fragment: int) -> dict[str, Any]:
+        try:
+            answer = client.push(frame, fragment)
+        except Refused as exc:
+            if exc.code != "unknown_learner":
+                raise
+            self._reregister(client)
+            answer = client.push(frame, fragment)
+        self.last_contact = time.monotonic()
+        return answer
+
+    def _subscribe_loop(self) -> None:
+        client, delay = self.connect(), 0.1
+        try:
+            while not self.stopping.is_set():
+                try:
+                    for frame, seconds in client.fragments(list(self.versions)):
+                        self.last_contact, delay = time.monotonic(), 0.1
+                        if self.stopping.is_set():
+                            return
+                        if not frame:
+                            continue
+                        message, _ = decode_fragment(frame)
+                        self.versions[message.fragment] = max(self.versions[message.fragment], message.version)
+                        with self._lock:
+                            self._down[0] += len(frame)
+                            self._down[1] += seconds
+                            self.ledger.bytes_down += len(frame)
+                        self.inbox.put(message)
+                except (Unavailable, Refused) as exc:
+                    log.info("fragment stream: %s; reconnecting", exc)
+                    self.stopping.wait(delay)
+                    delay = min(delay * 2, 5.0)
+        finally:
+            client.close()
+
+    def _heartbeat_loop(self) -> None:
+        client = self.connect()
+        try:
+            while not self.stopping.wait(self.interval_s):
+                with self._lock:
+                    report = dict(self.report)
+                    down_bytes, down_seconds = self._down
+                    self._down = [0, 0.0]
+                if not report:
+                    continue
+                report.update(learner=self.me.name, rtt_s=self._rtt, down_bytes=down_bytes, down_seconds=down_seconds)
+                started = time.perf_counter()
+                try:
+                    client.heartbeat(report)
+                    self._rtt = time.perf_counter() - started
+                    self.last_contact = time.monotonic()
+                except Refused as exc:
+                    if exc.code == "unknown_learner":
+                        try:
+                            self._reregister(client)
+                        except (Refused, Unavailable) as again:
+                            log.info("re-register failed: %s", again)
+                    else:
+                        log.warning("heartbeat refused: %s", exc)
+                except Unavailable as exc:
+                    log.info("heartbeat: %s", exc)
+        finally:
+            client.close()

@@ -1,0 +1,113 @@
+"""The synchronizer's whole state as one frame, for snapshots and recovery.
+
+``capture`` is O(number of tensors) and copies no tensor data: the core never
+mutates a tensor in place (outer steps and merges build new ones), so holding
+references freezes the state at the capture point while rounds go on. The
+frame is then packed off the core's thread. ``restore`` rebuilds a syncer that
+behaves exactly like the captured one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ddctl_agents.core.ledger import TokenLedger
+from ddctl_agents.core.links import LearnerLinks
+from ddctl_agents.core.merge import Contribution
+from ddctl_agents.core.syncer import Synchronizer, _RecentIds, _Round
+from ddctl_agents.core.wire import WireLimits, pack, unpack
+from ddctl_agents.errors import WireError
+
+STATE_KIND = "syncer-state"
+STATE_LIMITS = WireLimits(max_header=1 << 28, max_payload=1 << 40, max_tensors=1 << 20)
+"""Our own snapshots may be far larger than any single network message."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SyncerState:
+    meta: dict[str, Any]
+    tensors: dict[str, torch.Tensor]
+
+    def to_bytes(self) -> bytes:
+        return pack(STATE_KIND, self.meta, self.tensors, "fp32")
+
+
+def capture(syncer: Synchronizer, extra: Mapping[str, Any] | None = None) -> SyncerState:
+    """The syncer's state at this point, sharing (not copying) its immutable tensors."""
+    tensors: dict[str, torch.Tensor] = {}
+    rounds = []
+    for p, frag in enumerate(syncer.fragments):
+        tensors.update({f"f/{p}/{n}": t for n, t in frag.items()})
+        tensors.update({f"b/{p}/{n}": t for n, t in syncer.buffers[p].items()})
+        rnd = syncer.rounds[p]
+        entry: dict[str, Any] = {"opened_at": rnd.opened_at, "quorum_met_at": rnd.quorum_met_at, "upload_bytes": rnd.upload_bytes}
+        for kind in ("fresh", "late"):
+            contributions = getattr(rnd, kind)
+            entry[kind] = [{"learner": c.learner, "c_steps": c.c_steps, "c_tokens": c.c_tokens} for c in contributions.values()]
+            for c in contributions.values():
+                tensors.update({f"r/{p}/{kind}/{c.learner}/{n}": t for n, t in c.tensors.items()})
+        rounds.append(entry)
+    ledger = syncer.ledger
+    meta = {
+        "versions": list(syncer.versions),
+        "rounds_closed": syncer.rounds_closed,
+        "live": dict(syncer.live),
+        "ledger": {k: getattr(ledger, k) for k in ("received", "merged", "late_merged", "dropped", "pending")},
+        "clock": dict(syncer.clock),
+        "seen": {m: list(ids.order) for m, ids in syncer.seen_updates.items()},
+        "last_step": {m: links.pace.last_step for m, links in syncer.links.items()},
+        "rounds": rounds,
+        **dict(extra or {}),
+    }
+    return SyncerState(meta=meta, tensors=tensors)
+
+
+def load(data: bytes | bytearray | memoryview) -> SyncerState:
+    frame = unpack(data, STATE_LIMITS, expect=STATE_KIND)
+    return SyncerState(meta=dict(frame.meta), tensors=dict(frame.tensors))
+
+
+def restore(syncer: Synchronizer, state: SyncerState) -> None:
+    """Overwrite a freshly built syncer (same job) with a captured state."""
+    meta, tensors = state.meta, state.tensors
+    count = syncer.fragmentation.count
+    if len(meta["versions"]) != count:
+        raise WireError(f"snapshot has {len(meta['versions'])} fragments, this job has {count}")
+    for p in range(count):
+        names = list(syncer.fragments[p])
+        syncer.fragments[p] = {n: _shaped(tensors[f"f/{p}/{n}"], syncer.fragments[p][n]) for n in names}
+        syncer.buffers[p] = {n: _shaped(tensors[f"b/{p}/{n}"], syncer.fragments[p][n]) for n in names if f"b/{p}/{n}" in tensors}
+        entry = meta["rounds"][p]
+        rnd = _Round(opened_at=entry["opened_at"], quorum_met_at=entry["quorum_met_at"], upload_bytes=entry["upload_bytes"])
+        for kind in ("fresh", "late"):
+            target = getattr(rnd, kind)
+            for c in entry[kind]:
+                ts = {n: tensors[f"r/{p}/{kind}/{c['learner']}/{n}"] for n in names}
+                target[c["learner"]] = Contribution(
+                    learner=c["learner"], tensors=ts, c_steps=c["c_steps"], c_tokens=c["c_tokens"]
+                )
+        syncer.rounds[p] = rnd
+    syncer.versions = list(meta["versions"])
+    syncer.rounds_closed = meta["rounds_closed"]
+    syncer.live = dict(meta["live"])
+    syncer.ledger = TokenLedger(**meta["ledger"])
+    syncer.clock = dict(meta["clock"])
+    syncer.seen_updates = {}
+    for m, ids in meta["seen"].items():
+        window = _RecentIds()
+        for i in ids:
+            window.add(i)
+        syncer.seen_updates[m] = window
+    for m, step in meta["last_step"].items():
+        syncer.links.setdefault(m, LearnerLinks()).pace.last_step = step
+
+
+def _shaped(stored: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return stored.reshape(like.shape).to(like.dtype)
+
+
+__all__ = ["STATE_KIND", "SyncerState", "capture", "load", "restore"]

@@ -1,0 +1,5 @@
+import sys
+
+from ddctl_agents.service.server import main
+
+sys.exit(main())

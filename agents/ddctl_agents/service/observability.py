@@ -1,0 +1,155 @@
+"""What the syncer shows about itself: ``status`` as JSON, ``metrics`` as Prometheus text.
+
+Both are read-only views of the runtime, computed on the core thread so they
+see one consistent moment.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ddctl_agents.core.links import LearnerLinks, LinkEstimate
+
+if TYPE_CHECKING:
+    from ddctl_agents.service.runtime import SyncerRuntime
+
+
+def _mbps(link: LinkEstimate) -> float | None:
+    return None if link.bytes_per_s is None else round(link.bytes_per_s * 8 / 1e6, 3)
+
+
+def _ms(link: LinkEstimate) -> float | None:
+    return None if link.rtt_s is None else round(link.rtt_s * 1000, 3)
+
+
+def _link_view(links: LearnerLinks) -> dict[str, Any]:
+    return {
+        "up_mbps": _mbps(links.up),
+        "down_mbps": _mbps(links.down),
+        "rtt_ms": _ms(links.up),
+        "up_bytes": links.up.total_bytes,
+        "down_bytes": links.down.total_bytes,
+    }
+
+
+def status(rt: SyncerRuntime) -> dict[str, Any]:
+    s, now = rt.syncer, rt.clock()
+    learners = []
+    for name in sorted(rt.info):
+        info = rt.info[name]
+        links = s.links.get(name, LearnerLinks())
+        learners.append(
+            {
+                "id": name,
+                "region": info.region,
+                "incarnation": info.incarnation,
+                "state": info.state if name in s.live else ("left" if info.state == "left" else "gone"),
+                "live": name in s.live,
+                "step": info.step,
+                "tokens": info.tokens,
+                "tokens_per_s": round(info.tokens_per_s, 1),
+                "loss": info.loss,
+                "staleness": info.staleness,
+                "step_time_s": links.pace.step_time,
+                "seen_s_ago": round(now - info.last_seen, 3),
+                "updates": dict(info.updates),
+                **_link_view(links),
+            }
+        )
+    regions = [
+        {"name": name, "learners": sum(1 for i in rt.info.values() if i.region == name), **_link_view(links)}
+        for name, links in sorted(rt.regions.items())
+    ]
+    ledger = s.ledger
+    return {
+        "run": rt.settings.run,
+        "time": round(now, 3),
+        "uptime_s": round(now - rt.started_at, 3),
+        "rounds": s.rounds_closed,
+        "versions": list(s.versions),
+        "fragments": s.fragmentation.count,
+        "quorum": s.config.quorum.quorum,
+        "grace": s.config.quorum.grace,
+        "live": sorted(s.live),
+        "learners": learners,
+        "regions": regions,
+        "ledger": {
+            "received": ledger.received,
+            "merged": ledger.merged,
+            "late_merged": ledger.late_merged,
+            "dropped": ledger.dropped,
+            "pending": ledger.pending,
+            "balanced": ledger.balanced(),
+        },
+        "recent_rounds": list(rt.recent_rounds),
+        "events": list(rt.events),
+        "val_bpb": [list(v) for v in rt.val_bpb],
+        "bytes_up": rt.bytes_up,
+        "bytes_down": rt.bytes_down,
+        "rejections": {str(k): v for k, v in sorted(rt.rejections.items())},
+        "snapshots": dict(rt.snapshots),
+        "recovered": dict(rt.recovered),
+        "clock": dict(s.clock),
+    }
+
+
+def metrics(rt: SyncerRuntime) -> str:
+    """Prometheus text exposition format, version 0.0.4."""
+    s = rt.syncer
+    out: list[str] = []
+
+    def family(name: str, kind: str, help_text: str, samples: list[tuple[dict[str, str], float | int | None]]) -> None:
+        out.append(f"# HELP ddctl_{name} {help_text}")
+        out.append(f"# TYPE ddctl_{name} {kind}")
+        for labels, value in samples:
+            if value is None:
+                continue
+            label = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+            out.append(f"ddctl_{name}{{{label}}} {value}" if label else f"ddctl_{name} {value}")
+
+    family("rounds_total", "counter", "Rounds merged since the job started.", [({}, s.rounds_closed)])
+    family(
+        "fragment_version",
+        "gauge",
+        "Current version of each fragment.",
+        [({"fragment": str(p)}, v) for p, v in enumerate(s.versions)],
+    )
+    family("learners_live", "gauge", "Learners currently counted toward quorum.", [({}, len(s.live))])
+    ledger = s.ledger
+    family(
+        "ledger_fragment_tokens",
+        "gauge",
+        "Token ledger in fragment-tokens, by bucket.",
+        [({"bucket": k}, getattr(ledger, k)) for k in ("received", "merged", "late_merged", "dropped", "pending")],
+    )
+    rates: list[tuple[dict[str, str], float | int | None]] = []
+    rtts: list[tuple[dict[str, str], float | int | None]] = []
+    for name, links in sorted(s.links.items()):
+        region = rt.info[name].region if name in rt.info else ""
+        for direction, link in (("up", links.up), ("down", links.down)):
+            rates.append(({"learner": name, "region": region, "direction": direction}, link.bytes_per_s))
+        rtts.append(({"learner": name, "region": region}, links.up.rtt_s))
+    family("link_bytes_per_second", "gauge", "EWMA throughput measured from real transfers.", rates)
+    family("link_rtt_seconds", "gauge", "EWMA round-trip time reported by learners.", rtts)
+    regional = [
+        ({"region": name, "direction": d}, link.bytes_per_s)
+        for name, links in sorted(rt.regions.items())
+        for d, link in (("up", links.up), ("down", links.down))
+    ]
+    family("region_bytes_per_second", "gauge", "EWMA throughput per region.", regional)
+    family("bytes_received_total", "counter", "Update bytes accepted.", [({}, rt.bytes_up)])
+    family("bytes_sent_total", "counter", "Fragment bytes streamed to learners.", [({}, rt.bytes_down)])
+    family(
+        "http_rejections_total",
+        "counter",
+        "Requests refused, by status.",
+        [({"code": str(k)}, v) for k, v in sorted(rt.rejections.items())],
+    )
+    family("snapshots_total", "counter", "Durable snapshots written.", [({}, rt.snapshots["taken"])])
+    if rt.val_bpb:
+        family("val_bpb", "gauge", "Validation bits per byte of the global model.", [({}, rt.val_bpb[-1][2])])
+    return "\n".join(out) + "\n"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -1,0 +1,67 @@
+"""The newest encoded version of every fragment, and subscribers waiting for newer ones.
+
+A slow subscriber never builds a queue: it is sent the newest version of each
+fragment it has not seen yet, so memory stays bounded by one encoded copy per
+fragment whatever the number of learners or their speed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    fragment: int
+    version: int
+    frame: bytes
+
+
+class Publisher:
+    def __init__(self, count: int) -> None:
+        self.latest: list[Published | None] = [None] * count
+        self._changed = asyncio.Condition()
+        self.closed = False
+
+    async def publish(self, item: Published) -> None:
+        async with self._changed:
+            current = self.latest[item.fragment]
+            if current is not None and current.version >= item.version:
+                return
+            self.latest[item.fragment] = item
+            self._changed.notify_all()
+
+    def get(self, fragment: int) -> Published | None:
+        return self.latest[fragment]
+
+    def versions(self) -> list[int]:
+        return [-1 if item is None else item.version for item in self.latest]
+
+    async def close(self) -> None:
+        self.closed = True
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def follow(self, since: list[int], keepalive_s: float) -> AsyncIterator[Published | None]:
+        """Yield every fragment newer than ``since`` as it appears; ``None`` after ``keepalive_s`` of quiet."""
+        seen = list(since)
+        while not self.closed:
+            quiet = False
+            async with self._changed:
+                fresh = self._newer(seen)
+                if not fresh:
+                    try:
+                        await asyncio.wait_for(self._changed.wait(), keepalive_s)
+                    except TimeoutError:
+                        quiet = True
+                    fresh = self._newer(seen)
+            for item in fresh:
+                seen[item.fragment] = item.version
+                yield item
+            if quiet and not fresh:
+                yield None
+
+    def _newer(self, seen: list[int]) -> list[Published]:
+        return [item for item in self.latest if item is not None and item.version > seen[item.fragment]]

@@ -1,0 +1,169 @@
+"""Run the synchronizer service: ``python -m ddctl_agents.service --job-dir DIR``.
+
+A job directory holds ``job.json`` (the run id and the JobConfig), ``secret``
+(hex) and, for TLS, ``tls/server.pem`` + ``tls/server.key`` signed by the job's
+own CA (``tls/ca.pem``, which learners pin). Without TLS files the service
+speaks h2c (HTTP/2 prior knowledge), and only on a loopback address.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import json
+import logging
+import signal
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from hypercorn.asyncio import serve
+from hypercorn.config import Config
+
+from ddctl_agents.errors import AgentError, ConfigError
+from ddctl_agents.jsonable import from_json
+from ddctl_agents.service import h2tuning
+from ddctl_agents.service.app import SyncerApp
+from ddctl_agents.service.auth import read_secret
+from ddctl_agents.service.runtime import ServiceSettings, SyncerRuntime
+from ddctl_agents.train.assembly import Assembly
+from ddctl_agents.train.job import JobConfig
+
+
+@dataclass(frozen=True, slots=True)
+class JobFiles:
+    run: str
+    job: JobConfig
+    secret: bytes
+    cert: Path | None
+    key: Path | None
+
+
+def load_job_dir(job_dir: Path) -> JobFiles:
+    """Read and validate a job directory; errors name the file and what is wrong."""
+    job_file = job_dir / "job.json"
+    try:
+        raw = json.loads(job_file.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{job_file}: cannot read ({exc.strerror})") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{job_file}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("run"), str) or "job" not in raw:
+        raise ConfigError(f"{job_file}: must be an object with 'run' (string) and 'job' (JobConfig)")
+    try:
+        job = from_json(JobConfig, raw["job"])
+        secret = read_secret((job_dir / "secret").read_text())
+    except OSError as exc:
+        raise ConfigError(f"{job_dir / 'secret'}: cannot read ({exc.strerror})") from None
+    except ValueError as exc:
+        raise ConfigError(f"{job_dir}: {exc}") from None
+    cert, key = job_dir / "tls" / "server.pem", job_dir / "tls" / "server.key"
+    has_tls = cert.exists() and key.exists()
+    return JobFiles(run=raw["run"], job=job, secret=secret, cert=cert if has_tls else None, key=key if has_tls else None)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def bind_socket(bind: str) -> socket.socket:
+    host, _, port = bind.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--bind must be HOST:PORT, got {bind!r}")
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), int(port)))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot bind {bind}: {exc.strerror}") from None
+    sock.listen(256)
+    sock.set_inheritable(True)
+    return sock
+
+
+def hypercorn_config(sock: socket.socket, files: JobFiles, plaintext: bool) -> Config:
+    config = Config()
+    config.bind = [f"fd://{sock.fileno()}"]
+    config.loglevel = "WARNING"
+    config.accesslog = None
+    config.h2_max_concurrent_streams = 256
+    config.keep_alive_timeout = 120
+    config.graceful_timeout = 5
+    if not plaintext:
+        if files.cert is None or files.key is None:
+            raise ConfigError("TLS needs tls/server.pem and tls/server.key in the job directory (ddctl syncer init makes them)")
+        config.certfile, config.keyfile = str(files.cert), str(files.key)
+        config.alpn_protocols = ["h2", "http/1.1"]
+    return config
+
+
+async def run_service(
+    files: JobFiles, settings: ServiceSettings, sock: socket.socket, plaintext: bool, stop: asyncio.Event | None = None
+) -> None:
+    h2tuning.install()
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    assembly = await loop.run_in_executor(None, Assembly.build, files.job)
+    app = SyncerApp(SyncerRuntime(assembly, settings), files.secret)
+    await serve(app, hypercorn_config(sock, files, plaintext), shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ddctl syncer serve", description="Run the Decoupled DiLoCo synchronizer service.")
+    parser.add_argument(
+        "--job-dir", type=Path, required=True, help="directory with job.json, secret and tls/ (ddctl syncer init)"
+    )
+    parser.add_argument("--state-dir", type=Path, help="snapshots, write-ahead log and tape (default: JOB_DIR/state)")
+    parser.add_argument(
+        "--bind", default="127.0.0.1:0", help="HOST:PORT to listen on; port 0 picks a free one (default %(default)s)"
+    )
+    parser.add_argument("--port-file", type=Path, help="write the bound port here once listening")
+    parser.add_argument("--plaintext", action="store_true", help="h2c without TLS; allowed on loopback only")
+    parser.add_argument("--snapshot-every", type=float, default=30.0, help="seconds between snapshots (default %(default)s)")
+    parser.add_argument(
+        "--heartbeat-timeout", type=float, default=20.0, help="declare a silent learner gone after this many seconds"
+    )
+    parser.add_argument("--eval-every", type=float, default=0.0, help="evaluate the global model every N seconds (0: never)")
+    parser.add_argument("--max-update-bytes", type=int, default=0, help="413 above this (default: from the model size)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        files = load_job_dir(args.job_dir)
+        host = args.bind.rpartition(":")[0].strip("[]")
+        if args.plaintext and not is_loopback(host):
+            raise ConfigError(f"plaintext is refused on {host}: it is not a loopback address; drop --plaintext to use TLS")
+        for name, value in (("--snapshot-every", args.snapshot_every), ("--heartbeat-timeout", args.heartbeat_timeout)):
+            if not value > 0:
+                raise ConfigError(f"{name} must be > 0, got {value}")
+        settings = ServiceSettings(
+            state_dir=args.state_dir or args.job_dir / "state",
+            run=files.run,
+            snapshot_every_s=args.snapshot_every,
+            heartbeat_timeout_s=args.heartbeat_timeout,
+            eval_every_s=args.eval_every,
+            max_update_bytes=args.max_update_bytes,
+        )
+        sock = bind_socket(args.bind)
+    except AgentError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    port = sock.getsockname()[1]
+    if args.port_file:
+        args.port_file.write_text(f"{port}\n")
+    print(
+        f"syncer {files.run} listening on {args.bind.rpartition(':')[0]}:{port} ({'h2c' if args.plaintext else 'h2+TLS'})",
+        flush=True,
+    )
+    asyncio.run(run_service(files, settings, sock, args.plaintext))
+    return 0

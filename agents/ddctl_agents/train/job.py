@@ -1,0 +1,44 @@
+"""What every process of one job must agree on: model, data, budget, sync and syncer settings.
+
+The syncer service reads it from the job file and hands it to learners at
+registration (``GET /v1/job``), so a learner needs only the syncer's address
+and its token. The virtual cluster's ``TrainConfig`` extends it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ddctl_agents.core.codec import CODECS
+from ddctl_agents.core.fragments import STRATEGIES
+from ddctl_agents.core.syncer import SyncerConfig
+from ddctl_agents.train.config import DataConfig, InnerConfig, RunBudget, require
+from ddctl_agents.train.learner import SyncSettings
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobConfig:
+    """One Decoupled DiLoCo job, fully specified."""
+
+    inner: InnerConfig = field(default_factory=InnerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    budget: RunBudget = field(default_factory=RunBudget)
+    sync: SyncSettings = field(default_factory=lambda: SyncSettings(fragments=8, inner_steps=24))
+    syncer: SyncerConfig = field(default_factory=SyncerConfig)
+    fragmentation: str = "balanced"
+    down_codec: str = "bf16"
+    """Codec of fragments sent back to learners (outer gradients use sync.codec)."""
+    threads: int = 1
+    """torch intra-op threads; fixed so that runs and replays are bit-identical."""
+
+    def __post_init__(self) -> None:
+        require(
+            self.fragmentation in STRATEGIES, f"fragmentation must be one of {', '.join(STRATEGIES)}, got {self.fragmentation!r}"
+        )
+        require(
+            self.down_codec in ("fp32", "bf16"),
+            f"down codec must be fp32 or bf16 (fragments stay near-lossless), got {self.down_codec!r}",
+        )
+        require(self.sync.inner_steps == self.syncer.inner_steps, "sync.inner_steps and syncer.inner_steps must agree")
+        require(self.threads >= 1, f"threads must be >= 1, got {self.threads}")
+        require(self.sync.codec in CODECS, f"codec must be one of {', '.join(CODECS)}")

@@ -1,0 +1,109 @@
+"""A job's credentials: its secret, learner tokens, and its own CA and server certificate.
+
+Everything is generated on the laptop with ``cryptography``; the CA key never
+leaves it. The syncer gets the server key and the secret; learners get their
+own token and the CA certificate, which they pin (no public CA is trusted).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import json
+import os
+import secrets
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from ddctl.errors import DdctlError
+from ddctl_agents.jsonable import to_json
+from ddctl_agents.service.auth import ADMIN, derive_token, read_secret
+from ddctl_agents.train.job import JobConfig
+
+VALID_DAYS = 30
+
+
+def _write(path: Path, data: bytes, private: bool) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    fd = os.open(path, flags, 0o600 if private else 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def _name(common: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "ddctl"), x509.NameAttribute(NameOID.COMMON_NAME, common)])
+
+
+def make_tls(directory: Path, run: str, hosts: list[str]) -> None:
+    """A CA for this run and a server certificate for ``hosts`` (IP addresses or DNS names)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    now = dt.datetime.now(dt.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(_name(f"ddctl CA {run}"))
+        .issuer_name(_name(f"ddctl CA {run}"))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=VALID_DAYS))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    names: list[x509.GeneralName] = []
+    for host in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(f"ddctl syncer {run}"))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=VALID_DAYS))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    pem = serialization.Encoding.PEM
+    no_password = serialization.NoEncryption()
+    _write(directory / "ca.pem", ca.public_bytes(pem), private=False)
+    _write(directory / "ca.key", ca_key.private_bytes(pem, serialization.PrivateFormat.PKCS8, no_password), private=True)
+    _write(directory / "server.pem", cert.public_bytes(pem), private=False)
+    _write(directory / "server.key", key.private_bytes(pem, serialization.PrivateFormat.PKCS8, no_password), private=True)
+
+
+def init_job_dir(directory: Path, job: JobConfig, run: str, hosts: list[str], tls: bool = True) -> Path:
+    """Write job.json, a fresh secret and (with ``tls``) the run's CA and server certificate."""
+    if (directory / "job.json").exists():
+        raise DdctlError(f"{directory} already holds a job; pick an empty directory (nothing was changed)")
+    directory.mkdir(parents=True, exist_ok=True)
+    _write(directory / "secret", (secrets.token_hex(32) + "\n").encode(), private=True)
+    if tls:
+        make_tls(directory / "tls", run, hosts)
+    _write(directory / "job.json", (json.dumps({"run": run, "job": to_json(job)}, indent=2) + "\n").encode(), private=False)
+    return directory
+
+
+def token_for(directory: Path, identity: str) -> str:
+    """The token ``identity`` (a learner name, or ``admin``) presents to this job's syncer."""
+    try:
+        secret = read_secret((directory / "secret").read_text())
+        return derive_token(secret, identity)
+    except OSError as exc:
+        raise DdctlError(f"{directory / 'secret'}: cannot read ({exc.strerror})") from None
+    except ValueError as exc:
+        raise DdctlError(f"{directory}: {exc}") from None
+
+
+__all__ = ["ADMIN", "init_job_dir", "make_tls", "token_for"]
