@@ -7,12 +7,19 @@ WINDOW_UPDATE: a 64 MiB upload over loopback then ran at 0.45x HTTP/1.1 here
 protocol, once, to advertise ``WINDOW`` bytes for streams and the connection.
 hypercorn acknowledges received data at once, so the window does not add
 buffering on our side; memory stays bounded by the request size limit.
+
+It also carries the fix of hypercorn PR #334 (open upstream): when we refuse an
+upload early (413, 401) and close the stream, DATA frames still in flight for it
+raised KeyError and killed the whole connection, and with it every other
+stream on it. Such frames are now acknowledged (flow control) and dropped.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import h2.events
+import h2.exceptions
 import h2.settings
 from hypercorn.protocol import h2 as hypercorn_h2
 
@@ -26,6 +33,7 @@ def install(window: int = WINDOW) -> None:
         return
     original_init = getattr(protocol, "_ddctl_original_init", protocol.__init__)
     original_initiate = getattr(protocol, "_ddctl_original_initiate", protocol.initiate)
+    original_events = getattr(protocol, "_ddctl_original_events", protocol._handle_events)
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
@@ -37,5 +45,17 @@ def install(window: int = WINDOW) -> None:
         self.connection.increment_flow_control_window(window - _DEFAULT_WINDOW)
         await self._flush()
 
+    async def _handle_events(self: Any, events: list[Any]) -> None:
+        for event in events:  # one at a time: a stream may close while an earlier event is handled
+            if isinstance(event, h2.events.DataReceived) and event.stream_id not in self.streams:
+                try:
+                    self.connection.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                except h2.exceptions.StreamClosedError:
+                    pass
+                continue
+            await original_events(self, [event])
+
     protocol._ddctl_original_init, protocol._ddctl_original_initiate = original_init, original_initiate
-    protocol.__init__, protocol.initiate, protocol._ddctl_window = __init__, initiate, window
+    protocol._ddctl_original_events = original_events
+    protocol.__init__, protocol.initiate, protocol._handle_events = __init__, initiate, _handle_events
+    protocol._ddctl_window = window
