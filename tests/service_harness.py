@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddctl.credentials import init_job_dir, token_for
+from ddctl.local_syncer import LocalSyncer
 from ddctl_agents.agent.client import SyncerClient, Unavailable
 from ddctl_agents.core.outer import OuterConfig
 from ddctl_agents.core.quorum import QuorumConfig
@@ -40,70 +40,40 @@ def small_job(learners: int = 3, tokens: int = 150_000, fragments: int = 4, inne
 
 @dataclass
 class Job:
-    """A job directory plus the processes running it."""
+    """A job directory, its syncer (a LocalSyncer) and its learner processes."""
 
     root: Path
-    tls: bool = True
-    port: int = 0
-    syncer: subprocess.Popen[bytes] | None = None
+    local: LocalSyncer
     learners: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-    syncer_args: list[str] = field(default_factory=list)
 
     @classmethod
     def create(cls, root: Path, job: JobConfig, tls: bool = True) -> Job:
-        init_job_dir(root / "job", job, "test-run", ["127.0.0.1"], tls=tls)
-        return cls(root=root, tls=tls)
+        return cls(root=root, local=LocalSyncer(root, job, run="test-run", tls=tls))
 
     @property
     def job_dir(self) -> Path:
-        return self.root / "job"
+        return self.local.job_dir
 
     @property
     def url(self) -> str:
-        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+        return self.local.url
+
+    @property
+    def tls(self) -> bool:
+        return self.local.tls
+
+    @property
+    def syncer(self) -> subprocess.Popen[bytes] | None:
+        return self.local.process
 
     def token(self, identity: str) -> str:
-        return token_for(self.job_dir, identity)
+        return self.local.token(identity)
 
     def client(self, identity: str = "admin", token: str | None = None) -> SyncerClient:
-        ca = self.job_dir / "tls" / "ca.pem" if self.tls else None
-        return SyncerClient(self.url, token if token is not None else self.token(identity), ca)
+        return self.local.client(identity, token)
 
-    def start_syncer(self, *extra: str, wait: bool = True) -> None:
-        port_file = self.root / "port"
-        port_file.unlink(missing_ok=True)
-        bind = f"127.0.0.1:{self.port}"
-        args = ["--job-dir", str(self.job_dir), "--bind", bind, "--port-file", str(port_file), *extra]
-        if not self.tls:
-            args.append("--plaintext")
-        with (self.root / "syncer.log").open("ab") as log:
-            self.syncer = subprocess.Popen([sys.executable, "-m", "ddctl_agents.service", *args], stdout=log, stderr=log, env=ENV)
-        deadline = time.monotonic() + 60
-        while not port_file.exists() or not port_file.read_text().strip():
-            self._check_alive(self.syncer, "syncer")
-            if time.monotonic() > deadline:
-                raise TimeoutError("syncer did not bind")
-            time.sleep(0.05)
-        self.port = int(port_file.read_text())
-        if wait:
-            self.wait_healthy()
-
-    def wait_healthy(self, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        client = self.client()
-        try:
-            while True:
-                assert self.syncer is not None
-                self._check_alive(self.syncer, "syncer")
-                try:
-                    client.health()
-                    return
-                except Unavailable:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.1)
-        finally:
-            client.close()
+    def start_syncer(self, *extra: str) -> None:
+        self.local.start(*extra)
 
     def start_learner(self, name: str, *extra: str, region: str = "") -> subprocess.Popen[bytes]:
         args = ["--syncer", self.url, "--name", name, "--token", self.token(name), "--summary", str(self.summary_path(name))]
@@ -156,11 +126,8 @@ class Job:
         proc.wait(timeout=30)
 
     def stop_all(self) -> None:
-        for proc in [*self.learners.values(), *([self.syncer] if self.syncer else [])]:
+        for proc in self.learners.values():
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=30)
-
-    def _check_alive(self, proc: subprocess.Popen[bytes], name: str) -> None:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{name} exited with {proc.returncode}: {self.log(name)[-3000:]}")
+        self.local.kill()

@@ -99,8 +99,7 @@ def test_a_killed_syncer_restarts_from_its_snapshot_and_loses_nothing(tmp_path: 
     for i in range(3):
         job.start_learner(f"L{i}")
     before = job.wait_for(lambda s: s["rounds"] >= 6 and s["snapshots"]["taken"] >= 1, 120, "rounds and a snapshot")
-    assert job.syncer is not None
-    job.kill(job.syncer)  # kill -9: no shutdown snapshot, no goodbye
+    job.local.kill()  # kill -9: no shutdown snapshot, no goodbye
     time.sleep(1.5)
     job.start_syncer("--snapshot-every", "1")
     job.wait_learners()  # the learners carried on by themselves

@@ -54,15 +54,15 @@ def retry(call: Callable[[], T], *, stop: Callable[[], bool] = lambda: False, gi
 class SyncerClient:
     """One HTTP/2 connection to the syncer, authenticated as one identity."""
 
-    def __init__(self, url: str, token: str, ca: Path | None = None, timeout_s: float = 30.0) -> None:
+    def __init__(self, url: str, token: str, ca: Path | None = None, timeout_s: float = 30.0, http2: bool = True) -> None:
         self.url = url.rstrip("/")
         tls = self.url.startswith("https://")
         if not tls and not self.url.startswith("http://"):
             raise AgentError(f"syncer URL must start with https:// or http://, got {url!r}")
         verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(ca)) if tls and ca else tls
         self.http = httpx.Client(
-            http1=tls,  # with TLS, ALPN picks h2; in plain text, HTTP/2 prior knowledge (h2c)
-            http2=True,
+            http1=tls or not http2,  # with TLS, ALPN picks h2; in plain text, HTTP/2 prior knowledge (h2c)
+            http2=http2,
             verify=verify,
             timeout=httpx.Timeout(timeout_s, connect=5.0),
             headers={"authorization": f"Bearer {token}"},

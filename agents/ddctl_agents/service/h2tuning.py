@@ -16,6 +16,7 @@ stream on it. Such frames are now acknowledged (flow control) and dropped.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import h2.events
@@ -48,10 +49,8 @@ def install(window: int = WINDOW) -> None:
     async def _handle_events(self: Any, events: list[Any]) -> None:
         for event in events:  # one at a time: a stream may close while an earlier event is handled
             if isinstance(event, h2.events.DataReceived) and event.stream_id not in self.streams:
-                try:
+                with contextlib.suppress(h2.exceptions.StreamClosedError):
                     self.connection.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-                except h2.exceptions.StreamClosedError:
-                    pass
                 continue
             await original_events(self, [event])
 

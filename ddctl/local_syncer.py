@@ -1,0 +1,115 @@
+"""A syncer service process on this machine: job directory, start, health, kill, restart.
+
+Benchmarks and the ``process`` provider start the real service this way, as a
+separate process speaking HTTP/2 (TLS with the job's CA unless ``tls=False``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ddctl.credentials import init_job_dir, token_for
+from ddctl.errors import DdctlError
+from ddctl_agents.agent.client import SyncerClient, Unavailable
+from ddctl_agents.train.job import JobConfig
+
+
+class LocalSyncer:
+    """One job's syncer process; ``start`` may be called again after ``kill`` (same port, same state)."""
+
+    def __init__(self, root: Path, job: JobConfig | None = None, run: str = "local", tls: bool = True) -> None:
+        self.root, self.tls, self.port = root, tls, 0
+        if job is not None:
+            init_job_dir(self.job_dir, job, run, ["127.0.0.1", "localhost"], tls=tls)
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def job_dir(self) -> Path:
+        return self.root / "job"
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+
+    @property
+    def ca(self) -> Path | None:
+        return self.job_dir / "tls" / "ca.pem" if self.tls else None
+
+    @property
+    def log_path(self) -> Path:
+        return self.root / "syncer.log"
+
+    def token(self, identity: str) -> str:
+        return token_for(self.job_dir, identity)
+
+    def client(self, identity: str = "admin", token: str | None = None, http2: bool = True) -> SyncerClient:
+        return SyncerClient(self.url, token if token is not None else self.token(identity), self.ca, http2=http2)
+
+    def start(self, *extra: str, timeout_s: float = 120.0) -> LocalSyncer:
+        """Start (or restart) the service and return once it answers its health probe."""
+        port_file = self.root / "port"
+        port_file.unlink(missing_ok=True)
+        args = ["--job-dir", str(self.job_dir), "--bind", f"127.0.0.1:{self.port}", "--port-file", str(port_file), *extra]
+        if not self.tls:
+            args.append("--plaintext")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "ddctl_agents.service", *args], stdout=log, stderr=log, env=env
+            )
+        deadline = time.monotonic() + timeout_s
+        while not port_file.exists() or not port_file.read_text().strip():
+            self._alive_or_raise()
+            self._before(deadline, "bind its port")
+            time.sleep(0.05)
+        self.port = int(port_file.read_text())
+        client = self.client()
+        try:
+            while True:
+                self._alive_or_raise()
+                try:
+                    client.health()
+                    return self
+                except Unavailable:
+                    self._before(deadline, "answer its health probe")
+                    time.sleep(0.1)
+        finally:
+            client.close()
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown snapshot, no goodbye."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=30)
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        """SIGTERM: a graceful shutdown that takes a final snapshot."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.process.returncode
+
+    def __enter__(self) -> LocalSyncer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _alive_or_raise(self) -> None:
+        if self.process is not None and self.process.poll() is not None:
+            tail = self.log_path.read_text(errors="replace")[-2000:]
+            raise DdctlError(f"the syncer exited with {self.process.returncode}:\n{tail}")
+
+    def _before(self, deadline: float, what: str) -> None:
+        if time.monotonic() > deadline:
+            raise DdctlError(f"the syncer did not {what} in time; see {self.log_path}")
