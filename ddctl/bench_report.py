@@ -43,3 +43,29 @@ def quality_table(result: dict[str, Any]) -> Table:
             f"{row['wall_s']:.0f}",
         )
     return table
+
+
+def transport_table(result: dict[str, Any]) -> Table:
+    size = result["payload_bytes"] / 2**20
+    table = Table(title=f"one {size:.1f} MiB update to a real syncer ({'TLS' if result['tls'] else 'plain text'})")
+    for col in ("protocol", "best Mbit/s", "median Mbit/s", "negotiated"):
+        table.add_column(col, justify="right")
+    for p in ("h2", "h1"):
+        table.add_row(p, f"{result[f'{p}_mbps']:.0f}", f"{result[f'median_{p}_mbps']:.0f}", result["negotiated"][p])
+    table.add_row("h2 / h1", f"{result['ratio']:.2f}", f"{result['median_ratio']:.2f}", "")
+    return table
+
+
+def syncer_table(result: dict[str, Any]) -> Table:
+    table = Table(title=f"syncer round: {result['learners']} int4 updates of {result['params']:,} params, one core")
+    for col in ("merge GB/s", "memcpy GB/s", "x memcpy", "round s", "decode s", "merge+step s"):
+        table.add_column(col, justify="right")
+    table.add_row(
+        f"{result['merge_gbps']:.3f}",
+        f"{result['memcpy_gbps']:.2f}",
+        f"{result['ratio_to_memcpy']:.4f}",
+        f"{result['round_seconds']:.3f}",
+        f"{result['decode_seconds']:.3f}",
+        f"{result['merge_seconds']:.3f}",
+    )
+    return table

@@ -47,3 +47,42 @@ def quality(
         print_json(result)
     else:
         stdout().print(quality_table(result))
+
+
+@app.command("transport")
+def transport(
+    repeats: Annotated[int, typer.Option(help="Timed uploads per protocol (after one warm-up each); the best is kept.")] = 3,
+    preset: Annotated[str, typer.Option(help="Model preset whose fragment is uploaded (base: ~64 MiB in fp32).")] = "base",
+    fragments: Annotated[int, typer.Option(help="Fragments the model is split into.")] = 8,
+    tls: Annotated[
+        bool, typer.Option(help="TLS with the job's CA (ALPN h2 vs http/1.1); --no-tls compares h2c with HTTP/1.1.")
+    ] = True,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
+) -> None:
+    """Upload one large update to a real syncer over HTTP/2 and HTTP/1.1 in the same run."""
+    from ddctl.bench_report import transport_table
+    from ddctl.bench_transport import measure_transport
+
+    result = run_guarded(lambda: measure_transport(repeats=repeats, preset=preset, fragments=fragments, tls=tls))
+    if json_out:
+        print_json(result)
+    else:
+        stdout().print(transport_table(result))
+
+
+@app.command("syncer")
+def syncer(
+    learners: Annotated[int, typer.Option(help="M: updates merged per round.")] = 8,
+    params: Annotated[int, typer.Option(help="Parameters in the merged fragment.")] = 8 * 2**20,
+    repeats: Annotated[int, typer.Option(help="Timed rounds (after one warm-up); the best is kept.")] = 3,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
+) -> None:
+    """Merge throughput of the syncer (decode + weights + RDA + Nesterov) on one core, beside memcpy."""
+    from ddctl.bench_report import syncer_table
+    from ddctl.bench_syncer import measure_syncer
+
+    result = run_guarded(lambda: measure_syncer(learners=learners, numel=params, repeats=repeats))
+    if json_out:
+        print_json(result)
+    else:
+        stdout().print(syncer_table(result))

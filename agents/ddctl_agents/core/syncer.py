@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ddctl_agents.core import schedule, vclock
+from ddctl_agents.core.codec import all_finite
 from ddctl_agents.core.fragments import Fragmentation
 from ddctl_agents.core.ledger import TokenLedger
 from ddctl_agents.core.links import LearnerLinks
@@ -301,7 +302,7 @@ class Synchronizer:
         for name, t in update.tensors.items():
             if t.numel() != expected[name].numel():
                 raise BadUpdate(f"tensor {name!r} has {t.numel()} elements, expected {expected[name].numel()}")
-            if not bool(torch.isfinite(t).all()):
+            if not all_finite(t.reshape(-1)):
                 raise NonFiniteUpdate(f"tensor {name!r} contains NaN or Inf")
 
     def _timing(self, now: float, p: int) -> Timing:

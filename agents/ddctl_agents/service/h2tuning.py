@@ -17,6 +17,7 @@ stream on it. Such frames are now acknowledged (flow control) and dropped.
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any
 
 import h2.events
@@ -24,7 +25,8 @@ import h2.exceptions
 import h2.settings
 from hypercorn.protocol import h2 as hypercorn_h2
 
-WINDOW = 16 << 20
+WINDOW = int(os.environ.get("DDCTL_H2_WINDOW", 16 << 20))
+"""Bytes a peer may send before waiting for us; DDCTL_H2_WINDOW=65535 restores hypercorn's default."""
 _DEFAULT_WINDOW = 65_535
 
 
@@ -32,6 +34,8 @@ def install(window: int = WINDOW) -> None:
     protocol: Any = hypercorn_h2.H2Protocol
     if getattr(protocol, "_ddctl_window", None) == window:
         return
+    if not _DEFAULT_WINDOW <= window < 2**31:
+        raise ValueError(f"HTTP/2 window must be in [{_DEFAULT_WINDOW}, 2**31), got {window}")
     original_init = getattr(protocol, "_ddctl_original_init", protocol.__init__)
     original_initiate = getattr(protocol, "_ddctl_original_initiate", protocol.initiate)
     original_events = getattr(protocol, "_ddctl_original_events", protocol._handle_events)
@@ -43,8 +47,9 @@ def install(window: int = WINDOW) -> None:
 
     async def initiate(self: Any, headers: Any = None, settings: Any = None) -> None:
         await original_initiate(self, headers, settings)
-        self.connection.increment_flow_control_window(window - _DEFAULT_WINDOW)
-        await self._flush()
+        if window > _DEFAULT_WINDOW:
+            self.connection.increment_flow_control_window(window - _DEFAULT_WINDOW)
+            await self._flush()
 
     async def _handle_events(self: Any, events: list[Any]) -> None:
         for event in events:  # one at a time: a stream may close while an earlier event is handled
