@@ -69,3 +69,18 @@ def syncer_table(result: dict[str, Any]) -> Table:
         f"{result['merge_seconds']:.3f}",
     )
     return table
+
+
+def link_table(result: dict[str, Any]) -> Table:
+    table = Table(title=f"{result['uploads']} uploads of {result['frame_bytes'] / 1e6:.1f} MB, {result['parallel']} in flight")
+    for col in ("shaped Mbit/s", "goodput Mbit/s", "x rate", "tracker Mbit/s", "x rate"):
+        table.add_column(col, justify="right")
+    tracked = result["tracker_up_mbit"]
+    table.add_row(
+        f"{result['rate_mbit']:.0f}",
+        f"{result['goodput_mbit']:.1f}",
+        f"{result['goodput_fraction']:.3f}",
+        "-" if tracked is None else f"{tracked:.1f}",
+        "-" if result["tracker_fraction"] is None else f"{result['tracker_fraction']:.3f}",
+    )
+    return table

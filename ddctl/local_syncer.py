@@ -22,10 +22,12 @@ from ddctl_agents.train.job import JobConfig
 class LocalSyncer:
     """One job's syncer process; ``start`` may be called again after ``kill`` (same port, same state)."""
 
-    def __init__(self, root: Path, job: JobConfig | None = None, run: str = "local", tls: bool = True) -> None:
-        self.root, self.tls, self.port = root, tls, 0
+    def __init__(
+        self, root: Path, job: JobConfig | None = None, run: str = "local", tls: bool = True, host: str = "127.0.0.1"
+    ) -> None:
+        self.root, self.tls, self.port, self.host = root, tls, 0, host
         if job is not None:
-            init_job_dir(self.job_dir, job, run, ["127.0.0.1", "localhost"], tls=tls)
+            init_job_dir(self.job_dir, job, run, sorted({host, "127.0.0.1", "localhost"}), tls=tls)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -34,7 +36,7 @@ class LocalSyncer:
 
     @property
     def url(self) -> str:
-        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     @property
     def ca(self) -> Path | None:
@@ -54,7 +56,7 @@ class LocalSyncer:
         """Start (or restart) the service and return once it answers its health probe."""
         port_file = self.root / "port"
         port_file.unlink(missing_ok=True)
-        args = ["--job-dir", str(self.job_dir), "--bind", f"127.0.0.1:{self.port}", "--port-file", str(port_file), *extra]
+        args = ["--job-dir", str(self.job_dir), "--bind", f"{self.host}:{self.port}", "--port-file", str(port_file), *extra]
         if not self.tls:
             args.append("--plaintext")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -85,15 +85,15 @@ def test_restart_rebuilds_exactly_the_acknowledged_state(tmp_path: Path, assembl
         await rt.register("L1", 1, "b")
         for value in (0.01, 0.02):
             for learner in ("L0", "L1"):
-                await rt.push(learner, frame_for(rt, learner, 0, value), 0.01)
+                await rt.push(learner, frame_for(rt, learner, 0, value))
         await settle(rt, 1)
         await rt.snapshot()  # the snapshot lands between acknowledged events
-        await rt.push("L0", frame_for(rt, "L0", 1, 0.03), 0.01)
+        await rt.push("L0", frame_for(rt, "L0", 1, 0.03))
         await settle(rt, 2)
         kept = frame_for(rt, "L1", 2, 0.04, update_id="L1.1.kept")
         await rt.register("L2", 5, "c")
         await rt.leave("L2", "left")
-        await rt.push("L1", kept, 0.01)
+        await rt.push("L1", kept)
         result = fingerprint(rt)
         assert rt.tape is not None
         tape = rt.tape.path.read_bytes()
@@ -106,7 +106,7 @@ def test_restart_rebuilds_exactly_the_acknowledged_state(tmp_path: Path, assembl
         got = fingerprint(rt)
         recovered = dict(rt.recovered)
         again = frame_for(rt, "L1", 2, 0.04, update_id=replay_id)
-        _, ack = await rt.push("L1", again, 0.01)
+        _, ack = await rt.push("L1", again)
         assert rt.tape is not None
         tape = rt.tape.path.read_bytes()
         await rt.stop()

@@ -86,3 +86,22 @@ def syncer(
         print_json(result)
     else:
         stdout().print(syncer_table(result))
+
+
+@app.command("link")
+def link(
+    rate: Annotated[float, typer.Option(help="Uplink rate the tbf qdisc allows, Mbit/s.")] = 80.0,
+    uploads: Annotated[int, typer.Option(help="Updates pushed after one warm-up.")] = 8,
+    parallel: Annotated[int, typer.Option(help="Uploads in flight at once (the learner's default is 3).")] = 3,
+    preset: Annotated[str, typer.Option(help="Model preset of the update (small: ~6 MB in int4).")] = "small",
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
+) -> None:
+    """Goodput of int4 uploads through a tc-tbf-shaped link in a network namespace (needs root)."""
+    from ddctl.bench_link import measure_link
+    from ddctl.bench_report import link_table
+
+    result = run_guarded(lambda: measure_link(rate_mbit=rate, uploads=uploads, preset=preset, parallel=parallel))
+    if json_out:
+        print_json(result)
+    else:
+        stdout().print(link_table(result))

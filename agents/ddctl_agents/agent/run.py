@@ -49,6 +49,8 @@ class LearnerOptions:
     drain_timeout_s: float = 60.0
     syncer_timeout_s: float = 0.0
     """Dead-man switch: end if the syncer is unreachable this long (0: never)."""
+    parallel_uploads: int = 3
+    """Uploads in flight at once (each on its own connection)."""
 
 
 def run_learner(opts: LearnerOptions, stop: threading.Event | None = None) -> dict[str, Any]:
@@ -67,7 +69,7 @@ def run_learner(opts: LearnerOptions, stop: threading.Event | None = None) -> di
     job = from_json(JobConfig, job_answer["job"])
     assembly = Assembly.build(job)
     me = Identity(name=opts.name, incarnation=time.time_ns() // 1000, region=opts.region)
-    comms = Comms(connect, me, job.sync.codec, job.sync.block)
+    comms = Comms(connect, me, job.sync.codec, job.sync.block, parallel_uploads=opts.parallel_uploads)
     answer = comms.start(assembly.fragmentation.count)
     learner = assembly.new_learner(index, me.incarnation, start_step=int(answer["start_step"]))
     started_at, start_step = time.monotonic(), learner.step
@@ -153,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--summary", type=Path, help="write a JSON summary here at exit")
     parser.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: the job's budget)")
     parser.add_argument("--syncer-timeout", type=float, default=0.0, help="end if the syncer is unreachable this many seconds")
+    parser.add_argument("--parallel-uploads", type=int, default=3, help="uploads in flight at once (default %(default)s)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -168,7 +171,10 @@ def main(argv: list[str] | None = None) -> int:
             summary=args.summary,
             max_steps=args.max_steps,
             syncer_timeout_s=args.syncer_timeout,
+            parallel_uploads=args.parallel_uploads,
         )
+        if opts.parallel_uploads < 1:
+            raise AgentError(f"--parallel-uploads must be >= 1, got {opts.parallel_uploads}")
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         summary = run_learner(opts, stop)

@@ -87,3 +87,35 @@ class LearnerLinks:
             return None
         start = self.pace.reported_at + max(due_step - self.pace.last_step, 0) * step_time
         return max(start, now) + upload
+
+
+@dataclass(slots=True)
+class TransferMeter:
+    """Throughput of a link that may carry several uploads at once: bytes over busy time.
+
+    Timing each upload alone would halve the rate when two share the link;
+    instead the meter counts every byte while any upload is active and yields
+    a (bytes, seconds) sample when the link goes idle or every ``window_s``.
+    """
+
+    window_s: float = 0.5
+    active: int = 0
+    busy_since: float = 0.0
+    nbytes: int = 0
+
+    def start(self, now: float) -> None:
+        if self.active == 0:
+            self.busy_since, self.nbytes = now, 0
+        self.active += 1
+
+    def add(self, nbytes: int) -> None:
+        self.nbytes += nbytes
+
+    def finish(self, now: float) -> tuple[int, float] | None:
+        """One upload ended (done or broken); returns a sample when one is due."""
+        self.active = max(self.active - 1, 0)
+        if self.active and now - self.busy_since < self.window_s:
+            return None
+        sample = (self.nbytes, now - self.busy_since)
+        self.busy_since, self.nbytes = now, 0
+        return sample if sample[0] > 0 and sample[1] > 0 else None

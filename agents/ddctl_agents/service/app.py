@@ -13,11 +13,11 @@ import json
 import logging
 import math
 import struct
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs
 
+from ddctl_agents.core.links import TransferMeter
 from ddctl_agents.errors import AgentError, SyncError
 from ddctl_agents.service.auth import ADMIN, Forbidden, check_identity, verify_token
 from ddctl_agents.service.observability import metrics, status
@@ -179,15 +179,23 @@ class SyncerApp:
         fragment = _header(scope, b"x-ddctl-fragment")
         frag = int(fragment) if fragment and fragment.isdigit() and int(fragment) < self.rt.assembly.fragmentation.count else None
         expected = int(declared) if declared is not None else None
+        meter = self.rt.meters.setdefault(who, TransferMeter())
+        meter.start(self.rt.clock())
+        reported = 0
 
-        def progress(received: int, done: bool) -> None:
-            if frag is not None and expected is not None:
+        def on_chunk(received: int, chunk: int, done: bool) -> None:
+            nonlocal reported
+            meter.add(chunk)
+            if done:
+                sample = meter.finish(self.rt.clock())
+                if sample is not None:
+                    self.rt.observe_upload(who, *sample)
+            if frag is not None and expected is not None and (done or received - reported >= 1 << 20):
+                reported = received
                 self.rt.inflight(who, frag, received, None if done else expected)
 
-        started = time.perf_counter()
-        body = await _read_body(receive, limit, progress)
-        seconds = time.perf_counter() - started
-        update, ack = await self.rt.push(who, body, seconds)
+        body = await _read_body(receive, limit, on_chunk)
+        update, ack = await self.rt.push(who, body)
         await _json(
             send,
             200,
@@ -290,9 +298,13 @@ def _query_int(scope: Scope, key: str, default: int) -> int:
         raise HttpError(400, "bad_request", f"query parameter {key!r} must be an integer") from None
 
 
-async def _read_body(receive: Receive, limit: int, progress: Callable[[int, bool], None] | None = None) -> bytes:
+async def _read_body(receive: Receive, limit: int, on_chunk: Callable[[int, int, bool], None] | None = None) -> bytes:
+    """The whole request body, refusing it (413) once it passes ``limit``.
+
+    ``on_chunk(received so far, chunk length, done)`` sees every chunk, and once
+    more with ``done`` when the body ends, is refused or the client goes away.
+    """
     body = bytearray()
-    last = 0
     try:
         while True:
             message = await receive()
@@ -302,14 +314,13 @@ async def _read_body(receive: Receive, limit: int, progress: Callable[[int, bool
             if len(body) + len(chunk) > limit:
                 raise HttpError(413, "too_large", f"body exceeds the limit of {limit} bytes")
             body += chunk
-            if progress is not None and len(body) - last >= 1 << 20:
-                progress(len(body), False)
-                last = len(body)
+            if on_chunk is not None:
+                on_chunk(len(body), len(chunk), False)
             if not message.get("more_body", False):
                 return bytes(body)
     finally:
-        if progress is not None:
-            progress(len(body), True)
+        if on_chunk is not None:
+            on_chunk(len(body), 0, True)
 
 
 async def _read_json(receive: Receive, scope: Scope) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ddctl_agents.core.links import LearnerLinks
+from ddctl_agents.core.links import LearnerLinks, TransferMeter
 from ddctl_agents.core.messages import FragmentVersion, Update, decode_update, encode_fragment
 from ddctl_agents.core.syncer import Ack, Effect, Record, Send
 from ddctl_agents.core.syncer_state import capture
@@ -84,6 +84,8 @@ class SyncerRuntime:
         self.limits = WireLimits(max_payload=self.max_update_bytes, max_tensors=4 * len(assembly.initial) + 16)
         self.publisher = Publisher(assembly.fragmentation.count)
         self.info: dict[str, LearnerInfo] = {}
+        self.meters: dict[str, TransferMeter] = {}
+        """Uplink meters, touched only on the event loop's thread."""
         self.regions: dict[str, LearnerLinks] = {}
         self.events: deque[dict[str, Any]] = deque(maxlen=64)
         self.recent_rounds: deque[dict[str, Any]] = deque(maxlen=32)
@@ -172,16 +174,20 @@ class SyncerRuntime:
         await self._on_core(self._heartbeat, learner, report)
         return {"versions": self.publisher.versions()}
 
-    async def push(self, identity: str, body: bytes, seconds: float) -> tuple[Update, Ack]:
+    async def push(self, identity: str, body: bytes) -> tuple[Update, Ack]:
         """Decode (off the loop), check identity, hand to the core, wait for durability."""
         loop = asyncio.get_running_loop()
         update, _ = await loop.run_in_executor(self._work, decode_update, body, self.limits)
         if update.learner != identity:
             raise Forbidden(f"token is for {identity!r} but the update claims learner {update.learner!r}")
-        ack, position = await self._on_core(self._receive, update, body, seconds)
+        ack, position = await self._on_core(self._receive, update, body)
         await self._commit_to(position)
         self._kick.set()
         return update, ack
+
+    def observe_upload(self, learner: str, nbytes: int, seconds: float) -> None:
+        """A throughput sample of a learner's uplink from the HTTP layer's meter."""
+        self._core.submit(self._observe_upload, learner, nbytes, seconds)
 
     def inflight(self, learner: str, fragment: int, received: int, expected: int | None) -> None:
         """Progress of an upload, from the HTTP layer (runs on the core thread via the loop)."""
@@ -250,16 +256,18 @@ class SyncerRuntime:
             links.up.observe(0, 0.0, report["rtt_s"])
             regional.up.observe(0, 0.0, report["rtt_s"])
 
-    def _receive(self, update: Update, body: bytes, seconds: float) -> tuple[Ack, int]:
+    def _observe_upload(self, learner: str, nbytes: int, seconds: float) -> None:
+        self.syncer.observe_upload(learner, nbytes, seconds)
+        region = self.info[learner].region if learner in self.info else ""
+        self.regions.setdefault(region, LearnerLinks()).up.observe(nbytes, seconds)
+
+    def _receive(self, update: Update, body: bytes) -> tuple[Ack, int]:
         assert self.wal is not None
         now = self.clock()
         ack, effects = self.syncer.receive(now, update, len(body))
         if ack.status != "duplicate":
             self.wal.append({"kind": "update", "t": now, "nbytes": len(body)}, body)
-            self.syncer.observe_upload(update.learner, len(body), seconds)
-            info = self.info.setdefault(update.learner, LearnerInfo())
-            self.regions.setdefault(info.region, LearnerLinks()).up.observe(len(body), seconds)
-            info.last_seen = now
+            self.info.setdefault(update.learner, LearnerInfo()).last_seen = now
             self.bytes_up += len(body)
         self._apply_effects(effects)
         counts = self.info.setdefault(update.learner, LearnerInfo()).updates

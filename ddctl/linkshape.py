@@ -1,0 +1,85 @@
+"""A WAN-like link on this machine: a network namespace behind a veth pair, shaped with ``tc tbf``.
+
+The namespace's side sends through a token-bucket filter (egress = the
+learner's uplink); the host side may be shaped too (the downlink). netem
+(latency, loss) is not available in every kernel, so only rates are shaped;
+callers that want latency get a clear error instead of a silent no-op.
+Needs root (CAP_NET_ADMIN) and iproute2.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from ddctl.errors import DdctlError
+
+
+@dataclass(frozen=True, slots=True)
+class ShapedLink:
+    namespace: str
+    host_ip: str
+    peer_ip: str
+    up_mbit: float
+    down_mbit: float | None
+
+    def command(self, *argv: str) -> list[str]:
+        """``argv`` run inside the namespace."""
+        return ["ip", "netns", "exec", self.namespace, *argv]
+
+
+def available() -> str | None:
+    """None when links can be shaped here; otherwise why not."""
+    if os.geteuid() != 0:
+        return "shaping links needs root (CAP_NET_ADMIN)"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"shaping links needs iproute2's {tool!r}"
+    return None
+
+
+def _run(*argv: str) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise DdctlError(f"{' '.join(argv)} failed: {done.stderr.strip()}")
+
+
+def tbf_args(rate_mbit: float) -> list[str]:
+    """tbf with a burst of ~4 ms at rate (at least 32 KiB) and 50 ms of queue: steady TCP at the rate."""
+    burst = max(int(rate_mbit * 1e6 / 8 * 0.004), 32 * 1024)
+    return ["tbf", "rate", f"{rate_mbit}mbit", "burst", str(burst), "latency", "50ms"]
+
+
+@contextmanager
+def shaped_link(name: str, up_mbit: float, down_mbit: float | None = None) -> Iterator[ShapedLink]:
+    """Create namespace ``name`` linked to the host, shaped; everything is removed on exit."""
+    if not up_mbit > 0 or (down_mbit is not None and not down_mbit > 0):
+        raise DdctlError(f"link rates must be > 0 Mbit/s, got up={up_mbit} down={down_mbit}")
+    why = available()
+    if why:
+        raise DdctlError(why)
+    tag = zlib.crc32(name.encode()) % 250 + 1
+    host_if, peer_if = f"vh{tag}x{os.getpid() % 10000}", f"vp{tag}x{os.getpid() % 10000}"
+    subnet = f"10.{200 + tag % 50}.{tag}"
+    link = ShapedLink(name, f"{subnet}.1", f"{subnet}.2", up_mbit, down_mbit)
+    _run("ip", "netns", "add", name)
+    try:
+        _run("ip", "link", "add", host_if, "type", "veth", "peer", "name", peer_if)
+        _run("ip", "link", "set", peer_if, "netns", name)
+        _run("ip", "addr", "add", f"{link.host_ip}/24", "dev", host_if)
+        _run("ip", "link", "set", host_if, "up")
+        _run(*link.command("ip", "addr", "add", f"{link.peer_ip}/24", "dev", peer_if))
+        _run(*link.command("ip", "link", "set", peer_if, "up"))
+        _run(*link.command("ip", "link", "set", "lo", "up"))
+        _run(*link.command("tc", "qdisc", "add", "dev", peer_if, "root", *tbf_args(up_mbit)))
+        if down_mbit is not None:
+            _run("tc", "qdisc", "add", "dev", host_if, "root", *tbf_args(down_mbit))
+        yield link
+    finally:
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
