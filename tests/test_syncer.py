@@ -134,3 +134,20 @@ def test_the_duplicate_window_is_bounded_per_learner() -> None:
         recent.add(update_id)
     assert "a" not in recent and "b" in recent and "c" in recent
     assert len(recent.ids) == len(recent.order) == 2
+
+
+def test_late_updates_left_behind_by_departed_learners_are_merged() -> None:
+    s = small_syncer(quorum=1)
+    for m in ("a", "b"):
+        s.register(0.0, m)
+    s.receive(1.0, update_for(s, "a", 0))
+    s.poll(1.0)  # K=1: closes version 1 with a's update
+    ack, _ = s.receive(2.0, update_for(s, "b", 0, base=0))  # b was one version behind
+    assert ack.status == "late" and s.ledger.pending > 0
+    assert s.poll(2.0) == []  # a late-only round waits for a fresh update while learners live
+    s.deregister(3.0, "a", "left")
+    s.deregister(3.0, "b", "left")
+    effects = s.poll(3.0)
+    rounds = [e.entry for e in effects if isinstance(e, Record) and e.entry["type"] == "round"]
+    assert [r["cause"] for r in rounds] == ["final_drain"]
+    assert s.ledger.pending == 0 and s.ledger.balanced() and s.versions[0] == 2

@@ -15,15 +15,6 @@ import typer
 
 from ddctl.cli.errors import run_guarded
 from ddctl.cli.output import print_json
-from ddctl.credentials import ADMIN, init_job_dir, token_for
-from ddctl_agents.agent import run as learner_main
-from ddctl_agents.core.outer import OuterConfig
-from ddctl_agents.core.quorum import QuorumConfig
-from ddctl_agents.core.syncer import SyncerConfig
-from ddctl_agents.service import server
-from ddctl_agents.train.config import DataConfig, InnerConfig, RunBudget
-from ddctl_agents.train.job import JobConfig
-from ddctl_agents.train.learner import SyncSettings
 
 syncer_app = typer.Typer(help="Run or prepare the synchronizer service.", no_args_is_help=True)
 learner_app = typer.Typer(help="Run a learner agent.", no_args_is_help=True)
@@ -52,6 +43,13 @@ def init(
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Create a job directory for ``ddctl syncer serve``."""
+    from ddctl.credentials import init_job_dir
+    from ddctl_agents.core.outer import OuterConfig
+    from ddctl_agents.core.quorum import QuorumConfig
+    from ddctl_agents.core.syncer import SyncerConfig
+    from ddctl_agents.train.config import DataConfig, InnerConfig, RunBudget
+    from ddctl_agents.train.job import JobConfig
+    from ddctl_agents.train.learner import SyncSettings
 
     def body() -> None:
         job = JobConfig(
@@ -75,19 +73,25 @@ def init(
 @syncer_app.command("token")
 def token(
     directory: Annotated[Path, typer.Argument(help="The job directory.")],
-    identity: Annotated[str, typer.Argument(help=f"A learner name (L0, L1, ...) or {ADMIN!r}.")],
+    identity: Annotated[str, typer.Argument(help="A learner name (L0, L1, ...) or 'admin'.")],
 ) -> None:
     """Print the token ``identity`` presents to this job's syncer."""
+    from ddctl.credentials import token_for
+
     run_guarded(lambda: typer.echo(token_for(directory, identity)))
 
 
 @syncer_app.command("serve", context_settings=FORWARD, add_help_option=False)
 def serve(ctx: typer.Context) -> None:
     """Run the synchronizer service (same flags as python -m ddctl_agents.service; --help lists them)."""
+    from ddctl_agents.service import server
+
     raise typer.Exit(server.main(list(ctx.args)))
 
 
 @learner_app.command("run", context_settings=FORWARD, add_help_option=False)
 def learner_run(ctx: typer.Context) -> None:
     """Run one learner (same flags as python -m ddctl_agents.agent; --help lists them)."""
-    raise typer.Exit(learner_main.main(list(ctx.args)))
+    from ddctl_agents.agent.run import main
+
+    raise typer.Exit(main(list(ctx.args)))

@@ -73,7 +73,7 @@ class Timing:
 
 
 CAUSES = ("quorum_wait", "grace_wait", "all_arrived", "grace_off", "grace_over", "none_coming", "final_drain")
-"""Why a round waits (first two) or closes; final_drain is decided by the shell at the end of a run."""
+"""Why a round waits (first two) or closes; final_drain: the shell ends the run, or no live learner remains."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -213,6 +213,9 @@ class Synchronizer:
         """Ask the quorum/grace decision about every open round; close those it allows."""
         effects: list[Effect] = []
         for p, rnd in enumerate(self.rounds):
+            if not self.live and (rnd.fresh or rnd.late):  # nobody left to wait for: merge what arrived
+                effects += self.close_round(now, p, "final_drain", "no live learners remain; merging what arrived")
+                continue
             if rnd.opened_at is None:
                 continue
             view = RoundView(
