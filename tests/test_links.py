@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddctl_agents.core.links import LearnerLinks, LinkEstimate, Pace
+from ddctl_agents.core.links import LearnerLinks, LinkEstimate, Pace, TransferMeter
 
 
 def test_ewma_moves_toward_new_throughput() -> None:
@@ -30,3 +30,34 @@ def test_arrival_forecast_uses_pace_and_uplink() -> None:
     links.up.observe(1000, 1.0)
     # two more steps (4 s after the report) then 0.5 s to upload 500 bytes
     assert links.predict_arrival(11.0, 5, 500) == pytest.approx(14.5)
+
+
+def test_transfer_meter_measures_concurrent_uploads_as_one_link() -> None:
+    meter = TransferMeter(window_s=10.0)
+    meter.start(0.0)
+    meter.start(0.0)  # two uploads share the link
+    meter.add(500)
+    meter.add(500)
+    assert meter.finish(1.0) is None  # the link is still busy with the other one
+    assert meter.finish(1.0) == (1000, 1.0)  # 1000 bytes in 1 s, not 500 per upload
+    meter.start(5.0)
+    meter.add(100)
+    assert meter.finish(5.5) == (100, 0.5)  # idle time between uploads is not counted
+
+
+def test_transfer_meter_samples_a_busy_link_every_window() -> None:
+    meter = TransferMeter(window_s=0.5)
+    meter.start(0.0)
+    meter.start(0.0)
+    meter.add(300)
+    assert meter.finish(0.6) == (300, 0.6)
+    meter.add(200)
+    assert meter.finish(1.0) == (200, pytest.approx(0.4))
+    assert meter.finish(2.0) is None  # nothing moved: no sample
+
+
+def test_an_upload_in_progress_is_forecast_from_its_remaining_bytes() -> None:
+    links = LearnerLinks()
+    links.up.observe(1000, 1.0)  # 1000 B/s
+    links.inflight[3] = (10.0, 400, 1000)
+    assert links.predict_arrival(10.0, due_step=0, upload_bytes=1000, fragment=3) == pytest.approx(10.6)

@@ -5,6 +5,7 @@ Every process speaks HTTP/2 over TLS with the job's own CA; nothing is mocked.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -123,3 +124,23 @@ def test_a_killed_syncer_restarts_from_its_snapshot_and_loses_nothing(tmp_path: 
     assert in_flight == 0
     assert ledger["merged"] + ledger["late_merged"] + ledger["dropped"] + ledger["pending"] + in_flight == sent
     assert ledger["received"] == acked  # nothing acknowledged was lost, nothing counted twice
+
+
+def test_sigterm_pushes_pending_drift_and_leaves_gracefully(tmp_path: Path, job_factory: list[Job]) -> None:
+    job = Job.create(tmp_path, small_job(learners=2, tokens=400_000))
+    job_factory.append(job)
+    job.start_syncer()
+    job.start_learner("L0")
+    leaver = job.start_learner("L1")
+    job.wait_for(lambda s: s["rounds"] >= 3 and len(s["live"]) == 2, 120, "both learners merging")
+    leaver.send_signal(signal.SIGTERM)
+    assert leaver.wait(timeout=60) == 0
+    summary = job.summary("L1")
+    assert summary["reason"] == "sigterm" and summary["drained"] and summary["unsent_tokens"] == 0
+    assert sum(summary["acked_tokens"].values()) == summary["sent_tokens"]  # every pending gradient landed
+    status = job.status()
+    assert learner_view(status, "L1")["state"] == "left" and status["live"] == ["L0"]
+    assert any(e["event"] == "leave" and e["learner"] == "L1" and e["reason"] == "left" for e in status["events"])
+    metrics = job.client().metrics()
+    assert 'ddctl_link_bytes_per_second{learner="L1",region="region-L1",direction="up"}' in metrics
+    assert "ddctl_learners_live 1" in metrics

@@ -14,6 +14,7 @@ from ddctl_agents.core.fragments import STRATEGIES
 from ddctl_agents.core.syncer import SyncerConfig
 from ddctl_agents.train.config import DataConfig, InnerConfig, RunBudget, require
 from ddctl_agents.train.learner import SyncSettings
+from ddctl_agents.train.presets import get_preset
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,3 +43,4 @@ class JobConfig:
         require(self.sync.inner_steps == self.syncer.inner_steps, "sync.inner_steps and syncer.inner_steps must agree")
         require(self.threads >= 1, f"threads must be >= 1, got {self.threads}")
         require(self.sync.codec in CODECS, f"codec must be one of {', '.join(CODECS)}")
+        get_preset(self.inner.preset)  # an unknown preset fails here, naming the allowed ones
