@@ -51,7 +51,7 @@ def quality(
 
 @app.command("transport")
 def transport(
-    repeats: Annotated[int, typer.Option(help="Timed uploads per protocol (after one warm-up each); the best is kept.")] = 3,
+    repeats: Annotated[int, typer.Option(help="Timed uploads per protocol (after one warm-up each); medians reported.")] = 5,
     preset: Annotated[str, typer.Option(help="Model preset whose fragment is uploaded (base: ~64 MiB in fp32).")] = "base",
     fragments: Annotated[int, typer.Option(help="Fragments the model is split into.")] = 8,
     tls: Annotated[
