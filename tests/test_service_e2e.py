@@ -141,6 +141,8 @@ def test_sigterm_pushes_pending_drift_and_leaves_gracefully(tmp_path: Path, job_
     status = job.status()
     assert learner_view(status, "L1")["state"] == "left" and status["live"] == ["L0"]
     assert any(e["event"] == "leave" and e["learner"] == "L1" and e["reason"] == "left" for e in status["events"])
-    metrics = job.client().metrics()
+    admin = job.client()
+    metrics = admin.metrics()
+    admin.close()
     assert 'ddctl_link_bytes_per_second{learner="L1",region="region-L1",direction="up"}' in metrics
     assert "ddctl_learners_live 1" in metrics
