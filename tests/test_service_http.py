@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable
-from ddctl_agents.core.messages import Update, encode_update
+from ddctl_agents.core.messages import Update, decode_fragment, encode_update
 from ddctl_agents.train.assembly import Assembly
 from tests.service_harness import Job, small_job
 
@@ -194,3 +194,15 @@ def test_plaintext_is_refused_off_loopback(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "ddctl_agents.service", "--job-dir", str(job.job_dir), "--bind", "0.0.0.0:0", "--plaintext"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "not a loopback address" in done.stderr
+
+
+def test_fetch_a_fragment_in_full_or_only_if_newer(job: Job, l0: SyncerClient) -> None:
+    version = current_version(job, 3)
+    full = l0.http.get(f"{job.url}/v1/fragments/3", params={"since": -1})
+    assert full.status_code == 200
+    message, _ = decode_fragment(full.content)
+    assert (message.fragment, message.version) == (3, version)
+    assert l0.http.get(f"{job.url}/v1/fragments/3", params={"since": version}).status_code == 304
+    assert l0.http.get(f"{job.url}/v1/fragments/99").status_code == 404
+    clock = l0.http.get(f"{job.url}/v1/vclock").json()
+    assert clock["versions"][3] == version and clock["clock"]["syncer"] >= 1
