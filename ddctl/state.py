@@ -132,11 +132,11 @@ class State:
         row = self.db.execute(
             "SELECT id, created, state, regions_file, job_dir, detail FROM runs WHERE id = ?", (run,)
         ).fetchone()
-        return None if row is None else RunRecord(*row[:5], json.loads(row[5]))
+        return None if row is None else _run(row)
 
     def runs(self) -> list[RunRecord]:
         rows = self.db.execute("SELECT id, created, state, regions_file, job_dir, detail FROM runs ORDER BY created").fetchall()
-        return [RunRecord(*row[:5], json.loads(row[5])) for row in rows]
+        return [_run(row) for row in rows]
 
     def delete_run(self, run: str) -> None:
         with self.transaction() as db:
@@ -163,7 +163,7 @@ class State:
             f"SELECT {INSTANCE_COLUMNS} FROM instances WHERE run = ? ORDER BY name",
             (run,),
         ).fetchall()
-        return [InstanceRecord(*row[:8], json.loads(row[8])) for row in rows]
+        return [_instance(row) for row in rows]
 
     # -- events ---------------------------------------------------------------------------------
     def event(self, run: str, kind: str, **detail: Any) -> None:
@@ -180,3 +180,12 @@ class State:
 
 def _instance_row(r: InstanceRecord) -> tuple[Any, ...]:
     return (r.run, r.name, r.region, r.provider, r.role, r.state, r.provider_id, r.updated, json.dumps(r.detail))
+
+
+def _run(row: tuple[Any, ...]) -> RunRecord:
+    return RunRecord(id=row[0], created=row[1], state=row[2], regions_file=row[3], job_dir=row[4], detail=json.loads(row[5]))
+
+
+def _instance(row: tuple[Any, ...]) -> InstanceRecord:
+    names = ("run", "name", "region", "provider", "role", "state", "provider_id", "updated")
+    return InstanceRecord(**dict(zip(names, row[:8], strict=True)), detail=json.loads(row[8]))
