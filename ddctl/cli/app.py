@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ddctl.cli import bench, replay, syncer, train
+from ddctl.cli import bench, replay, syncer, train, up
 
 app = typer.Typer(
     name="ddctl",
@@ -15,6 +15,10 @@ app = typer.Typer(
 )
 app.command("train")(train.train)
 app.command("replay")(replay.replay)
+app.command("up")(up.up)
+app.command("status")(up.status)
+app.command("down")(up.down)
+app.command("logs")(up.logs)
 app.add_typer(bench.app, name="bench")
 app.add_typer(syncer.syncer_app, name="syncer")
 app.add_typer(syncer.learner_app, name="learner")

@@ -1,0 +1,129 @@
+"""``ddctl up``, ``status``, ``down`` and ``logs``: a job's lifecycle from the laptop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ddctl.cli.errors import run_guarded
+from ddctl.cli.output import print_json, stdout
+
+RegionsOption = Annotated[Path, typer.Option("-f", "--file", help="The regions file.")]
+RunOption = Annotated[str, typer.Option("--run", help="Run id (default: the latest run that is up).")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+
+
+def up(
+    file: RegionsOption = Path("regions.yaml"),
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Play every region on this machine.")] = False,
+    plan_only: Annotated[bool, typer.Option("--plan", help="Print what would be created and its $/h; create nothing.")] = False,
+    json_out: JsonOption = False,
+) -> None:
+    """Start the job described by the regions file; returns once it is training and leaves it running."""
+    from ddctl.plan import plan_summary
+    from ddctl.regions import load_regions
+    from ddctl.state import State
+    from ddctl.up import up_dry_run
+
+    def body() -> dict[str, Any]:
+        rf = load_regions(file)
+        if plan_only:
+            return plan_summary(rf, rf.run)
+        if not dry_run:
+            raise typer.BadParameter("cloud regions (aws, gcp) are not built yet; use --dry-run or --plan")
+        with State() as state:
+            return up_dry_run(rf, state, say=lambda text: typer.echo(text, err=True))
+
+    result = run_guarded(body)
+    if json_out:
+        print_json(result)
+    elif plan_only:
+        _print_plan(result)
+    else:
+        typer.echo(
+            f"run {result['run']} is training: first round merged after {result['seconds_to_first_round']}s; "
+            f"follow it with `ddctl status`, stop it with `ddctl down`"
+        )
+
+
+def _print_plan(result: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"plan for {result['run']}: {result['learners']} learners, syncer in {result['syncer_region']}")
+    for col in ("instance", "region", "provider", "role", "type", "spot", "max $/h"):
+        table.add_column(col)
+    for i in result["instances"]:
+        price = "-" if i["max_dollars_per_hour"] is None else f"{i['max_dollars_per_hour']:.2f}"
+        table.add_row(i["name"], i["region"], i["provider"], i["role"], i["instance_type"] or "-", str(i["spot"]), price)
+    stdout().print(table)
+    unpriced = f" (no price cap in: {', '.join(result['unpriced'])})" if result["unpriced"] else ""
+    typer.echo(f"at most ${result['max_dollars_per_hour']:.2f}/h{unpriced}; nothing was created")
+
+
+def status(run: RunOption = "", json_out: JsonOption = False) -> None:
+    """One snapshot of the run: rounds, and each region's learners with their links."""
+    from ddctl.state import State
+    from ddctl.up import latest_run
+    from ddctl.up import status as run_status
+
+    def body() -> dict[str, Any]:
+        with State() as state:
+            return run_status(latest_run(state, run), state)
+
+    result = run_guarded(body)
+    if json_out:
+        print_json(result)
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{result['run']}: {result['rounds']} rounds merged")
+    for col in ("region", "provider", "learner", "state", "step", "tokens/s", "up Mbit/s", "down Mbit/s"):
+        table.add_column(col)
+    for region in result["regions"]:
+        for entry in region["learners"]:
+            up_rate, down_rate = entry["up_mbps"], entry["down_mbps"]
+            table.add_row(
+                region["name"],
+                region["provider"],
+                entry["id"],
+                entry["state"],
+                str(entry["step"]),
+                f"{entry['tokens_per_s']:.0f}",
+                "-" if up_rate is None else f"{up_rate:.1f}",
+                "-" if down_rate is None else f"{down_rate:.1f}",
+            )
+    stdout().print(table)
+
+
+def down(run: RunOption = "", json_out: JsonOption = False) -> None:
+    """Stop and remove everything of the run (found by its label); safe to repeat."""
+    from ddctl.state import State
+    from ddctl.up import down as run_down
+    from ddctl.up import latest_run
+
+    def body() -> dict[str, Any]:
+        with State() as state:
+            return run_down(latest_run(state, run), state)
+
+    result = run_guarded(body)
+    if json_out:
+        print_json(result)
+    else:
+        typer.echo(f"{result['run']}: stopped {len(result['stopped'])} instances")
+
+
+def logs(region: Annotated[str, typer.Argument(help="Region name.")], run: RunOption = "") -> None:
+    """Print the logs of every instance in a region."""
+    from ddctl.state import State
+    from ddctl.up import latest_run
+    from ddctl.up import logs as run_logs
+
+    def body() -> dict[str, str]:
+        with State() as state:
+            return run_logs(latest_run(state, run), state, region)
+
+    for name, text in run_guarded(body).items():
+        typer.echo(f"==> {name} <==")
+        typer.echo(text.rstrip())

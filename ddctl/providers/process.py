@@ -1,0 +1,99 @@
+"""The ``process`` provider: every instance is a local process group, labelled on its command line.
+
+The label (``--label ddctl-run=RUN --label ddctl-name=NAME``) is what ``list_run``
+finds by scanning ``/proc``, so a run is found and removed even when the local
+state file is gone. Preemption is SIGTERM (the agent pushes its pending drift
+and leaves) followed by SIGKILL once the notice runs out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from ddctl.errors import DdctlError
+from ddctl.providers.base import RUN_LABEL, Instance, InstanceSpec, PreemptionNotice
+
+NAME_LABEL = "ddctl-name"
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def _labels(argv: list[str]) -> dict[str, str]:
+    labels = {}
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "--label" and "=" in argv[i + 1]:
+            key, _, value = argv[i + 1].partition("=")
+            labels[key] = value
+    return labels
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    state = Path(f"/proc/{pid}/stat").read_text().split()[2] if Path(f"/proc/{pid}/stat").exists() else "X"
+    return state not in ("Z", "X")
+
+
+class ProcessProvider:
+    kind = "process"
+
+    def create(self, spec: InstanceSpec) -> Instance:
+        """Start the agent detached (``setsid -f``: its own session, re-parented to init, outliving ddctl)."""
+        spec.log.parent.mkdir(parents=True, exist_ok=True)
+        argv = [*spec.argv, "--label", spec.label, "--label", f"{NAME_LABEL}={spec.name}"]
+        with spec.log.open("ab") as log:
+            launcher = subprocess.run(
+                ["setsid", "-f", *argv], stdout=log, stderr=log, stdin=subprocess.DEVNULL, env={**os.environ, **spec.env}
+            )
+        if launcher.returncode != 0:
+            raise DdctlError(f"could not start {spec.name}: setsid exited {launcher.returncode}; see {spec.log}")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            for instance in self.list_run(spec.run):
+                if instance.name == spec.name:
+                    return instance
+            time.sleep(0.02)
+        raise DdctlError(f"{spec.name} did not come up; see {spec.log}")
+
+    def list_run(self, run: str) -> list[Instance]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            labels = _labels(_cmdline(int(entry.name)))
+            if labels.get(RUN_LABEL) == run and _alive(int(entry.name)):
+                found.append(Instance(name=labels.get(NAME_LABEL, "?"), provider_id=entry.name, run=run, alive=True))
+        return sorted(found, key=lambda i: i.name)
+
+    def terminate(self, instance: Instance, grace_s: float = 10.0) -> None:
+        pid = int(instance.provider_id)
+        if _labels(_cmdline(pid)).get(RUN_LABEL) != instance.run:
+            return  # gone already, or the pid now belongs to someone else: never kill a stranger
+        _signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _alive(pid):
+            _signal_group(pid, signal.SIGKILL)
+
+    def notices(self, run: str) -> list[PreemptionNotice]:
+        return []  # local processes are preempted by `ddctl chaos`, which calls terminate with the notice as grace
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, sig)

@@ -1,0 +1,73 @@
+"""``ddctl up --dry-run`` with process regions, then status, logs and down (also with the state file gone)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from ddctl.cli.app import app
+from ddctl.providers.process import ProcessProvider
+
+runner = CliRunner()
+REGIONS = {
+    "run": "dry",
+    "syncer": "east",
+    "training": {"preset": "tiny", "tokens": 2_000_000, "fragments": 4, "inner_steps": 8, "max_bytes": 1 << 21},
+    "regions": [
+        {"name": "east", "provider": "process", "learners": 1},
+        {"name": "west", "provider": "process", "learners": 2},
+    ],
+}
+
+
+@pytest.fixture
+def regions_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("DDCTL_HOME", str(tmp_path / "home"))
+    path = tmp_path / "regions.yaml"
+    path.write_text(yaml.safe_dump(REGIONS))
+    return path
+
+
+def test_plan_creates_nothing_and_prices_local_regions_at_zero(regions_file: Path) -> None:
+    result = runner.invoke(app, ["up", "-f", str(regions_file), "--plan", "--json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    assert [i["role"] for i in plan["instances"]] == ["syncer", "learner", "learner", "learner"]
+    assert [i["learner"] for i in plan["instances"] if i["learner"]] == ["L0", "L1", "L2"]
+    assert plan["max_dollars_per_hour"] == 0.0
+    assert not (regions_file.parent / "home" / "runs").exists()
+
+
+def test_a_bad_regions_file_is_refused_before_anything_starts(regions_file: Path) -> None:
+    regions_file.write_text(yaml.safe_dump({**REGIONS, "syncer": "north"}))
+    result = runner.invoke(app, ["up", "-f", str(regions_file), "--dry-run"])
+    assert result.exit_code == 2 and "syncer: 'north' is not a region" in result.output
+
+
+@pytest.mark.slow
+def test_dry_run_trains_and_down_leaves_nothing(regions_file: Path) -> None:
+    up = runner.invoke(app, ["up", "-f", str(regions_file), "--dry-run", "--json"])
+    assert up.exit_code == 0, up.output
+    run = json.loads(up.stdout)["run"]
+    try:
+        assert len(ProcessProvider().list_run(run)) == 4  # syncer + 3 learners, found by their label
+        status = json.loads(runner.invoke(app, ["status", "--json"]).stdout)
+        assert status["run"] == run and status["rounds"] >= 1
+        assert {r["name"]: len(r["learners"]) for r in status["regions"]} == {"east": 1, "west": 2}
+        for region in status["regions"]:
+            for learner in region["learners"]:
+                assert {"id", "state", "step", "tokens_per_s", "up_mbps", "down_mbps"} <= set(learner)
+        logs = runner.invoke(app, ["logs", "west"])
+        assert logs.exit_code == 0 and "==> L1 <==" in logs.output and "==> L2 <==" in logs.output
+        (regions_file.parent / "home" / "state.sqlite3").unlink()  # labels are the truth, not the cache
+    finally:
+        down = runner.invoke(app, ["down", "--run", run, "--json"])
+    assert down.exit_code == 0, down.output
+    assert sorted(json.loads(down.stdout)["stopped"]) == ["L0", "L1", "L2", "syncer"]
+    assert ProcessProvider().list_run(run) == []
+    again = runner.invoke(app, ["down", "--run", run, "--json"])
+    assert again.exit_code == 0 and json.loads(again.stdout)["stopped"] == []
