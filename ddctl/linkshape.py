@@ -50,22 +50,25 @@ def _run(*argv: str) -> None:
 
 
 def tbf_args(rate_mbit: float) -> list[str]:
-    """tbf with a burst of ~4 ms at rate (at least 32 KiB) and 50 ms of queue: steady TCP at the rate."""
-    burst = max(int(rate_mbit * 1e6 / 8 * 0.004), 32 * 1024)
+    """tbf with a burst of 1 ms at rate (at least 16 KiB) and 50 ms of queue.
+
+    A short burst keeps a small upload from crossing at line speed on the bucket's
+    credit alone (a 4 ms burst let 150 KB updates through at 4x a 200 Mbit/s rate),
+    while steady TCP still reaches the rate."""
+    burst = max(int(rate_mbit * 1e6 / 8 * 0.001), 16 * 1024)
     return ["tbf", "rate", f"{rate_mbit}mbit", "burst", str(burst), "latency", "50ms"]
 
 
-@contextmanager
-def shaped_link(name: str, up_mbit: float, down_mbit: float | None = None) -> Iterator[ShapedLink]:
-    """Create namespace ``name`` linked to the host, shaped; everything is removed on exit."""
+def create_link(name: str, up_mbit: float, down_mbit: float | None = None) -> ShapedLink:
+    """Create namespace ``name`` linked to the host through a shaped veth pair; ``destroy_link`` removes it."""
     if not up_mbit > 0 or (down_mbit is not None and not down_mbit > 0):
         raise DdctlError(f"link rates must be > 0 Mbit/s, got up={up_mbit} down={down_mbit}")
     why = available()
     if why:
         raise DdctlError(why)
-    tag = zlib.crc32(name.encode()) % 250 + 1
-    host_if, peer_if = f"vh{tag}x{os.getpid() % 10000}", f"vp{tag}x{os.getpid() % 10000}"
-    subnet = f"10.{200 + tag % 50}.{tag}"
+    tag = zlib.crc32(name.encode())
+    host_if, peer_if = f"dh{tag:08x}", f"dp{tag:08x}"
+    subnet = f"10.{200 + tag % 50}.{(tag >> 8) % 256}"
     link = ShapedLink(name, f"{subnet}.1", f"{subnet}.2", up_mbit, down_mbit)
     _run("ip", "netns", "add", name)
     try:
@@ -79,7 +82,30 @@ def shaped_link(name: str, up_mbit: float, down_mbit: float | None = None) -> It
         _run(*link.command("tc", "qdisc", "add", "dev", peer_if, "root", *tbf_args(up_mbit)))
         if down_mbit is not None:
             _run("tc", "qdisc", "add", "dev", host_if, "root", *tbf_args(down_mbit))
+    except BaseException:
+        destroy_link(name)
+        raise
+    return link
+
+
+def destroy_link(name: str) -> None:
+    """Remove the namespace and its veth pair; nothing happens if they are gone already."""
+    tag = zlib.crc32(name.encode())
+    subprocess.run(["ip", "link", "del", f"dh{tag:08x}"], capture_output=True)
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def namespaces(prefix: str) -> list[str]:
+    """Network namespaces whose name starts with ``prefix`` (how ``down`` finds a run's links)."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return sorted(line.split()[0] for line in listed.splitlines() if line.split() and line.split()[0].startswith(prefix))
+
+
+@contextmanager
+def shaped_link(name: str, up_mbit: float, down_mbit: float | None = None) -> Iterator[ShapedLink]:
+    """``create_link`` for the duration of a ``with`` block."""
+    link = create_link(name, up_mbit, down_mbit)
+    try:
         yield link
     finally:
-        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
-        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        destroy_link(name)

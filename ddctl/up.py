@@ -17,8 +17,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ddctl import linkshape
 from ddctl.credentials import init_job_dir, token_for
 from ddctl.errors import DdctlError
+from ddctl.linkshape import ShapedLink
 from ddctl.plan import learner_names
 from ddctl.providers.base import Instance, InstanceSpec
 from ddctl.providers.process import ProcessProvider
@@ -40,36 +42,64 @@ def up_dry_run(rf: RegionsFile, state: State, timeout_s: float = 300.0, say: Any
     job = job_config(rf)
     run = f"{rf.run}-{secrets.token_hex(3)}"
     root = run_dir(run)
-    init_job_dir(root / "job", job, run, ["127.0.0.1", "localhost"])
-    state.create_run(run, str(rf.path), str(root / "job"), {"provider": "process", "learners": rf.learners})
     say("docker regions are not available in this build; every region runs as local processes")
     provider = ProcessProvider()
     started = time.monotonic()
     try:
-        port = _start_syncer(run, root, provider, state, rf.syncer)
+        links = _shape_links(rf, run, say)
+        hosts = sorted({"127.0.0.1", "localhost", *(link.host_ip for link in links.values())})
+        init_job_dir(root / "job", job, run, hosts)
+        state.create_run(run, str(rf.path), str(root / "job"), {"provider": "process", "learners": rf.learners})
+        port = _start_syncer(run, root, provider, state, rf.syncer, bind="0.0.0.0" if links else "127.0.0.1")
         url = f"https://127.0.0.1:{port}"
         for region_name, names in learner_names(rf).items():
+            link = links.get(region_name)
             for learner in names:
-                _start_learner(run, root, provider, state, url, region_name, learner)
+                _start_learner(run, root, provider, state, port, region_name, learner, link)
         first_round = _wait_first_round(root, url, timeout_s)
     except BaseException:
         down(run, state)
         raise
     state.set_run_state(run, "training")
+    seconds = round(time.monotonic() - started, 2)
+    shaped = {name: {"up_mbps": link.up_mbit, "down_mbps": link.down_mbit} for name, link in links.items()}
     return {
         "run": run,
         "url": url,
         "job_dir": str(root / "job"),
-        "seconds_to_first_round": round(time.monotonic() - started, 2),
+        "seconds_to_first_round": seconds,
+        "shaped": shaped,
         **first_round,
     }
+
+
+def _shape_links(rf: RegionsFile, run: str, say: Any) -> dict[str, ShapedLink]:
+    """One shaped namespace per region with a link profile, when this machine allows it."""
+    wanted = [r for r in rf.regions if r.link is not None]
+    if not wanted:
+        return {}
+    why = linkshape.available()
+    if why:
+        say(f"links are not shaped: {why}")
+        return {}
+    if any(r.link is not None and r.link.latency_ms > 0 for r in wanted):
+        say("latency_ms is not emulated: netem is not available in this kernel; bandwidths are shaped with tbf")
+    links = {}
+    for region in wanted:
+        assert region.link is not None
+        links[region.name] = linkshape.create_link(_netns(run, region.name), region.link.up_mbps, region.link.down_mbps)
+    return links
+
+
+def _netns(run: str, region: str) -> str:
+    return f"ddctl-{run}-{region}"
 
 
 def _python() -> list[str]:
     return [sys.executable, "-m"]
 
 
-def _start_syncer(run: str, root: Path, provider: ProcessProvider, state: State, region: str) -> int:
+def _start_syncer(run: str, root: Path, provider: ProcessProvider, state: State, region: str, bind: str) -> int:
     port_file = root / "syncer.port"
     argv = (
         *_python(),
@@ -77,7 +107,7 @@ def _start_syncer(run: str, root: Path, provider: ProcessProvider, state: State,
         "--job-dir",
         str(root / "job"),
         "--bind",
-        "127.0.0.1:0",
+        f"{bind}:0",
         "--port-file",
         str(port_file),
     )
@@ -93,12 +123,17 @@ def _start_syncer(run: str, root: Path, provider: ProcessProvider, state: State,
     return int(port_file.read_text())
 
 
-def _start_learner(run: str, root: Path, provider: ProcessProvider, state: State, url: str, region: str, learner: str) -> None:
+def _start_learner(
+    run: str, root: Path, provider: ProcessProvider, state: State, port: int, region: str, learner: str, link: ShapedLink | None
+) -> None:
+    """A learner of ``region``; inside its shaped namespace when it has one, reaching the syncer across it."""
+    url = f"https://{link.host_ip if link else '127.0.0.1'}:{port}"
     token_file = root / "tokens" / learner
     token_file.parent.mkdir(parents=True, exist_ok=True)
     token_file.write_text(token_for(root / "job", learner))
     token_file.chmod(0o600)
     argv = (
+        *(link.command() if link else ()),
         *_python(),
         "ddctl_agents.agent",
         "--syncer",
@@ -214,9 +249,12 @@ def down(run: str, state: State, grace_s: float = 15.0) -> dict[str, Any]:
     left = provider.list_run(run)
     if left:
         raise DdctlError(f"{len(left)} instances of {run} survived termination: {[i.name for i in left]}")
+    removed_links = linkshape.namespaces(f"ddctl-{run}-") if linkshape.available() is None else []
+    for name in removed_links:
+        linkshape.destroy_link(name)
     if state.run(run) is not None:
         state.set_run_state(run, "down")
-    return {"run": run, "stopped": [i.name for i in found]}
+    return {"run": run, "stopped": [i.name for i in found], "links_removed": removed_links}
 
 
 def logs(run: str, state: State, region: str) -> dict[str, str]:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 from typer.testing import CliRunner
 
+from ddctl import linkshape
 from ddctl.cli.app import app
 from ddctl.providers.process import ProcessProvider
 
@@ -71,3 +73,42 @@ def test_dry_run_trains_and_down_leaves_nothing(regions_file: Path) -> None:
     assert ProcessProvider().list_run(run) == []
     again = runner.invoke(app, ["down", "--run", run, "--json"])
     assert again.exit_code == 0 and json.loads(again.stdout)["stopped"] == []
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(linkshape.available() is not None, reason=f"{linkshape.available()}")
+def test_shaped_regions_measure_the_bandwidths_they_were_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DDCTL_HOME", str(tmp_path / "home"))
+    rates = {"fast": 200, "mid": 50, "slow": 12}
+    regions = {
+        **REGIONS,
+        "training": {**REGIONS["training"], "fragments": 1},  # one ~0.6 MB update per send: long enough to time
+        "syncer": "fast",
+        "regions": [
+            {"name": name, "provider": "process", "learners": 1, "link": {"up_mbps": rate, "down_mbps": rate}}
+            for name, rate in rates.items()
+        ],
+    }
+    path = tmp_path / "regions.yaml"
+    path.write_text(yaml.safe_dump(regions))
+    up = runner.invoke(app, ["up", "-f", str(path), "--dry-run", "--json"])
+    assert up.exit_code == 0, up.output
+    run = json.loads(up.stdout)["run"]
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            status = json.loads(runner.invoke(app, ["status", "--json"]).stdout)
+            measured = {r["name"]: r["learners"][0]["up_mbps"] for r in status["regions"]}
+            if all(measured.values()) or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert all(measured.values()), measured
+        assert measured["fast"] > measured["mid"] > measured["slow"], measured
+        for name, rate in rates.items():
+            assert measured[name] <= rate * 1.1, (name, measured)  # never faster than its shaped link
+        assert measured["slow"] >= rates["slow"] * 0.5, measured
+    finally:
+        down = runner.invoke(app, ["down", "--run", run, "--json"])
+    assert down.exit_code == 0, down.output
+    assert len(json.loads(down.stdout)["links_removed"]) == 3
+    assert linkshape.namespaces(f"ddctl-{run}-") == []

@@ -155,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--summary", type=Path, help="write a JSON summary here at exit")
     parser.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: the job's budget)")
     parser.add_argument("--syncer-timeout", type=float, default=0.0, help="end if the syncer is unreachable this many seconds")
-    parser.add_argument("--label", action="append", default=[], help="KEY=VALUE tag for discovery (ddctl down finds processes by it)")
+    parser.add_argument(
+        "--label", action="append", default=[], help="KEY=VALUE tag for discovery (ddctl down finds processes by it)"
+    )
     parser.add_argument("--parallel-uploads", type=int, default=3, help="uploads in flight at once (default %(default)s)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -185,7 +185,8 @@ class SyncerApp:
 
         def on_chunk(received: int, chunk: int, done: bool) -> None:
             nonlocal reported
-            meter.add(chunk)
+            if chunk:
+                meter.add(chunk, self.rt.clock())
             if done:
                 sample = meter.finish(self.rt.clock())
                 if sample is not None:

@@ -135,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         "--heartbeat-timeout", type=float, default=20.0, help="declare a silent learner gone after this many seconds"
     )
     parser.add_argument("--eval-every", type=float, default=0.0, help="evaluate the global model every N seconds (0: never)")
-    parser.add_argument("--label", action="append", default=[], help="KEY=VALUE tag for discovery (ddctl down finds processes by it)")
+    parser.add_argument(
+        "--label", action="append", default=[], help="KEY=VALUE tag for discovery (ddctl down finds processes by it)"
+    )
     parser.add_argument("--max-update-bytes", type=int, default=0, help="413 above this (default: from the model size)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
