@@ -57,10 +57,11 @@ def up_dry_run(rf: RegionsFile, state: State, timeout_s: float = 300.0, say: Any
             for learner in names:
                 _start_learner(run, root, provider, state, port, region_name, learner, link)
         first_round = _wait_first_round(root, url, timeout_s)
+        state.set_run_state(run, "training")
+        _start_controller(run, root, provider, state, rf.syncer)
     except BaseException:
         down(run, state)
         raise
-    state.set_run_state(run, "training")
     seconds = round(time.monotonic() - started, 2)
     shaped = {name: {"up_mbps": link.up_mbit, "down_mbps": link.down_mbit} for name, link in links.items()}
     return {
@@ -97,6 +98,14 @@ def _netns(run: str, region: str) -> str:
 
 def _python() -> list[str]:
     return [sys.executable, "-m"]
+
+
+def _start_controller(run: str, root: Path, provider: ProcessProvider, state: State, region: str) -> None:
+    argv = (*_python(), "ddctl.controller", "--run", run, "--state", str(state.path))
+    spec = InstanceSpec(
+        run=run, name="controller", region=region, role="controller", argv=argv, log=root / "logs" / "controller.log"
+    )
+    _record(state, spec, provider.create(spec), "running")
 
 
 def _start_syncer(run: str, root: Path, provider: ProcessProvider, state: State, region: str, bind: str) -> int:
@@ -148,9 +157,16 @@ def _start_learner(
         region,
         "--syncer-timeout",
         "120",
+        "--summary",
+        str(summary_path(run, learner)),
     )
     spec = InstanceSpec(run=run, name=learner, region=region, role="learner", argv=argv, log=root / "logs" / f"{learner}.log")
     _record(state, spec, provider.create(spec), "deploying")
+
+
+def summary_path(run: str, learner: str) -> Path:
+    """Where a learner writes its exit summary; a ``finished`` one is never replaced."""
+    return run_dir(run) / "summaries" / f"{learner}.json"
 
 
 def _record(state: State, spec: InstanceSpec, instance: Instance, status: str) -> None:
@@ -164,7 +180,7 @@ def _record(state: State, spec: InstanceSpec, instance: Instance, status: str) -
             status,
             instance.provider_id,
             time.time(),
-            {"log": str(spec.log)},
+            {"log": str(spec.log), "argv": list(spec.argv)},
         )
     )
 
@@ -244,7 +260,8 @@ def down(run: str, state: State, grace_s: float = 15.0) -> dict[str, Any]:
     """Stop every instance labelled with ``run`` (learners first, so they push and leave); idempotent."""
     provider = ProcessProvider()
     found = provider.list_run(run)
-    for inst in sorted(found, key=lambda i: i.name == "syncer"):
+    order = {"controller": 0, "syncer": 2}  # the controller first (it would replace what we stop), the syncer last
+    for inst in sorted(found, key=lambda i: order.get(i.name, 1)):
         provider.terminate(inst, grace_s)
     left = provider.list_run(run)
     if left:

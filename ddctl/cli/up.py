@@ -127,3 +127,25 @@ def logs(region: Annotated[str, typer.Argument(help="Region name.")], run: RunOp
     for name, text in run_guarded(body).items():
         typer.echo(f"==> {name} <==")
         typer.echo(text.rstrip())
+
+
+def chaos_preempt(
+    region: Annotated[str, typer.Argument(help="Region whose learner is preempted.")],
+    notice: Annotated[float, typer.Option(help="Seconds between the notice (SIGTERM) and the kill.")] = 30.0,
+    run: RunOption = "",
+    json_out: JsonOption = False,
+) -> None:
+    """Preempt one learner of a region: a notice, an early push of its pending drift, then the kill."""
+    from ddctl.chaos import preempt
+    from ddctl.state import State
+    from ddctl.up import latest_run
+
+    def body() -> dict[str, Any]:
+        with State() as state:
+            return preempt(latest_run(state, run), state, region, notice)
+
+    result = run_guarded(body)
+    if json_out:
+        print_json(result)
+    else:
+        typer.echo(f"preempted {result['instance']} in {result['region']} ({result['seconds_to_exit']}s after its notice)")

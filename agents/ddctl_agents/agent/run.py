@@ -138,6 +138,7 @@ def run_learner(opts: LearnerOptions, stop: threading.Event | None = None) -> di
         "bytes_down": comms.ledger.bytes_down,
     }
     if opts.summary is not None:
+        opts.summary.parent.mkdir(parents=True, exist_ok=True)
         tmp = opts.summary.with_suffix(".tmp")
         tmp.write_text(json.dumps(summary, indent=2))
         os.replace(tmp, opts.summary)
