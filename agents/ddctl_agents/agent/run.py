@@ -57,6 +57,7 @@ def run_learner(opts: LearnerOptions, stop: threading.Event | None = None) -> di
     """Train until the budget, ``stop`` or SIGTERM; returns the summary (also written to opts.summary)."""
     stop = stop or threading.Event()
     index = learner_index(opts.name)
+    born = time.time()
 
     def connect() -> SyncerClient:
         return SyncerClient(opts.syncer, opts.token, opts.ca)
@@ -82,6 +83,7 @@ def run_learner(opts: LearnerOptions, stop: threading.Event | None = None) -> di
     step_times: deque[float] = deque(maxlen=16)
     last_adopt, loss_value, reason = learner.step, None, "finished"
     tick = time.perf_counter()
+    train_seconds = 0.0
     while learner.step < budget:
         if stop.is_set():
             reason = "sigterm"
@@ -100,6 +102,7 @@ def run_learner(opts: LearnerOptions, stop: threading.Event | None = None) -> di
                 comms.send(learner.make_update(p))
         now = time.perf_counter()
         step_times.append(now - tick)
+        train_seconds += now - tick
         tick = now
         if learner.step % REPORT_EVERY == 0:
             loss_value = float(loss)
@@ -136,12 +139,17 @@ def run_learner(opts: LearnerOptions, stop: threading.Event | None = None) -> di
         "unsent_tokens": learner.unsent(),
         "bytes_up": comms.ledger.bytes_up,
         "bytes_down": comms.ledger.bytes_down,
+        "train_seconds": round(train_seconds, 3),
+        "started_at": round(born, 3),
+        "ended_at": round(time.time(), 3),
     }
     if opts.summary is not None:
         opts.summary.parent.mkdir(parents=True, exist_ok=True)
         tmp = opts.summary.with_suffix(".tmp")
         tmp.write_text(json.dumps(summary, indent=2))
         os.replace(tmp, opts.summary)
+        with opts.summary.with_suffix(".history.jsonl").open("a") as history:  # one line per incarnation
+            history.write(json.dumps(summary) + "\n")
     return summary
 
 
