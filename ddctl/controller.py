@@ -1,9 +1,10 @@
 """The controller: keeps a run's observed instances equal to the desired ones.
 
-Every second it compares the learners the run should have (the state file)
-with those alive under the run's label (the provider), and starts a
-replacement for each learner that is gone without having finished its budget:
-preempted, killed or crashed. The replacement is a new process with the same
+Every second it compares the instances the run should have (the state file)
+with those alive under the run's label (the provider). A syncer that died is
+started again on the same port, where it recovers from its snapshot and log;
+a learner that is gone without having finished its budget (preempted, killed,
+crashed) gets a replacement. The replacement is a new process with the same
 name, so it takes the same data shard, registers as a new incarnation,
 bootstraps the current fragments from the syncer and rejoins without anyone
 waiting for it. Runs as ``python -m ddctl.controller --run RUN`` beside the job
@@ -34,12 +35,23 @@ def finished(summary: Path) -> bool:
 
 
 def to_replace(desired: list[InstanceRecord], alive: set[str]) -> list[InstanceRecord]:
-    """Learners that should run, are not alive, and did not finish."""
+    """The syncer if it is gone, and learners that should run, are not alive and did not finish."""
     out = []
     for record in desired:
+        if record.name in alive or record.role not in ("syncer", "learner"):
+            continue
         summary = record.detail.get("summary")
-        if record.role == "learner" and record.name not in alive and not (summary and finished(Path(summary))):
+        if record.role == "syncer" or not (summary and finished(Path(summary))):
             out.append(record)
+    return sorted(out, key=lambda r: r.role != "syncer")  # the syncer first: learners need it
+
+
+def same_port(argv: list[str], port_file: Path) -> list[str]:
+    """A restarted syncer binds the port its learners already know (it recovers from its state dir)."""
+    out = list(argv)
+    if "--bind" in out and port_file.exists():
+        i = out.index("--bind") + 1
+        out[i] = f"{out[i].rpartition(':')[0]}:{int(port_file.read_text())}"
     return out
 
 
@@ -50,12 +62,15 @@ def reconcile_once(run: str, state: State, provider: ProcessProvider) -> list[st
     alive = {i.name for i in provider.list_run(run)}
     replaced = []
     for inst in to_replace(state.instances(run), alive):
+        argv = inst.detail["argv"]
+        if inst.role == "syncer":
+            argv = same_port(argv, Path(inst.detail["port_file"]))
         spec = InstanceSpec(
             run=run,
             name=inst.name,
             region=inst.region,
             role=inst.role,
-            argv=tuple(inst.detail["argv"]),
+            argv=tuple(argv),
             log=Path(inst.detail["log"]),
         )
         started = provider.create(spec)

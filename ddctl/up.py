@@ -123,7 +123,7 @@ def _start_syncer(run: str, root: Path, provider: ProcessProvider, state: State,
     spec = InstanceSpec(
         run=run, name="syncer", region=region, role="syncer", argv=(*argv, "--eval-every", "30"), log=root / "logs" / "syncer.log"
     )
-    _record(state, spec, provider.create(spec), "starting")
+    _record(state, spec, provider.create(spec), "starting", port_file=str(port_file))
     deadline = time.monotonic() + 120
     while not port_file.exists() or not port_file.read_text().strip():
         if time.monotonic() > deadline:
@@ -161,7 +161,7 @@ def _start_learner(
         str(summary_path(run, learner)),
     )
     spec = InstanceSpec(run=run, name=learner, region=region, role="learner", argv=argv, log=root / "logs" / f"{learner}.log")
-    _record(state, spec, provider.create(spec), "deploying")
+    _record(state, spec, provider.create(spec), "deploying", summary=str(summary_path(run, learner)))
 
 
 def summary_path(run: str, learner: str) -> Path:
@@ -169,7 +169,7 @@ def summary_path(run: str, learner: str) -> Path:
     return run_dir(run) / "summaries" / f"{learner}.json"
 
 
-def _record(state: State, spec: InstanceSpec, instance: Instance, status: str) -> None:
+def _record(state: State, spec: InstanceSpec, instance: Instance, status: str, **detail: str) -> None:
     state.put_instance(
         InstanceRecord(
             spec.run,
@@ -180,7 +180,7 @@ def _record(state: State, spec: InstanceSpec, instance: Instance, status: str) -
             status,
             instance.provider_id,
             time.time(),
-            {"log": str(spec.log), "argv": list(spec.argv)},
+            {"log": str(spec.log), "argv": list(spec.argv), **detail},
         )
     )
 

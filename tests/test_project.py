@@ -19,7 +19,7 @@ def test_readme_starts_with_exactly_two_setup_commands() -> None:
     assert text.index("```bash") < 20
     commands = setup_commands()
     assert len(commands) == 2
-    assert commands[0].endswith("ddctl train") and "pytest" in commands[1]
+    assert commands[0].endswith("ddctl up --dry-run") and "pytest" in commands[1]
 
 
 def test_ci_runs_the_readmes_test_command() -> None:

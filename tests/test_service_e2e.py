@@ -146,3 +146,15 @@ def test_sigterm_pushes_pending_drift_and_leaves_gracefully(tmp_path: Path, job_
     admin.close()
     assert 'ddctl_link_bytes_per_second{learner="L1",region="region-L1",direction="up"}' in metrics
     assert "ddctl_learners_live 1" in metrics
+
+
+def test_the_dead_man_switch_ends_a_learner_whose_syncer_is_gone(tmp_path: Path, job_factory: list[Job]) -> None:
+    job = Job.create(tmp_path, small_job(learners=1, tokens=2_000_000))
+    job_factory.append(job)
+    job.start_syncer()
+    learner = job.start_learner("L0", "--syncer-timeout", "3")
+    job.wait_for(lambda s: s["rounds"] >= 2, 120, "training")
+    job.local.kill()
+    assert learner.wait(timeout=60) == 5  # the dead-man switch's exit code
+    summary = job.summary("L0")
+    assert summary["reason"] == "syncer_gone" and summary["step"] < summary["start_step"] + 10_000

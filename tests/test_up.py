@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -161,3 +163,27 @@ def _syncer_view(run: str) -> dict[str, dict]:
         return {entry["id"]: entry for entry in client.status()["learners"]}
     finally:
         client.close()
+
+
+@pytest.mark.slow
+def test_the_controller_restarts_a_killed_syncer_on_its_port(regions_file: Path) -> None:
+    up = runner.invoke(app, ["up", "-f", str(regions_file), "--dry-run", "--json"])
+    assert up.exit_code == 0, up.output
+    run = json.loads(up.stdout)["run"]
+    try:
+        rounds = json.loads(runner.invoke(app, ["status", "--json"]).stdout)["rounds"]
+        [syncer] = [i for i in ProcessProvider().list_run(run) if i.name == "syncer"]
+        os.kill(int(syncer.provider_id), signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while True:
+            status = runner.invoke(app, ["status", "--json"])
+            if status.exit_code == 0 and json.loads(status.stdout)["rounds"] > rounds:
+                break
+            assert time.monotonic() < deadline, status.output
+            time.sleep(0.5)
+        [again] = [i for i in ProcessProvider().list_run(run) if i.name == "syncer"]
+        assert again.provider_id != syncer.provider_id
+        assert json.loads(status.stdout)["ledger"]["balanced"]
+    finally:
+        down = runner.invoke(app, ["down", "--run", run, "--json"])
+    assert down.exit_code == 0, down.output
