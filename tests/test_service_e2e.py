@@ -144,7 +144,7 @@ def test_sigterm_pushes_pending_drift_and_leaves_gracefully(tmp_path: Path, job_
     admin = job.client()
     metrics = admin.metrics()
     admin.close()
-    assert 'ddctl_link_bytes_per_second{learner="L1",region="region-L1",direction="up"}' in metrics
+    assert 'ddctl_link_rtt_seconds{learner="L1",region="region-L1"}' in metrics
     assert "ddctl_learners_live 1" in metrics
 
 

@@ -96,34 +96,28 @@ class TransferMeter:
     Timing each upload alone would halve the rate when two share the link;
     instead the meter counts every byte while any upload is active and yields
     a (bytes, seconds) sample when the link goes idle or every ``window_s``.
-    The clock starts at the first chunk, whose bytes are not counted: they may
-    have waited in the server's buffers, and counting them as if they had just
-    crossed the link inflated the rate of small uploads by up to 5x. Samples
-    shorter than ``min_s`` are too short to tell and are dropped.
+    Samples shorter than ``min_s`` are too short to tell and are dropped.
     """
 
     window_s: float = 0.5
-    min_s: float = 0.005
+    min_s: float = 0.002
     active: int = 0
-    busy_since: float | None = None
+    busy_since: float = 0.0
     nbytes: int = 0
 
     def start(self, now: float) -> None:
         if self.active == 0:
-            self.busy_since, self.nbytes = None, 0
+            self.busy_since, self.nbytes = now, 0
         self.active += 1
 
-    def add(self, nbytes: int, now: float) -> None:
-        if self.busy_since is None:
-            self.busy_since = now
-        else:
-            self.nbytes += nbytes
+    def add(self, nbytes: int) -> None:
+        self.nbytes += nbytes
 
     def finish(self, now: float) -> tuple[int, float] | None:
         """One upload ended (done or broken); returns a sample when one is due."""
         self.active = max(self.active - 1, 0)
-        if self.busy_since is None or (self.active and now - self.busy_since < self.window_s):
+        if self.active and now - self.busy_since < self.window_s:
             return None
         sample = (self.nbytes, now - self.busy_since)
-        self.busy_since, self.nbytes = (now if self.active else None), 0
+        self.busy_since, self.nbytes = now, 0
         return sample if sample[0] > 0 and sample[1] >= self.min_s else None

@@ -185,8 +185,7 @@ class SyncerApp:
 
         def on_chunk(received: int, chunk: int, done: bool) -> None:
             nonlocal reported
-            if chunk:
-                meter.add(chunk, self.rt.clock())
+            meter.add(chunk)
             if done:
                 sample = meter.finish(self.rt.clock())
                 if sample is not None:
