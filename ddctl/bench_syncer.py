@@ -8,6 +8,7 @@ beside a memcpy of the same fragment in the same run.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -52,14 +53,7 @@ def measure_syncer(learners: int = 8, numel: int = 8 * 2**20, tensors: int = 8, 
             decoded_at = time.perf_counter()
             base = syncer.versions[0]
             for m, update in enumerate(decoded):
-                fresh = Update(
-                    **{
-                        **{f: getattr(update, f) for f in update.__dataclass_fields__},
-                        "base_version": base,
-                        "update_id": f"{r}.{m}",
-                    }
-                )
-                syncer.receive(1.0, fresh)
+                syncer.receive(1.0, dataclasses.replace(update, base_version=base, update_id=f"{r}.{m}"))
             syncer.close_round(1.0, 0, "all_arrived", "bench")
             end = time.perf_counter()
             if r > 0:

@@ -68,7 +68,6 @@ def measure_transport(repeats: int = 5, preset: str = "base", fragments: int = 8
         learner.close()
         seconds: dict[str, list[float]] = {p: [] for p in PROTOCOLS}
         clients = {p: syncer.client("L0", http2=p == "h2") for p in PROTOCOLS}
-        versions = {p: "" for p in PROTOCOLS}
         size = 0
         try:
             for i in range(repeats + 1):  # the first round is a warm-up
@@ -93,9 +92,9 @@ def measure_transport(repeats: int = 5, preset: str = "base", fragments: int = 8
                     if ack["status"] not in ("accepted", "late"):
                         raise ConfigError(f"the syncer did not take the benchmark update: {ack}")
                     _wait_for_merge(client, syncer.url, base)
-                    versions[protocol] = client.http.get(f"{syncer.url}/healthz").http_version
                     if i > 0:
                         seconds[protocol].append(elapsed)
+            versions = {p: c.http.get(f"{syncer.url}/healthz").http_version for p, c in clients.items()}
         finally:
             for client in clients.values():
                 client.close()

@@ -24,6 +24,7 @@ from pathlib import Path
 from ddctl.providers.base import InstanceSpec
 from ddctl.providers.process import ProcessProvider
 from ddctl.state import InstanceRecord, State
+from ddctl_agents.entrypoint import add_label_option
 
 
 def finished(summary: Path) -> bool:
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", required=True)
     parser.add_argument("--state", type=Path, required=True, help="the state file")
     parser.add_argument("--every", type=float, default=1.0, help="seconds between reconciliations")
-    parser.add_argument("--label", action="append", default=[], help="KEY=VALUE tag for discovery")
+    add_label_option(parser)
     args = parser.parse_args(argv)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

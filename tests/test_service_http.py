@@ -6,6 +6,7 @@ healthy, still accept a good update, and count what it refused.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import ssl
 import struct
@@ -140,7 +141,7 @@ def test_400_for_truncated_and_corrupted_frames(l0: SyncerClient, assembly: Asse
 
 def test_400_for_a_layout_that_does_not_match_the_model(l0: SyncerClient, assembly: Assembly) -> None:
     update = make_update(assembly, fragment=0)
-    wrong = Update(**{**{f: getattr(update, f) for f in update.__dataclass_fields__}, "fragment": 1})
+    wrong = dataclasses.replace(update, fragment=1)
     err = refusal(lambda: l0.push(encode_update(wrong, "int4", 64), 1))
     assert err.status == 400 and "fragment 1 holds" in err.reason
 

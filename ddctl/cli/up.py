@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
 from ddctl.cli.errors import run_guarded
 from ddctl.cli.output import print_json, stdout
+
+if TYPE_CHECKING:
+    from ddctl.state import State
+
+T = TypeVar("T")
 
 RegionsOption = Annotated[Path, typer.Option("-f", "--file", help="The regions file.")]
 RunOption = Annotated[str, typer.Option("--run", help="Run id (default: the latest run that is up).")]
@@ -62,17 +68,23 @@ def _print_plan(result: dict[str, Any]) -> None:
     typer.echo(f"at most ${result['max_dollars_per_hour']:.2f}/h{unpriced}; nothing was created")
 
 
-def status(run: RunOption = "", json_out: JsonOption = False) -> None:
-    """One snapshot of the run: rounds, and each region's learners with their links."""
+def _on_run(run: str, action: Callable[[str, State], T]) -> T:
+    """``action(run id, state)`` on the chosen run (default: the latest one that is up), errors as exit codes."""
     from ddctl.state import State
     from ddctl.up import latest_run
+
+    def body() -> T:
+        with State() as state:
+            return action(latest_run(state, run), state)
+
+    return run_guarded(body)
+
+
+def status(run: RunOption = "", json_out: JsonOption = False) -> None:
+    """One snapshot of the run: rounds, and each region's learners with their links."""
     from ddctl.up import status as run_status
 
-    def body() -> dict[str, Any]:
-        with State() as state:
-            return run_status(latest_run(state, run), state)
-
-    result = run_guarded(body)
+    result = _on_run(run, run_status)
     if json_out:
         print_json(result)
         return
@@ -99,15 +111,9 @@ def status(run: RunOption = "", json_out: JsonOption = False) -> None:
 
 def down(run: RunOption = "", json_out: JsonOption = False) -> None:
     """Stop and remove everything of the run (found by its label); safe to repeat."""
-    from ddctl.state import State
     from ddctl.up import down as run_down
-    from ddctl.up import latest_run
 
-    def body() -> dict[str, Any]:
-        with State() as state:
-            return run_down(latest_run(state, run), state)
-
-    result = run_guarded(body)
+    result = _on_run(run, run_down)
     if json_out:
         print_json(result)
     else:
@@ -116,15 +122,9 @@ def down(run: RunOption = "", json_out: JsonOption = False) -> None:
 
 def logs(region: Annotated[str, typer.Argument(help="Region name.")], run: RunOption = "") -> None:
     """Print the logs of every instance in a region."""
-    from ddctl.state import State
-    from ddctl.up import latest_run
     from ddctl.up import logs as run_logs
 
-    def body() -> dict[str, str]:
-        with State() as state:
-            return run_logs(latest_run(state, run), state, region)
-
-    for name, text in run_guarded(body).items():
+    for name, text in _on_run(run, lambda r, state: run_logs(r, state, region)).items():
         typer.echo(f"==> {name} <==")
         typer.echo(text.rstrip())
 
@@ -137,14 +137,8 @@ def chaos_preempt(
 ) -> None:
     """Preempt one learner of a region: a notice, an early push of its pending drift, then the kill."""
     from ddctl.chaos import preempt
-    from ddctl.state import State
-    from ddctl.up import latest_run
 
-    def body() -> dict[str, Any]:
-        with State() as state:
-            return preempt(latest_run(state, run), state, region, notice)
-
-    result = run_guarded(body)
+    result = _on_run(run, lambda r, state: preempt(r, state, region, notice))
     if json_out:
         print_json(result)
     else:

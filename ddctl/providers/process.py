@@ -44,8 +44,11 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    state = Path(f"/proc/{pid}/stat").read_text().split()[2] if Path(f"/proc/{pid}/stat").exists() else "X"
-    return state not in ("Z", "X")
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except OSError:
+        return False
+    return state not in ("Z", "X")  # a zombie has exited; it only waits to be reaped
 
 
 class ProcessProvider:

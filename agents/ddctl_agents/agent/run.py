@@ -26,6 +26,7 @@ from typing import Any
 
 from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable, retry
 from ddctl_agents.agent.comm import Comms, Identity
+from ddctl_agents.entrypoint import add_label_option, configure_logging
 from ddctl_agents.errors import AgentError
 from ddctl_agents.jsonable import from_json
 from ddctl_agents.train.assembly import Assembly, learner_index
@@ -164,12 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--summary", type=Path, help="write a JSON summary here at exit")
     parser.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: the job's budget)")
     parser.add_argument("--syncer-timeout", type=float, default=0.0, help="end if the syncer is unreachable this many seconds")
-    parser.add_argument(
-        "--label", action="append", default=[], help="KEY=VALUE tag for discovery (ddctl down finds processes by it)"
-    )
+    add_label_option(parser)
     parser.add_argument("--parallel-uploads", type=int, default=3, help="uploads in flight at once (default %(default)s)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_logging()
     try:
         token = args.token or os.environ.get("DDCTL_TOKEN") or (args.token_file.read_text().strip() if args.token_file else "")
         if not token:

@@ -20,7 +20,7 @@ from urllib.parse import parse_qs
 from ddctl_agents.core.links import TransferMeter
 from ddctl_agents.errors import AgentError, SyncError
 from ddctl_agents.service.auth import ADMIN, Forbidden, check_identity, verify_token
-from ddctl_agents.service.observability import metrics, status
+from ddctl_agents.service.observability import metrics, status, vector_clock
 from ddctl_agents.service.runtime import SyncerRuntime
 
 Scope = dict[str, Any]
@@ -249,16 +249,15 @@ class SyncerApp:
 
     async def vclock(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.identity(scope)
-        s = self.rt.syncer
-        await _json(send, 200, {"clock": dict(s.clock), "versions": list(s.versions), "rounds": s.rounds_closed})
+        await _json(send, 200, await self.rt.view(vector_clock))
 
     async def status(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.identity(scope)
-        await _json(send, 200, await self.rt._on_core(status, self.rt))
+        await _json(send, 200, await self.rt.view(status))
 
     async def metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.identity(scope)
-        text = await self.rt._on_core(metrics, self.rt)
+        text = await self.rt.view(metrics)
         await _respond(send, 200, text.encode(), [(b"content-type", b"text/plain; version=0.0.4")])
 
     async def snapshot(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -93,6 +93,11 @@ def status(rt: SyncerRuntime) -> dict[str, Any]:
     }
 
 
+def vector_clock(rt: SyncerRuntime) -> dict[str, Any]:
+    s = rt.syncer
+    return {"clock": dict(s.clock), "versions": list(s.versions), "rounds": s.rounds_closed}
+
+
 def metrics(rt: SyncerRuntime) -> str:
     """Prometheus text exposition format, version 0.0.4."""
     s = rt.syncer

@@ -208,6 +208,10 @@ class SyncerRuntime:
         self._event(self.clock(), "snapshot", bytes=nbytes, seconds=round(seconds, 4), wal_segment=segment)
         return {"bytes": nbytes, "seconds": seconds, "wal_segment": segment}
 
+    async def view(self, render: Callable[[SyncerRuntime], T]) -> T:
+        """A read-only view (status, metrics, clock) computed on the core thread: one consistent moment."""
+        return await self._on_core(render, self)
+
     # -- core thread ----------------------------------------------------------------------------
     def _register(self, learner: str, incarnation: int, region: str) -> tuple[int, int]:
         assert self.wal is not None

@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import ipaddress
 import json
-import logging
 import signal
 import socket
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
+from ddctl_agents.entrypoint import add_label_option, configure_logging
 from ddctl_agents.errors import AgentError, ConfigError
 from ddctl_agents.jsonable import from_json
 from ddctl_agents.service import h2tuning
@@ -135,12 +135,10 @@ def main(argv: list[str] | None = None) -> int:
         "--heartbeat-timeout", type=float, default=20.0, help="declare a silent learner gone after this many seconds"
     )
     parser.add_argument("--eval-every", type=float, default=0.0, help="evaluate the global model every N seconds (0: never)")
-    parser.add_argument(
-        "--label", action="append", default=[], help="KEY=VALUE tag for discovery (ddctl down finds processes by it)"
-    )
+    add_label_option(parser)
     parser.add_argument("--max-update-bytes", type=int, default=0, help="413 above this (default: from the model size)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_logging()
     try:
         files = load_job_dir(args.job_dir)
         host = args.bind.rpartition(":")[0].strip("[]")
