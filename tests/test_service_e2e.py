@@ -132,7 +132,11 @@ def test_sigterm_pushes_pending_drift_and_leaves_gracefully(tmp_path: Path, job_
     job.start_syncer()
     job.start_learner("L0")
     leaver = job.start_learner("L1")
-    job.wait_for(lambda s: s["rounds"] >= 3 and len(s["live"]) == 2, 120, "both learners merging")
+    job.wait_for(
+        lambda s: s["rounds"] >= 3 and len(s["live"]) == 2 and learner_view(s, "L1")["rtt_ms"] is not None,
+        120,
+        "both learners merging, L1 with a measured RTT",
+    )
     leaver.send_signal(signal.SIGTERM)
     assert leaver.wait(timeout=60) == 0
     summary = job.summary("L1")
