@@ -19,31 +19,33 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from ddctl.providers.base import InstanceSpec
-from ddctl.providers.process import ProcessProvider
-from ddctl.state import InstanceRecord, State
+from ddctl import providers
+from ddctl.errors import DdctlError
+from ddctl.providers.base import Instance, InstanceSpec, Provider
+from ddctl.state import InstanceRecord, State, run_dir
 from ddctl_agents.entrypoint import add_label_option
 
+AGENTS = ("syncer", "learner")
 
-def finished(summary: Path) -> bool:
-    """True when the learner ended because its budget was done (it must not be replaced)."""
+
+def finished(summary: bytes | None) -> bool:
+    """True when the learner's exit summary says its budget was done (it must not be replaced)."""
     try:
-        return bool(json.loads(summary.read_text()).get("reason") == "finished")
-    except (OSError, ValueError):
+        return summary is not None and json.loads(summary).get("reason") == "finished"
+    except ValueError:
         return False
 
 
-def to_replace(desired: list[InstanceRecord], alive: set[str]) -> list[InstanceRecord]:
+def to_replace(desired: list[InstanceRecord], alive: set[str], done: set[str]) -> list[InstanceRecord]:
     """The syncer if it is gone, and learners that should run, are not alive and did not finish."""
-    out = []
-    for record in desired:
-        if record.name in alive or record.role not in ("syncer", "learner"):
-            continue
-        summary = record.detail.get("summary")
-        if record.role == "syncer" or not (summary and finished(Path(summary))):
-            out.append(record)
+    out = [
+        r
+        for r in desired
+        if r.role in AGENTS and r.name not in alive and r.state != "finished" and not (r.role == "learner" and r.name in done)
+    ]
     return sorted(out, key=lambda r: r.role != "syncer")  # the syncer first: learners need it
 
 
@@ -56,33 +58,42 @@ def same_port(argv: list[str], port_file: Path) -> list[str]:
     return out
 
 
-def reconcile_once(run: str, state: State, provider: ProcessProvider) -> list[str]:
+def reconcile_once(run: str, state: State, cache: dict[str, Provider] | None = None) -> list[str]:
+    """One pass: retire ended instances (collecting their logs), replace those that must run again."""
     record = state.run(run)
     if record is None or record.state != "training":
         return []
-    alive = {i.name for i in provider.list_run(run)}
+    cache = {} if cache is None else cache
     replaced = []
-    for inst in to_replace(state.instances(run), alive):
-        argv = inst.detail["argv"]
-        if inst.role == "syncer":
-            argv = same_port(argv, Path(inst.detail["port_file"]))
-        spec = InstanceSpec(
-            run=run,
-            name=inst.name,
-            region=inst.region,
-            role=inst.role,
-            argv=tuple(argv),
-            log=Path(inst.detail["log"]),
-        )
-        started = provider.create(spec)
-        state.put_instance(
-            InstanceRecord(
-                run, inst.name, inst.region, inst.provider, inst.role, "rejoining", started.provider_id, time.time(), inst.detail
-            )
-        )
-        state.event(run, "replaced", instance=inst.name, region=inst.region, pid=started.provider_id)
-        replaced.append(inst.name)
+    for kind in sorted({r.provider for r in state.instances(run) if r.role in AGENTS}):
+        provider = cache.setdefault(kind, providers.get(kind))
+        desired = [r for r in state.instances(run) if r.provider == kind]
+        listed = {i.name: i for i in provider.list_run(run)}
+        alive = {name for name, i in listed.items() if i.alive}
+        done = set()
+        for r in desired:
+            if r.role not in AGENTS or r.name in alive or r.state == "finished":
+                continue
+            spec = InstanceSpec.from_json(r.detail["spec"])
+            ended = listed.get(r.name, Instance(name=r.name, provider_id="", run=run, alive=False))
+            if r.role == "learner" and spec.summary and finished(provider.read_file(ended, spec.summary)):
+                done.add(r.name)
+                state.put_instance(_moved(r, "finished", r.provider_id))
+            if ended.provider_id:
+                provider.retire(ended, spec.log)
+        for r in to_replace(desired, alive, done):
+            spec = InstanceSpec.from_json(r.detail["spec"])
+            if r.role == "syncer" and kind == "process":
+                spec = replace(spec, argv=tuple(same_port(list(spec.argv), run_dir(run) / "syncer.port")))
+            started = provider.create(spec)
+            state.put_instance(_moved(r, "rejoining", started.provider_id))
+            state.event(run, "replaced", instance=r.name, region=r.region, provider_id=started.provider_id)
+            replaced.append(r.name)
     return replaced
+
+
+def _moved(r: InstanceRecord, status: str, provider_id: str) -> InstanceRecord:
+    return replace(r, state=status, provider_id=provider_id, updated=time.time())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,13 +105,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    provider = ProcessProvider()
+    cache: dict[str, Provider] = {}
     with State(args.state) as state:
         while not stop.wait(args.every):
             record = state.run(args.run)
             if record is None or record.state not in ("training",):
                 break
-            for name in reconcile_once(args.run, state, provider):
+            try:
+                replaced = reconcile_once(args.run, state, cache)
+            except DdctlError as exc:  # a provider hiccup (the engine restarting, a VM slow to boot): try again
+                print(f"{time.strftime('%H:%M:%S')} reconcile failed: {exc}", flush=True)
+                state.event(args.run, "error", where="controller", message=str(exc))
+                continue
+            for name in replaced:
                 print(f"{time.strftime('%H:%M:%S')} replaced {name}", flush=True)
     return 0
 

@@ -2,6 +2,7 @@
 
 DdctlError
 ├── WorkerError        a data-parallel worker failed, died or timed out
+├── UnreachableError   a machine, the Docker engine or a syncer could not be reached
 └── ReplayDivergence   a replay did something other than its tape recorded (also a TapeError)
 """
 
@@ -16,6 +17,10 @@ class DdctlError(Exception):
 
 class WorkerError(DdctlError, RuntimeError):
     """A data-parallel worker failed, died or timed out; the message carries its traceback."""
+
+
+class UnreachableError(DdctlError):
+    """A machine (SSH), the Docker engine or a run's syncer did not answer; retrying later may work."""
 
 
 class ReplayDivergence(DdctlError, TapeError):

@@ -109,3 +109,26 @@ def shaped_link(name: str, up_mbit: float, down_mbit: float | None = None) -> It
         yield link
     finally:
         destroy_link(name)
+
+
+def shape_netns_of(pid: int, up_mbit: float, down_mbit: float | None, interface: str = "eth0") -> None:
+    """Shape the link of the network namespace ``pid`` lives in (a container): its ``interface``'s egress
+    is the uplink; the host end of its veth pair, found by peer index, carries the downlink."""
+    why = available()
+    if why:
+        raise DdctlError(why)
+    enter = ["nsenter", "-t", str(pid), "-n"]
+    _run(*enter, "tc", "qdisc", "replace", "dev", interface, "root", *tbf_args(up_mbit))
+    if down_mbit is None:
+        return
+    shown = subprocess.run([*enter, "ip", "-o", "link", "show", interface], capture_output=True, text=True).stdout
+    peer = shown.split(":", 2)[1].strip().partition("@if")[2] if "@if" in shown else ""
+    if not peer.isdigit():
+        raise DdctlError(f"cannot find the host end of {interface} in the namespace of pid {pid}: {shown.strip()!r}")
+    for line in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout.splitlines():
+        index, _, rest = line.partition(":")
+        if index.strip() == peer:
+            host_if = rest.split(":", 1)[0].strip().partition("@")[0]
+            _run("tc", "qdisc", "replace", "dev", host_if, "root", *tbf_args(down_mbit))
+            return
+    raise DdctlError(f"the host end (ifindex {peer}) of {interface} in the namespace of pid {pid} is gone")

@@ -61,6 +61,11 @@ def data_dir() -> Path:
     return Path(base) / "ddctl"
 
 
+def run_dir(run: str) -> Path:
+    """Where a run keeps its job directory, keys, logs and summaries on this machine."""
+    return data_dir() / "runs" / run
+
+
 @dataclass(frozen=True, slots=True)
 class RunRecord:
     id: str

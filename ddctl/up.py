@@ -1,71 +1,91 @@
-"""``ddctl up --dry-run`` / ``status`` / ``down`` / ``logs`` for local regions.
+"""``ddctl up --dry-run`` and ``ddctl down``: a job's lifecycle on local regions.
 
-A dry run plays every region on this machine: the syncer and each learner are
-labelled local instances (``process`` provider), deployed from the job
-directory ddctl writes under the data directory. ``up`` returns once the job
-has merged its first round and leaves it running; ``status`` asks the syncer;
-``down`` finds everything by label (the state file is only a cache), stops it
+A dry run plays every region on this machine with one local provider: Docker
+"VMs" (deployed over SSH, links shaped in their network namespaces) when an
+engine answers, local processes otherwise, or when every region asks for
+``process``. ``up`` returns once the job has merged its first round and leaves
+it running under a controller. ``down`` finds everything by label (the state
+file is only a cache), stops it in an order that lets learners push and leave,
 and is safe to repeat.
 """
 
 from __future__ import annotations
 
 import secrets
-import shutil
-import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ddctl import linkshape
+from ddctl import linkshape, providers
 from ddctl.credentials import init_job_dir, token_for
 from ddctl.errors import DdctlError
+from ddctl.launch import SYNCER_PORT, Topology, helper_spec, learner_spec, python, syncer_spec
 from ddctl.linkshape import ShapedLink
 from ddctl.plan import learner_names
-from ddctl.providers.base import Instance, InstanceSpec
-from ddctl.providers.process import ProcessProvider
+from ddctl.providers.base import Instance, InstanceSpec, Provider
+from ddctl.providers.docker_engine import engine_unavailable
 from ddctl.regions import RegionsFile, job_config
-from ddctl.state import InstanceRecord, State, data_dir
+from ddctl.state import InstanceRecord, State, run_dir
 from ddctl_agents.agent.client import SyncerClient, Unavailable
 
-
-def run_dir(run: str) -> Path:
-    return data_dir() / "runs" / run
-
-
-def docker_available() -> bool:
-    return Path("/var/run/docker.sock").exists() and shutil.which("docker") is not None
+STOP_ORDER = {"controller": 0, "learner": 1, "syncer": 2, "metadata": 3}
+"""The controller first (it would replace what we stop), learners before the syncer they push to."""
 
 
-def up_dry_run(rf: RegionsFile, state: State, timeout_s: float = 300.0, say: Any = print) -> dict[str, Any]:
+def choose_kind(rf: RegionsFile, say: Any) -> str:
+    """Docker when an engine answers (and any region is not ``process``); local processes otherwise."""
+    if all(r.provider == "process" for r in rf.regions):
+        return "process"
+    why = engine_unavailable()
+    if why:
+        say(f"{why}; every region runs as local processes instead")
+        return "process"
+    return "docker"
+
+
+def up_dry_run(
+    rf: RegionsFile, state: State, timeout_s: float = 300.0, say: Any = print, kind: str | None = None
+) -> dict[str, Any]:
     """Start the job locally; return once the first round has merged."""
     job = job_config(rf)
     run = f"{rf.run}-{secrets.token_hex(3)}"
     root = run_dir(run)
-    say("docker regions are not available in this build; every region runs as local processes")
-    provider = ProcessProvider()
+    kind = kind or choose_kind(rf, say)
+    provider, helpers = providers.get(kind), providers.get("process")
     started = time.monotonic()
     try:
-        links = _shape_links(rf, run, say)
-        hosts = sorted({"127.0.0.1", "localhost", *(link.host_ip for link in links.values())})
-        init_job_dir(root / "job", job, run, hosts)
-        state.create_run(run, str(rf.path), str(root / "job"), {"provider": "process", "learners": rf.learners})
-        port = _start_syncer(run, root, provider, state, rf.syncer, bind="0.0.0.0" if links else "127.0.0.1")
-        url = f"https://127.0.0.1:{port}"
-        for region_name, names in learner_names(rf).items():
-            link = links.get(region_name)
-            for learner in names:
-                _start_learner(run, root, provider, state, port, region_name, learner, link)
+        topology = _topology(kind, rf, run, provider, say)
+        init_job_dir(root / "job", job, run, topology.syncer_hosts())
+        state.create_run(run, str(rf.path), str(root / "job"), {"provider": kind, "learners": rf.learners})
+        runtime = python()
+        if kind == "docker":
+            port_file = root / "metadata.port"
+            _launch(state, helpers, helper_spec(run, "metadata", rf.syncer, "ddctl.metadata", "--port-file", str(port_file)))
+            topology = replace(topology, metadata_port=_wait_port(port_file, root / "logs" / "metadata.log"))
+            runtime = provider.image.python  # type: ignore[attr-defined]
+        syncer = syncer_spec(run, topology, runtime)
+        _launch(state, provider, syncer, status="starting")
+        port = SYNCER_PORT if kind == "docker" else _wait_port(root / "syncer.port", syncer.log)
+        url = f"https://{topology.syncer_ip(rf.syncer)}:{port}"
+        (root / "syncer.url").write_text(url)
+        names = learner_names(rf)
+        specs = [learner_spec(run, topology, r, name, port, runtime) for r in rf.regions for name in names[r.name]]
+        _launch(state, provider, *specs, status="deploying")
         first_round = _wait_first_round(root, url, timeout_s)
         state.set_run_state(run, "training")
-        _start_controller(run, root, provider, state, rf.syncer)
+        _launch(state, helpers, helper_spec(run, "controller", rf.syncer, "ddctl.controller", "--state", str(state.path)))
     except BaseException:
         down(run, state)
         raise
     seconds = round(time.monotonic() - started, 2)
-    shaped = {name: {"up_mbps": link.up_mbit, "down_mbps": link.down_mbit} for name, link in links.items()}
+    shaped = {r.name: {"up_mbps": r.link.up_mbps, "down_mbps": r.link.down_mbps} for r in rf.regions if r.link}
+    if kind == "process":
+        shaped = {name: shaped[name] for name in topology.netns}
     return {
         "run": run,
+        "provider": kind,
         "url": url,
         "job_dir": str(root / "job"),
         "seconds_to_first_round": seconds,
@@ -74,118 +94,63 @@ def up_dry_run(rf: RegionsFile, state: State, timeout_s: float = 300.0, say: Any
     }
 
 
-def _shape_links(rf: RegionsFile, run: str, say: Any) -> dict[str, ShapedLink]:
-    """One shaped namespace per region with a link profile, when this machine allows it."""
-    wanted = [r for r in rf.regions if r.link is not None]
-    if not wanted:
-        return {}
-    why = linkshape.available()
+def _topology(kind: str, rf: RegionsFile, run: str, provider: Provider, say: Any) -> Topology:
+    latency = [r.name for r in rf.regions if r.link is not None and r.link.latency_ms > 0]
+    why = linkshape.available() if any(r.link for r in rf.regions) else None
     if why:
         say(f"links are not shaped: {why}")
-        return {}
-    if any(r.link is not None and r.link.latency_ms > 0 for r in wanted):
+    elif latency:
         say("latency_ms is not emulated: netem is not available in this kernel; bandwidths are shaped with tbf")
+    if kind == "docker":
+        subnets = provider.create_networks(run, [r.name for r in rf.regions])  # type: ignore[attr-defined]
+        return Topology("docker", rf.syncer, subnets=subnets)
+    return Topology("process", rf.syncer, netns={} if why else _shape_namespaces(rf, run))
+
+
+def _shape_namespaces(rf: RegionsFile, run: str) -> dict[str, ShapedLink]:
+    """One shaped namespace per region with a link profile (process regions)."""
     links = {}
-    for region in wanted:
-        assert region.link is not None
-        links[region.name] = linkshape.create_link(_netns(run, region.name), region.link.up_mbps, region.link.down_mbps)
+    for region in rf.regions:
+        if region.link is not None:
+            links[region.name] = linkshape.create_link(f"ddctl-{run}-{region.name}", region.link.up_mbps, region.link.down_mbps)
     return links
 
 
-def _netns(run: str, region: str) -> str:
-    return f"ddctl-{run}-{region}"
+def _launch(state: State, provider: Provider, *specs: InstanceSpec, status: str = "running") -> None:
+    """Create the instances (in parallel: Docker VMs boot and deploy concurrently) and record each with its
+    spec, from which the controller re-creates it."""
+    shaped = linkshape.available() is None
+    specs = tuple(spec if shaped or spec.link is None else replace(spec, link=None) for spec in specs)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        instances = list(pool.map(provider.create, specs))
+    for spec, instance in zip(specs, instances, strict=True):
+        state.put_instance(
+            InstanceRecord(
+                spec.run,
+                spec.name,
+                spec.region,
+                provider.kind,
+                spec.role,
+                status,
+                instance.provider_id,
+                time.time(),
+                {"spec": spec.to_json(), "log": str(spec.log)},
+            )
+        )
 
 
-def _python() -> list[str]:
-    return [sys.executable, "-m"]
-
-
-def _start_controller(run: str, root: Path, provider: ProcessProvider, state: State, region: str) -> None:
-    argv = (*_python(), "ddctl.controller", "--run", run, "--state", str(state.path))
-    spec = InstanceSpec(
-        run=run, name="controller", region=region, role="controller", argv=argv, log=root / "logs" / "controller.log"
-    )
-    _record(state, spec, provider.create(spec), "running")
-
-
-def _start_syncer(run: str, root: Path, provider: ProcessProvider, state: State, region: str, bind: str) -> int:
-    port_file = root / "syncer.port"
-    argv = (
-        *_python(),
-        "ddctl_agents.service",
-        "--job-dir",
-        str(root / "job"),
-        "--bind",
-        f"{bind}:0",
-        "--port-file",
-        str(port_file),
-    )
-    spec = InstanceSpec(
-        run=run, name="syncer", region=region, role="syncer", argv=(*argv, "--eval-every", "30"), log=root / "logs" / "syncer.log"
-    )
-    _record(state, spec, provider.create(spec), "starting", port_file=str(port_file))
-    deadline = time.monotonic() + 120
+def _wait_port(port_file: Path, log: Path, timeout_s: float = 120.0) -> int:
+    deadline = time.monotonic() + timeout_s
     while not port_file.exists() or not port_file.read_text().strip():
         if time.monotonic() > deadline:
-            raise DdctlError(f"the syncer did not start; see {spec.log}")
+            raise DdctlError(f"no port in {port_file} after {timeout_s:.0f}s; see {log}")
         time.sleep(0.05)
     return int(port_file.read_text())
 
 
-def _start_learner(
-    run: str, root: Path, provider: ProcessProvider, state: State, port: int, region: str, learner: str, link: ShapedLink | None
-) -> None:
-    """A learner of ``region``; inside its shaped namespace when it has one, reaching the syncer across it."""
-    url = f"https://{link.host_ip if link else '127.0.0.1'}:{port}"
-    token_file = root / "tokens" / learner
-    token_file.parent.mkdir(parents=True, exist_ok=True)
-    token_file.write_text(token_for(root / "job", learner))
-    token_file.chmod(0o600)
-    argv = (
-        *(link.command() if link else ()),
-        *_python(),
-        "ddctl_agents.agent",
-        "--syncer",
-        url,
-        "--name",
-        learner,
-        "--token-file",
-        str(token_file),
-        "--ca",
-        str(root / "job" / "tls" / "ca.pem"),
-        "--region",
-        region,
-        "--syncer-timeout",
-        "120",
-        "--summary",
-        str(summary_path(run, learner)),
-    )
-    spec = InstanceSpec(run=run, name=learner, region=region, role="learner", argv=argv, log=root / "logs" / f"{learner}.log")
-    _record(state, spec, provider.create(spec), "deploying", summary=str(summary_path(run, learner)))
-
-
-def summary_path(run: str, learner: str) -> Path:
-    """Where a learner writes its exit summary; a ``finished`` one is never replaced."""
-    return run_dir(run) / "summaries" / f"{learner}.json"
-
-
-def _record(state: State, spec: InstanceSpec, instance: Instance, status: str, **detail: str) -> None:
-    state.put_instance(
-        InstanceRecord(
-            spec.run,
-            spec.name,
-            spec.region,
-            "process",
-            spec.role,
-            status,
-            instance.provider_id,
-            time.time(),
-            {"log": str(spec.log), "argv": list(spec.argv), **detail},
-        )
-    )
-
-
-def admin_client(root: Path, url: str) -> SyncerClient:
+def admin_client(root: Path, url: str | None = None) -> SyncerClient:
+    """A client of the run's syncer with the admin token (``url`` defaults to the one ``up`` recorded)."""
+    url = url or (root / "syncer.url").read_text().strip()
     return SyncerClient(url, token_for(root / "job", "admin"), root / "job" / "tls" / "ca.pem")
 
 
@@ -216,67 +181,28 @@ def latest_run(state: State, run: str | None) -> str:
     return runs[-1].id
 
 
-def status(run: str, state: State) -> dict[str, Any]:
-    """The run as the issue's JSON: run, rounds, and regions with their learners."""
-    record = state.run(run)
-    if record is None:
-        raise DdctlError(f"no run {run!r} in {state.path}")
-    root = run_dir(run)
-    port = int((root / "syncer.port").read_text())
-    client = admin_client(root, f"https://127.0.0.1:{port}")
-    try:
-        live = client.status()
-    except Unavailable as exc:
-        raise DdctlError(f"the syncer of {run} is unreachable: {exc}") from None
-    finally:
-        client.close()
-    by_name = {entry["id"]: entry for entry in live["learners"]}
-    regions: dict[str, dict[str, Any]] = {}
-    for inst in state.instances(run):
-        region = regions.setdefault(inst.region, {"name": inst.region, "provider": inst.provider, "learners": []})
-        if inst.role != "learner":
-            continue
-        seen = by_name.get(inst.name, {})
-        region["learners"].append(
-            {
-                "id": inst.name,
-                "state": seen.get("state", inst.state),
-                "step": seen.get("step", 0),
-                "tokens_per_s": seen.get("tokens_per_s", 0.0),
-                "up_mbps": seen.get("up_mbps"),
-                "down_mbps": seen.get("down_mbps"),
-            }
-        )
-    return {
-        "run": run,
-        "rounds": live["rounds"],
-        "regions": list(regions.values()),
-        "ledger": live["ledger"],
-        "val_bpb": live["val_bpb"],
-    }
+def run_providers() -> list[Provider]:
+    """Every local provider that can hold a run's instances here (Docker only when an engine answers)."""
+    return [providers.get("process"), *([providers.get("docker")] if engine_unavailable() is None else [])]
 
 
 def down(run: str, state: State, grace_s: float = 15.0) -> dict[str, Any]:
-    """Stop every instance labelled with ``run`` (learners first, so they push and leave); idempotent."""
-    provider = ProcessProvider()
-    found = provider.list_run(run)
-    order = {"controller": 0, "syncer": 2}  # the controller first (it would replace what we stop), the syncer last
-    for inst in sorted(found, key=lambda i: order.get(i.name, 1)):
-        provider.terminate(inst, grace_s)
-    left = provider.list_run(run)
+    """Stop every instance labelled with ``run``, in ``STOP_ORDER``, and what they leave behind; idempotent."""
+    found: list[tuple[Provider, Instance]] = [(p, i) for p in run_providers() for i in p.list_run(run)]
+    roles = {r.name: r.role for r in state.instances(run)}
+
+    def rank(item: tuple[Provider, Instance]) -> int:
+        name = item[1].name
+        return STOP_ORDER.get(roles.get(name, name), STOP_ORDER["learner"])
+
+    for stage in sorted({rank(item) for item in found}):
+        batch = [item for item in found if rank(item) == stage]
+        with ThreadPoolExecutor(max_workers=8) as pool:  # learners leave in parallel
+            list(pool.map(lambda item: item[0].terminate(item[1], grace_s), batch))
+    removed = [name for p in run_providers() for name in p.cleanup(run)]
+    left = [i.name for p in run_providers() for i in p.list_run(run)]
     if left:
-        raise DdctlError(f"{len(left)} instances of {run} survived termination: {[i.name for i in left]}")
-    removed_links = linkshape.namespaces(f"ddctl-{run}-") if linkshape.available() is None else []
-    for name in removed_links:
-        linkshape.destroy_link(name)
+        raise DdctlError(f"{len(left)} instances of {run} survived termination: {left}")
     if state.run(run) is not None:
         state.set_run_state(run, "down")
-    return {"run": run, "stopped": [i.name for i in found], "links_removed": removed_links}
-
-
-def logs(run: str, state: State, region: str) -> dict[str, str]:
-    chosen = [i for i in state.instances(run) if i.region == region]
-    if not chosen:
-        regions = sorted({i.region for i in state.instances(run)})
-        raise DdctlError(f"run {run} has no region {region!r}; regions: {', '.join(regions)}")
-    return {i.name: Path(i.detail["log"]).read_text(errors="replace") if Path(i.detail["log"]).exists() else "" for i in chosen}
+    return {"run": run, "stopped": [i.name for _, i in found], "removed": removed}

@@ -36,31 +36,30 @@ def test_transfer_meter_measures_concurrent_uploads_as_one_link() -> None:
     meter = TransferMeter(window_s=10.0)
     meter.start(0.0)
     meter.start(0.0)  # two uploads share the link
-    meter.add(500)
-    meter.add(500)
+    meter.add(64, 0.0)  # the first chunk starts the clock; it arrived before anyone looked, so it is not counted
+    meter.add(500, 0.5)
+    meter.add(500, 1.0)
     assert meter.finish(1.0) is None  # the link is still busy with the other one
     assert meter.finish(1.0) == (1000, 1.0)  # 1000 bytes in 1 s, not 500 per upload
     meter.start(5.0)
-    meter.add(100)
-    assert meter.finish(5.5) == (100, 0.5)  # idle time between uploads is not counted
+    meter.add(64, 5.2)  # a client slow to send: the clock starts with its first bytes, not the request
+    meter.add(100, 5.5)
+    assert meter.finish(5.7) == (100, pytest.approx(0.5))  # idle time between uploads is not counted
 
 
 def test_transfer_meter_samples_a_busy_link_and_drops_too_short_samples() -> None:
     meter = TransferMeter(window_s=0.5)
     meter.start(0.0)
     meter.start(0.0)
-    meter.add(300)
+    meter.add(1, 0.0)
+    meter.add(300, 0.3)
     assert meter.finish(0.6) == (300, 0.6)  # a sample every window while busy
-    meter.add(200)
+    meter.add(200, 0.9)
     assert meter.finish(1.0) == (200, pytest.approx(0.4))
     meter.start(2.0)
-    meter.add(2000)
+    meter.add(1, 2.0)
+    meter.add(2000, 2.001)
     assert meter.finish(2.001) is None  # 1 ms: too short to tell
-    assert meter.finish(3.0) is None  # nothing moved: no sample
-
-
-def test_an_upload_in_progress_is_forecast_from_its_remaining_bytes() -> None:
-    links = LearnerLinks()
-    links.up.observe(1000, 1.0)  # 1000 B/s
-    links.inflight[3] = (10.0, 400, 1000)
-    assert links.predict_arrival(10.0, due_step=0, upload_bytes=1000, fragment=3) == pytest.approx(10.6)
+    meter.start(3.0)
+    meter.add(5000, 3.5)  # one chunk: the whole upload arrived before the clock could start
+    assert meter.finish(3.5) is None  # nothing timed: no sample rather than an infinite rate

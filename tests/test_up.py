@@ -52,6 +52,24 @@ def test_a_bad_regions_file_is_refused_before_anything_starts(regions_file: Path
     assert result.exit_code == 2 and "syncer: 'north' is not a region" in result.output
 
 
+def test_without_a_docker_engine_the_dry_run_says_so_and_uses_processes(
+    regions_file: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from ddctl.regions import load_regions
+    from ddctl.up import choose_kind
+
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
+    said: list[str] = []
+    assert choose_kind(load_regions(regions_file), said.append) == "process"
+    assert said == []  # an all-process file never looks for an engine
+    regions_file.write_text(yaml.safe_dump({**REGIONS, "regions": [{"name": "east", "provider": "docker"}]}))
+    assert choose_kind(load_regions(regions_file), said.append) == "process"
+    assert said == [
+        f"no Docker engine: {tmp_path}/no-docker.sock does not exist (start dockerd, or install Debian's docker.io); "
+        "every region runs as local processes instead"
+    ]
+
+
 @pytest.mark.slow
 def test_dry_run_trains_and_down_leaves_nothing(regions_file: Path) -> None:
     up = runner.invoke(app, ["up", "-f", str(regions_file), "--dry-run", "--json"])
@@ -68,6 +86,8 @@ def test_dry_run_trains_and_down_leaves_nothing(regions_file: Path) -> None:
                 assert {"id", "state", "step", "tokens_per_s", "up_mbps", "down_mbps"} <= set(learner)
         logs = runner.invoke(app, ["logs", "west"])
         assert logs.exit_code == 0 and "==> L1 <==" in logs.output and "==> L2 <==" in logs.output
+        shell = runner.invoke(app, ["ssh", "west", "--", "true"])
+        assert shell.exit_code == 2 and "no machine to ssh into" in shell.output
         (regions_file.parent / "home" / "state.sqlite3").unlink()  # labels are the truth, not the cache
     finally:
         down = runner.invoke(app, ["down", "--run", run, "--json"])
@@ -112,7 +132,7 @@ def test_shaped_regions_measure_the_bandwidths_they_were_given(tmp_path: Path, m
     finally:
         down = runner.invoke(app, ["down", "--run", run, "--json"])
     assert down.exit_code == 0, down.output
-    assert len(json.loads(down.stdout)["links_removed"]) == 3
+    assert len(json.loads(down.stdout)["removed"]) == 3
     assert linkshape.namespaces(f"ddctl-{run}-") == []
 
 
@@ -152,13 +172,11 @@ def test_a_preempted_learner_pushes_early_and_its_replacement_rejoins(regions_fi
 
 
 def _syncer_view(run: str) -> dict[str, dict]:
-    from ddctl.state import State
-    from ddctl.up import admin_client, run_dir
+    from ddctl.state import run_dir
+    from ddctl.up import admin_client
 
     root = run_dir(run)
-    with State():
-        port = int((root / "syncer.port").read_text())
-    client = admin_client(root, f"https://127.0.0.1:{port}")
+    client = admin_client(root)
     try:
         return {entry["id"]: entry for entry in client.status()["learners"]}
     finally:

@@ -2,7 +2,8 @@
 
 Exit codes: 0 success; 1 unexpected internal error; 2 bad usage or settings;
 3 bad input data (corpus, tape, payload); 4 a replay that diverged from its
-tape; 5 a data-parallel worker failed.
+tape; 5 a data-parallel worker failed; 6 a machine, the Docker engine or
+a syncer could not be reached.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from typing import TypeVar
 
 import typer
 
-from ddctl.errors import DdctlError, ReplayDivergence, WorkerError
+from ddctl.errors import DdctlError, ReplayDivergence, UnreachableError, WorkerError
 from ddctl_agents.errors import AgentError, TapeError, WireError
 
-EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_DATA, EXIT_DIVERGED, EXIT_WORKER = 0, 1, 2, 3, 4, 5
+EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_DATA, EXIT_DIVERGED, EXIT_WORKER, EXIT_UNREACHABLE = 0, 1, 2, 3, 4, 5, 6
 
 EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (ReplayDivergence, EXIT_DIVERGED),
@@ -25,6 +26,7 @@ EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (AgentError, EXIT_USAGE),
     (FileExistsError, EXIT_USAGE),
     (WorkerError, EXIT_WORKER),
+    (UnreachableError, EXIT_UNREACHABLE),
     (DdctlError, EXIT_USAGE),
 )
 """First match wins, so subclasses come before their parents."""

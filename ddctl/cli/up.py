@@ -25,6 +25,7 @@ def up(
     file: RegionsOption = Path("regions.yaml"),
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Play every region on this machine.")] = False,
     plan_only: Annotated[bool, typer.Option("--plan", help="Print what would be created and its $/h; create nothing.")] = False,
+    follow: Annotated[bool, typer.Option("--follow", help="Stay attached and show the run's status until Ctrl-C.")] = False,
     json_out: JsonOption = False,
 ) -> None:
     """Start the job described by the regions file; returns once it is training and leaves it running."""
@@ -49,9 +50,40 @@ def up(
         _print_plan(result)
     else:
         typer.echo(
-            f"run {result['run']} is training: first round merged after {result['seconds_to_first_round']}s; "
-            f"follow it with `ddctl status`, stop it with `ddctl down`"
+            f"run {result['run']} is training ({result['provider']} regions): first round merged after "
+            f"{result['seconds_to_first_round']}s; follow it with `ddctl status`, stop it with `ddctl down`"
         )
+    if follow and not plan_only:
+        _follow(result["run"])
+
+
+def _follow(run: str, every_s: float = 2.0) -> None:
+    """Redraw the status table in place on a terminal (print it every ``every_s`` otherwise) until Ctrl-C;
+    leaving never touches the run."""
+    import sys
+    import time
+
+    from rich.live import Live
+
+    from ddctl.observe import status as run_status
+
+    def snapshot() -> Any:
+        try:
+            return _status_table(_on_run(run, run_status))
+        except typer.Exit:
+            return f"{run}: the syncer is unreachable right now; retrying"
+
+    try:
+        if sys.stdout.isatty():
+            with Live(snapshot(), console=stdout(), auto_refresh=False) as live:
+                while True:
+                    time.sleep(every_s)
+                    live.update(snapshot(), refresh=True)
+        while True:
+            stdout().print(snapshot())
+            time.sleep(every_s)
+    except KeyboardInterrupt:
+        typer.echo(f"detached; {run} keeps running (`ddctl down` stops it)")
 
 
 def _print_plan(result: dict[str, Any]) -> None:
@@ -82,12 +114,16 @@ def _on_run(run: str, action: Callable[[str, State], T]) -> T:
 
 def status(run: RunOption = "", json_out: JsonOption = False) -> None:
     """One snapshot of the run: rounds, and each region's learners with their links."""
-    from ddctl.up import status as run_status
+    from ddctl.observe import status as run_status
 
     result = _on_run(run, run_status)
     if json_out:
         print_json(result)
         return
+    stdout().print(_status_table(result))
+
+
+def _status_table(result: dict[str, Any]) -> Any:
     from rich.table import Table
 
     table = Table(title=f"{result['run']}: {result['rounds']} rounds merged")
@@ -106,7 +142,7 @@ def status(run: RunOption = "", json_out: JsonOption = False) -> None:
                 "-" if up_rate is None else f"{up_rate:.1f}",
                 "-" if down_rate is None else f"{down_rate:.1f}",
             )
-    stdout().print(table)
+    return table
 
 
 def down(run: RunOption = "", json_out: JsonOption = False) -> None:
@@ -122,16 +158,52 @@ def down(run: RunOption = "", json_out: JsonOption = False) -> None:
 
 def logs(region: Annotated[str, typer.Argument(help="Region name.")], run: RunOption = "") -> None:
     """Print the logs of every instance in a region."""
-    from ddctl.up import logs as run_logs
+    from ddctl.observe import logs as run_logs
 
     for name, text in _on_run(run, lambda r, state: run_logs(r, state, region)).items():
         typer.echo(f"==> {name} <==")
         typer.echo(text.rstrip())
 
 
+def ssh(
+    region: Annotated[str, typer.Argument(help="Region name.")],
+    command: Annotated[list[str] | None, typer.Argument(help="Run this instead of an interactive shell.")] = None,
+    instance: Annotated[str, typer.Option(help="Instance name (default: the region's first learner).")] = "",
+    run: RunOption = "",
+) -> None:
+    """Open a shell on (or run a command in) a machine of a region, with the run's key and its pinned host key."""
+    import os
+    import shutil
+
+    from ddctl import deploy
+    from ddctl.observe import ssh_target
+
+    target, known_hosts = _on_run(run, lambda r, state: ssh_target(r, state, region, instance))
+    if command:
+        code, out, err = run_guarded(lambda: deploy.run_command(target, shlex_join(command)))
+        typer.echo(out, nl=False)
+        typer.echo(err, nl=False, err=True)
+        raise typer.Exit(code)
+    if shutil.which("ssh") is None:
+        run_guarded(lambda: _fail("an interactive shell needs the OpenSSH client (`ssh`); give a command to run instead"))
+    os.execvp("ssh", deploy.ssh_argv(target, known_hosts, []))
+
+
+def shlex_join(argv: list[str]) -> str:
+    import shlex
+
+    return shlex.join(argv)
+
+
+def _fail(message: str) -> None:
+    from ddctl.errors import DdctlError
+
+    raise DdctlError(message)
+
+
 def chaos_preempt(
     region: Annotated[str, typer.Argument(help="Region whose learner is preempted.")],
-    notice: Annotated[float, typer.Option(help="Seconds between the notice (SIGTERM) and the kill.")] = 30.0,
+    notice: Annotated[float, typer.Option(help="Seconds between the notice and the kill.")] = 30.0,
     run: RunOption = "",
     json_out: JsonOption = False,
 ) -> None:

@@ -15,10 +15,9 @@ import subprocess
 import time
 from pathlib import Path
 
+from ddctl import linkshape
 from ddctl.errors import DdctlError
-from ddctl.providers.base import RUN_LABEL, Instance, InstanceSpec, PreemptionNotice
-
-NAME_LABEL = "ddctl-name"
+from ddctl.providers.base import NAME_LABEL, RUN_LABEL, Instance, InstanceSpec, PreemptionNotice
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -93,8 +92,30 @@ class ProcessProvider:
         if _alive(pid):
             _signal_group(pid, signal.SIGKILL)
 
+    def preempt(self, instance: Instance, notice_s: float) -> None:
+        """The notice is SIGTERM (the agent pushes its drift and leaves); SIGKILL when it runs out."""
+        self.terminate(instance, grace_s=notice_s)
+
     def notices(self, run: str) -> list[PreemptionNotice]:
-        return []  # local processes are preempted by `ddctl chaos`, which calls terminate with the notice as grace
+        return []  # the notice is the signal itself: nothing is outstanding between notice and exit
+
+    def read_file(self, instance: Instance, path: str) -> bytes | None:
+        try:
+            return Path(path).read_bytes()  # a local process sees this machine's files
+        except OSError:
+            return None
+
+    def retire(self, instance: Instance, log: Path) -> None:
+        return None  # the process wrote its log here already, and an ended process leaves nothing behind
+
+    def cleanup(self, run: str) -> list[str]:
+        """The run's shaped network namespaces."""
+        if linkshape.available() is not None:
+            return []
+        removed = linkshape.namespaces(f"ddctl-{run}-")
+        for name in removed:
+            linkshape.destroy_link(name)
+        return removed
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

@@ -109,26 +109,31 @@ class SyncerClient:
         }
         return self._json("POST", "/v1/updates", content=chunks(), headers=headers)
 
-    def fragments(self, since: list[int]) -> Iterator[tuple[bytes, float]]:
-        """The subscription stream: (frame, seconds it took to arrive); empty frames are keep-alives."""
+    def fragments(self, since: list[int]) -> Iterator[tuple[bytes, float, int]]:
+        """The subscription stream: (frame, seconds, bytes timed); empty frames are keep-alives.
+
+        A frame's clock starts when its first bytes are read; bytes already in hand
+        then crossed the link unseen, so only the rest count toward the rate."""
         params = {"since": ",".join(str(v) for v in since)}
         try:
             with self.http.stream(
                 "GET", f"{self.url}/v1/fragments", params=params, timeout=httpx.Timeout(60.0, connect=5.0)
             ) as r:
                 _raise_for(r, r.read() if r.status_code >= 400 else b"")
-                buffer, started = bytearray(), 0.0
+                buffer, started, untimed = bytearray(), 0.0, 0
                 for chunk in r.iter_raw():
-                    started = started or time.perf_counter()
+                    if not started:
+                        started, untimed = time.perf_counter(), len(buffer) + len(chunk)
                     buffer += chunk
                     while len(buffer) >= STREAM_RECORD.size:
                         (size,) = STREAM_RECORD.unpack_from(buffer)
-                        if len(buffer) < STREAM_RECORD.size + size:
+                        total = STREAM_RECORD.size + size
+                        if len(buffer) < total:
                             break
-                        frame = bytes(buffer[STREAM_RECORD.size : STREAM_RECORD.size + size])
-                        del buffer[: STREAM_RECORD.size + size]
-                        yield frame, time.perf_counter() - started
-                        started = time.perf_counter() if buffer else 0.0
+                        frame = bytes(buffer[STREAM_RECORD.size : total])
+                        del buffer[:total]
+                        yield frame, time.perf_counter() - started, max(total - untimed, 0)
+                        started, untimed = (time.perf_counter(), len(buffer)) if buffer else (0.0, 0)
         except httpx.TransportError as exc:
             raise Unavailable(f"fragment stream from {self.url} broke: {exc!r}") from None
 

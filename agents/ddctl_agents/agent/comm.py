@@ -189,7 +189,7 @@ class Comms:
         try:
             while not self.stopping.is_set():
                 try:
-                    for frame, seconds in client.fragments(list(self.versions)):
+                    for frame, seconds, timed in client.fragments(list(self.versions)):
                         self.last_contact, delay = time.monotonic(), 0.1
                         if self.stopping.is_set():
                             return
@@ -198,8 +198,8 @@ class Comms:
                         message, _ = decode_fragment(frame)
                         self.versions[message.fragment] = max(self.versions[message.fragment], message.version)
                         with self._lock:
-                            self._down[0] += len(frame)
-                            self._down[1] += seconds
+                            self._down[0] += timed
+                            self._down[1] += seconds if timed else 0.0
                             self.ledger.bytes_down += len(frame)
                         self.inbox.put(message)
                 except (Unavailable, Refused) as exc:

@@ -26,6 +26,7 @@ from typing import Any
 
 from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable, retry
 from ddctl_agents.agent.comm import Comms, Identity
+from ddctl_agents.agent.notice import Stop, watch
 from ddctl_agents.entrypoint import add_label_option, configure_logging
 from ddctl_agents.errors import AgentError
 from ddctl_agents.jsonable import from_json
@@ -87,7 +88,7 @@ def run_learner(opts: LearnerOptions, stop: threading.Event | None = None) -> di
     train_seconds = 0.0
     while learner.step < budget:
         if stop.is_set():
-            reason = "sigterm"
+            reason = stop.reason if isinstance(stop, Stop) else "sigterm"
             break
         if opts.syncer_timeout_s and time.monotonic() - comms.last_contact > opts.syncer_timeout_s:
             reason = "syncer_gone"
@@ -165,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--summary", type=Path, help="write a JSON summary here at exit")
     parser.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: the job's budget)")
     parser.add_argument("--syncer-timeout", type=float, default=0.0, help="end if the syncer is unreachable this many seconds")
+    parser.add_argument("--notice-url", help="instance-metadata URL to poll for a spot interruption notice")
     add_label_option(parser)
     parser.add_argument("--parallel-uploads", type=int, default=3, help="uploads in flight at once (default %(default)s)")
     args = parser.parse_args(argv)
@@ -186,8 +188,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         if opts.parallel_uploads < 1:
             raise AgentError(f"--parallel-uploads must be >= 1, got {opts.parallel_uploads}")
-        stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        stop = Stop()
+        signal.signal(signal.SIGTERM, lambda *_: stop.trigger("sigterm"))
+        if args.notice_url:
+            watch(args.notice_url, stop)
         summary = run_learner(opts, stop)
     except Refused as exc:
         print(f"error: the syncer refused: {exc}", file=sys.stderr)

@@ -96,7 +96,10 @@ class TransferMeter:
     Timing each upload alone would halve the rate when two share the link;
     instead the meter counts every byte while any upload is active and yields
     a (bytes, seconds) sample when the link goes idle or every ``window_s``.
-    Samples shorter than ``min_s`` are too short to tell and are dropped.
+    The clock of a busy period starts at its first chunk, and that chunk is not
+    counted: its bytes crossed the link before anyone could look at a clock
+    (counting them read a shaped 80 Mbit/s link as 140). Samples shorter than
+    ``min_s`` are too short to tell and are dropped.
     """
 
     window_s: float = 0.5
@@ -104,13 +107,17 @@ class TransferMeter:
     active: int = 0
     busy_since: float = 0.0
     nbytes: int = 0
+    clock_started: bool = False
 
     def start(self, now: float) -> None:
         if self.active == 0:
-            self.busy_since, self.nbytes = now, 0
+            self.busy_since, self.nbytes, self.clock_started = now, 0, False
         self.active += 1
 
-    def add(self, nbytes: int) -> None:
+    def add(self, nbytes: int, now: float) -> None:
+        if not self.clock_started:
+            self.busy_since, self.clock_started = now, True
+            return
         self.nbytes += nbytes
 
     def finish(self, now: float) -> tuple[int, float] | None:

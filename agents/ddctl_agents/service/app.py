@@ -185,7 +185,7 @@ class SyncerApp:
 
         def on_chunk(received: int, chunk: int, done: bool) -> None:
             nonlocal reported
-            meter.add(chunk)
+            meter.add(chunk, self.rt.clock())
             if done:
                 sample = meter.finish(self.rt.clock())
                 if sample is not None:

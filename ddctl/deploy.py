@@ -1,0 +1,201 @@
+"""Deploying agents over SSH (asyncssh): the one path for Docker "VMs" and cloud VMs alike.
+
+Each run has its own ed25519 client key; each machine's host key is known in
+advance (ddctl generates it and hands it to the machine, as cloud-init does), so
+``known_hosts`` is pinned and a machine that answers with any other key is
+refused. Deploying copies the agent bundle (the ``ddctl_agents`` package) and the
+instance's files with SFTP, then starts the agent detached, with its output in
+``/opt/ddctl/agent.log`` and its pid in ``agent.pid``; when the agent ends, an
+``on_exit`` command runs (a Docker "VM" powers off, so the controller sees it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import shlex
+import tarfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import asyncssh
+
+import ddctl_agents
+from ddctl.errors import UnreachableError
+
+REMOTE_ROOT = "/opt/ddctl"
+BUNDLE = f"{REMOTE_ROOT}/bundle"
+T = TypeVar("T")
+
+
+class DeployError(UnreachableError):
+    """A machine could not be reached, refused our key, or the agent could not be started."""
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """How to reach one machine: address, the pinned host key, and the run's client key."""
+
+    host: str
+    host_key: str
+    """The machine's public host key, one OpenSSH line (``ssh-ed25519 AAAA...``)."""
+    client_key: Path
+    port: int = 22
+    user: str = "root"
+
+
+def new_keypair() -> tuple[bytes, str]:
+    """A fresh ed25519 key: (private key in OpenSSH format, public key line)."""
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    return key.export_private_key(), key.export_public_key().decode().strip()
+
+
+def ensure_client_key(path: Path) -> str:
+    """The run's client key at ``path`` (created, mode 0600, if missing); returns its public line."""
+    if not path.exists():
+        private, _public = new_keypair()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)
+        path.write_bytes(private)
+    return asyncssh.read_private_key(str(path)).export_public_key().decode().strip()
+
+
+def known_hosts_line(target: Target) -> str:
+    host = target.host if target.port == 22 else f"[{target.host}]:{target.port}"
+    return f"{host} {target.host_key}"
+
+
+def build_bundle() -> bytes:
+    """The agent bundle: ``ddctl_agents`` as a gzipped tar (sources and the compiled kernels, no caches)."""
+    package = Path(ddctl_agents.__file__).parent
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        tar.add(package, arcname="ddctl_agents", filter=lambda info: None if "__pycache__" in info.name else info)
+    return out.getvalue()
+
+
+async def _connect(target: Target, wait_s: float) -> asyncssh.SSHClientConnection:
+    """Connect with the pinned host key, retrying while the machine's sshd comes up."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return await asyncssh.connect(
+                target.host,
+                port=target.port,
+                username=target.user,
+                known_hosts=asyncssh.import_known_hosts(known_hosts_line(target)),
+                client_keys=[str(target.client_key)],
+                agent_path=None,
+                connect_timeout=5,
+            )
+        except asyncssh.HostKeyNotVerifiable as exc:
+            raise DeployError(f"{target.host}: host key does not match the pinned one ({exc}); refusing to deploy") from None
+        except (OSError, asyncssh.Error) as exc:
+            if time.monotonic() > deadline:
+                raise DeployError(f"{target.host}:{target.port}: cannot connect over SSH: {exc}") from None
+            await asyncio.sleep(0.1)
+
+
+def _sync(job: Callable[[], Awaitable[T]]) -> T:
+    return asyncio.run(job())  # type: ignore[arg-type]
+
+
+async def _check(conn: asyncssh.SSHClientConnection, command: str, target: Target) -> str:
+    done = await conn.run(command, check=False)
+    if done.exit_status != 0:
+        raise DeployError(f"{target.host}: `{command}` exited {done.exit_status}: {str(done.stderr).strip()}")
+    return str(done.stdout)
+
+
+def deploy(
+    target: Target,
+    bundle: bytes,
+    files: dict[str, bytes],
+    argv: list[str],
+    env: dict[str, str] | None = None,
+    on_exit: str = "",
+    wait_s: float = 30.0,
+) -> int:
+    """Copy the bundle and ``files`` ({remote path: content}), start ``argv`` detached; returns the agent's pid."""
+    environment = {"PYTHONPATH": BUNDLE, **(env or {})}
+    inner = (
+        f"{' '.join(f'{k}={shlex.quote(v)}' for k, v in environment.items())} "
+        f'"$0" "$@" >>{REMOTE_ROOT}/agent.log 2>&1 & echo $! >{REMOTE_ROOT}/agent.pid; '
+        f"wait $!; echo $? >{REMOTE_ROOT}/agent.exit; {on_exit}"
+    )
+    launch = f"setsid -f sh -c {shlex.quote(inner)} {shlex.join(argv)} </dev/null >/dev/null 2>&1"
+
+    async def job() -> int:
+        conn = await _connect(target, wait_s)
+        try:
+            parents = sorted({str(Path(p).parent) for p in files} | {BUNDLE})
+            await _check(conn, f"mkdir -p {shlex.join(parents)} && rm -f {REMOTE_ROOT}/agent.pid", target)
+            async with conn.start_sftp_client() as sftp:
+                async with sftp.open(f"{REMOTE_ROOT}/bundle.tar.gz", "wb") as remote:
+                    await remote.write(bundle)
+                for path, content in files.items():
+                    async with sftp.open(path, "wb") as remote:
+                        await remote.write(content)
+                    await sftp.chmod(path, 0o600)
+            await _check(conn, f"tar -xzf {REMOTE_ROOT}/bundle.tar.gz -C {BUNDLE}", target)
+            await _check(conn, launch, target)
+            for _ in range(100):  # the pid file appears as soon as the agent is forked
+                pid = (await conn.run(f"cat {REMOTE_ROOT}/agent.pid 2>/dev/null", check=False)).stdout
+                if str(pid).strip().isdigit():
+                    return int(str(pid))
+                await asyncio.sleep(0.02)
+            raise DeployError(f"{target.host}: the agent did not start; see {REMOTE_ROOT}/agent.log there")
+        finally:
+            conn.close()
+
+    return _sync(job)
+
+
+def run_command(target: Target, command: str, wait_s: float = 10.0) -> tuple[int, str, str]:
+    """Run one command over SSH: (exit status, stdout, stderr)."""
+
+    async def job() -> tuple[int, str, str]:
+        conn = await _connect(target, wait_s)
+        try:
+            done = await conn.run(command, check=False)
+            return int(done.exit_status or 0), str(done.stdout), str(done.stderr)
+        finally:
+            conn.close()
+
+    return _sync(job)
+
+
+def read_text(target: Target, path: str) -> str:
+    """A remote file's text ('' if it does not exist)."""
+
+    async def job() -> str:
+        conn = await _connect(target, 10.0)
+        try:
+            done = await conn.run(f"cat {shlex.quote(path)}", check=False)
+            return str(done.stdout) if done.exit_status == 0 else ""
+        finally:
+            conn.close()
+
+    return _sync(job)
+
+
+def ssh_argv(target: Target, known_hosts: Path, command: list[str]) -> list[str]:
+    """The OpenSSH client command line for an interactive session with the same pinning."""
+    return [
+        "ssh",
+        "-i",
+        str(target.client_key),
+        "-o",
+        f"UserKnownHostsFile={known_hosts}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "IdentitiesOnly=yes",
+        "-p",
+        str(target.port),
+        f"{target.user}@{target.host}",
+        *command,
+    ]

@@ -1,0 +1,131 @@
+"""A local instance-metadata endpoint that serves spot interruption notices to Docker "VMs".
+
+It answers like AWS's ``/latest/meta-data/spot/instance-action``: 404 until a
+notice is posted for the calling instance, then 200 with the action and the
+time of the kill. The caller is identified by its source address, as a cloud's
+metadata service does, so the learner agent's notice watcher is the same code
+on a cloud VM and here. ``ddctl chaos preempt`` posts notices on the loopback
+admin path; nothing else may. Runs as ``python -m ddctl.metadata --run RUN``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ddctl.errors import DdctlError
+from ddctl_agents.entrypoint import add_label_option
+
+NOTICE_PATH = "/latest/meta-data/spot/instance-action"
+ADMIN_PATH = "/admin/notices"
+
+
+class Notices:
+    """Outstanding notices by instance id, and who is calling from which address."""
+
+    def __init__(self, resolve: Callable[[str], str | None]) -> None:
+        self._resolve = resolve
+        self._by_instance: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def post(self, instance: str, seconds: float) -> None:
+        with self._lock:
+            self._by_instance[instance] = time.time() + seconds
+
+    def for_address(self, address: str) -> float | None:
+        """The kill time announced to the instance at ``address``, if any."""
+        instance = self._resolve(address)
+        with self._lock:
+            return None if instance is None else self._by_instance.get(instance)
+
+    def outstanding(self) -> dict[str, float]:
+        with self._lock:
+            return dict(self._by_instance)
+
+
+def make_handler(notices: Notices) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def _send(self, code: int, body: dict[str, Any] | None = None) -> None:
+            data = json.dumps(body).encode() if body is not None else b""
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+            if self.path == NOTICE_PATH:
+                kill_at = notices.for_address(self.client_address[0])
+                if kill_at is None:
+                    self._send(404)
+                else:
+                    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(kill_at))
+                    self._send(200, {"action": "terminate", "time": when, "seconds_left": max(kill_at - time.time(), 0.0)})
+            elif self.path == ADMIN_PATH and self.client_address[0] == "127.0.0.1":
+                self._send(200, {"notices": notices.outstanding()})
+            else:
+                self._send(404)
+
+        def do_POST(self) -> None:  # noqa: N802
+            if self.path != ADMIN_PATH or self.client_address[0] != "127.0.0.1":
+                self._send(403, {"error": "notices are posted from this machine's loopback only"})
+                return
+            try:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+                notices.post(str(body["instance"]), float(body["seconds"]))
+            except (ValueError, KeyError, TypeError) as exc:
+                self._send(400, {"error": f"expected {{instance, seconds}}: {exc}"})
+                return
+            self._send(200, {"ok": True})
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            return None  # one poll per second per learner would drown the log
+
+    return Handler
+
+
+def post_notice(port: int, instance: str, seconds: float) -> None:
+    try:
+        response = httpx.post(f"http://127.0.0.1:{port}{ADMIN_PATH}", json={"instance": instance, "seconds": seconds}, timeout=5)
+    except httpx.HTTPError as exc:
+        raise DdctlError(f"the metadata endpoint on port {port} is unreachable: {exc}") from None
+    if response.status_code != 200:
+        raise DdctlError(f"the metadata endpoint refused the notice: {response.status_code} {response.text}")
+
+
+def outstanding(port: int) -> dict[str, float]:
+    try:
+        return dict(httpx.get(f"http://127.0.0.1:{port}{ADMIN_PATH}", timeout=5).json()["notices"])
+    except (httpx.HTTPError, ValueError, KeyError):
+        return {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ddctl.providers.docker import DockerProvider
+
+    parser = argparse.ArgumentParser(prog="python -m ddctl.metadata", description="Serve spot notices to a run's instances.")
+    parser.add_argument("--run", required=True)
+    parser.add_argument("--port-file", type=Path, required=True, help="write the bound port here once listening")
+    add_label_option(parser)
+    args = parser.parse_args(argv)
+    provider = DockerProvider()
+    notices = Notices(lambda address: provider.instance_at(args.run, address))
+    server = ThreadingHTTPServer(("0.0.0.0", 0), make_handler(notices))
+    tmp = args.port_file.with_suffix(".tmp")
+    tmp.write_text(str(server.server_address[1]))
+    tmp.replace(args.port_file)
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

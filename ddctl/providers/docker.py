@@ -1,0 +1,254 @@
+"""The ``docker`` provider: every instance a container that behaves like a small VM.
+
+Each region is a bridge network of its own; the syncer's container joins every
+region's network at a fixed address (.250), so learners reach it across their
+region's link and a replacement syncer comes back at the same address, with its
+state on a "persistent disk" (a bind mount from the run directory). A container
+boots sshd with a host key ddctl made for it (pinned; its public half is a
+container label) and the run's client key; the agent is deployed over SSH by
+:mod:`ddctl.deploy`, exactly as on a cloud VM. When the agent ends the container
+powers off, so ``alive`` means "the agent runs". Links are shaped with tc tbf
+in the container's network namespace (uplink) and on the host end of its veth
+(downlink). Labels carry the run, the name, the region and the host key, so
+everything is found again with the state file gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import time
+from pathlib import Path
+
+from ddctl import deploy, linkshape, metadata
+from ddctl.errors import DdctlError
+from ddctl.providers.base import NAME_LABEL, RUN_LABEL, Instance, InstanceSpec, PreemptionNotice
+from ddctl.providers.docker_engine import Engine, EngineError, tar_of
+from ddctl.providers.vm_image import VmImage, ensure_image
+from ddctl.state import run_dir
+
+REGION_LABEL = "ddctl-region"
+ROLE_LABEL = "ddctl-role"
+HOST_KEY_LABEL = "ddctl-host-key"
+SYNCER_HOST = 250
+"""The syncer's address on every region network (.250; learners are handed .2-.127)."""
+SUBNET_POOL = ipaddress.IPv4Network("10.213.0.0/16")
+
+
+def network_name(run: str, region: str) -> str:
+    return f"ddctl-{run}-{region}"
+
+
+def container_name(run: str, name: str) -> str:
+    return f"ddctl-{run}-{name}"
+
+
+def client_key(run: str) -> Path:
+    return run_dir(run) / "ssh" / "id_ed25519"
+
+
+def known_hosts(run: str) -> Path:
+    return run_dir(run) / "ssh" / "known_hosts"
+
+
+class DockerProvider:
+    kind = "docker"
+
+    def __init__(self) -> None:
+        self.engine = Engine()
+        self._image: VmImage | None = None
+        self._bundle: bytes | None = None
+
+    @property
+    def image(self) -> VmImage:
+        if self._image is None:
+            self._image = ensure_image(self.engine)
+        return self._image
+
+    # networks
+    def create_networks(self, run: str, regions: list[str]) -> dict[str, ipaddress.IPv4Network]:
+        """One labelled bridge network per region, on a free /24 of 10.213.0.0/16; returns their subnets."""
+        taken = {ipaddress.IPv4Network(s) for s in self.engine.all_subnets() if ":" not in s}
+        free = (net for net in SUBNET_POOL.subnets(new_prefix=24) if not any(net.overlaps(t) for t in taken))
+        made: dict[str, ipaddress.IPv4Network] = {}
+        for region in regions:
+            for subnet in free:
+                try:
+                    self.engine.create_network(
+                        network_name(run, region),
+                        str(subnet),
+                        str(subnet[1]),
+                        {RUN_LABEL: run, REGION_LABEL: region},
+                        ip_range=str(ipaddress.IPv4Network(f"{subnet[0]}/25")),
+                    )
+                except EngineError as exc:
+                    if "overlap" in str(exc):
+                        continue  # someone took it since we looked
+                    raise
+                made[region] = subnet
+                break
+            else:
+                raise DdctlError(f"no free /24 left in {SUBNET_POOL} for region {region}")
+        return made
+
+    def subnets(self, run: str) -> dict[str, ipaddress.IPv4Network]:
+        return {
+            n["Labels"][REGION_LABEL]: ipaddress.IPv4Network(n["IPAM"]["Config"][0]["Subnet"])
+            for n in self.engine.networks({RUN_LABEL: run})
+        }
+
+    @staticmethod
+    def syncer_ip(subnet: ipaddress.IPv4Network) -> str:
+        return str(subnet[SYNCER_HOST])
+
+    @staticmethod
+    def gateway_ip(subnet: ipaddress.IPv4Network) -> str:
+        return str(subnet[1])
+
+    # instances
+    def create(self, spec: InstanceSpec) -> Instance:
+        """Boot the container, shape its link, deploy the agent over SSH and start it."""
+        subnets = self.subnets(spec.run)
+        if spec.region not in subnets:
+            raise DdctlError(f"run {spec.run} has no network for region {spec.region}; create_networks first")
+        host_private, host_public = deploy.new_keypair()
+        client_public = deploy.ensure_client_key(client_key(spec.run))
+        network = network_name(spec.run, spec.region)
+        is_syncer = spec.role == "syncer"
+        endpoint = {"IPAMConfig": {"IPv4Address": self.syncer_ip(subnets[spec.region])}} if is_syncer else {}
+        for local in spec.disks.values():
+            Path(local).mkdir(parents=True, exist_ok=True)
+        name = container_name(spec.run, spec.name)
+        self.engine.remove(name)  # a leftover of an earlier life of this instance
+        ident = self.engine.create_container(
+            name,
+            {
+                "Image": self.image.ref,
+                "Cmd": ["/usr/sbin/sshd", "-D", "-e"],
+                "Hostname": spec.name.lower(),
+                "Labels": {
+                    RUN_LABEL: spec.run,
+                    NAME_LABEL: spec.name,
+                    REGION_LABEL: spec.region,
+                    ROLE_LABEL: spec.role,
+                    HOST_KEY_LABEL: host_public,
+                },
+                "HostConfig": {
+                    "Binds": [*self.image.binds, *(f"{local}:{remote}" for remote, local in spec.disks.items())],
+                    "NetworkMode": network,
+                },
+                "NetworkingConfig": {"EndpointsConfig": {network: endpoint}},
+            },
+        )
+        try:
+            secrets = {
+                "etc/ssh/ssh_host_ed25519_key": (host_private, 0o600),
+                "root/.ssh/authorized_keys": (client_public.encode() + b"\n", 0o600),
+            }
+            self.engine.put_archive(ident, tar_of(secrets))
+            if is_syncer:  # reachable from every region, at the same address after a restart
+                for region, subnet in subnets.items():
+                    if region != spec.region:
+                        self.engine.connect(network_name(spec.run, region), ident, self.syncer_ip(subnet))
+            self.engine.start(ident)
+            info = self.engine.inspect(ident) or {}
+            address = info["NetworkSettings"]["Networks"][network]["IPAddress"]
+            if spec.link is not None:
+                linkshape.shape_netns_of(int(info["State"]["Pid"]), *spec.link)
+            target = deploy.Target(address, host_public, client_key(spec.run))
+            with known_hosts(spec.run).open("a") as pinned:
+                pinned.write(deploy.known_hosts_line(target) + "\n")
+            files = {remote: Path(local).read_bytes() for remote, local in spec.files.items()}
+            deploy.deploy(target, self.bundle(), files, list(spec.argv), env=spec.env, on_exit="kill 1")
+        except BaseException:
+            self.engine.remove(ident)
+            raise
+        return Instance(name=spec.name, provider_id=ident, run=spec.run, alive=True)
+
+    def bundle(self) -> bytes:
+        if self._bundle is None:
+            self._bundle = deploy.build_bundle()
+        return self._bundle
+
+    def list_run(self, run: str) -> list[Instance]:
+        found = [
+            Instance(name=c["Labels"].get(NAME_LABEL, "?"), provider_id=c["Id"], run=run, alive=c["State"] == "running")
+            for c in self.engine.containers({RUN_LABEL: run})
+        ]
+        return sorted(found, key=lambda i: i.name)
+
+    def target(self, instance: Instance) -> deploy.Target:
+        """How to reach a running instance over SSH (its address and pinned host key come from Docker)."""
+        info = self.engine.inspect(instance.provider_id)
+        if info is None or not info["State"]["Running"]:
+            raise DdctlError(f"{instance.name} is not running")
+        labels = info["Config"]["Labels"]
+        network = network_name(instance.run, labels[REGION_LABEL])
+        address = info["NetworkSettings"]["Networks"][network]["IPAddress"]
+        return deploy.Target(address, labels[HOST_KEY_LABEL], client_key(instance.run))
+
+    def instance_at(self, run: str, address: str) -> str | None:
+        """The id of the run's container that owns ``address`` (how the metadata endpoint knows its caller)."""
+        for c in self.engine.containers({RUN_LABEL: run}):
+            for net in (c.get("NetworkSettings") or {}).get("Networks", {}).values():
+                if net.get("IPAddress") == address:
+                    return str(c["Id"])
+        return None
+
+    def _wait_stopped(self, instance: Instance, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            info = self.engine.inspect(instance.provider_id)
+            if info is None or not info["State"]["Running"]:
+                return True
+            time.sleep(0.1)
+        return False
+
+    def terminate(self, instance: Instance, grace_s: float = 10.0) -> None:
+        """SIGTERM the agent (it pushes and leaves, then powers off), wait, then remove the container."""
+        if instance.alive:
+            with contextlib.suppress(EngineError):  # it may have stopped between the listing and now
+                self.engine.exec_detached(instance.provider_id, ["sh", "-c", f"kill -TERM $(cat {deploy.REMOTE_ROOT}/agent.pid)"])
+            self._wait_stopped(instance, grace_s)
+        self.retire(instance, run_dir(instance.run) / "logs" / f"{instance.name}.log")
+
+    def preempt(self, instance: Instance, notice_s: float) -> None:
+        """Post the notice to the metadata endpoint; kill the container when it runs out (if still up)."""
+        port_file = run_dir(instance.run) / "metadata.port"
+        if not port_file.exists():
+            raise DdctlError(f"run {instance.run} has no metadata endpoint ({port_file} is missing)")
+        metadata.post_notice(int(port_file.read_text()), instance.provider_id, notice_s)
+        if not self._wait_stopped(instance, notice_s):
+            self.engine.kill(instance.provider_id)
+
+    def notices(self, run: str) -> list[PreemptionNotice]:
+        port_file = run_dir(run) / "metadata.port"
+        if not port_file.exists():
+            return []
+        names = {i.provider_id: i.name for i in self.list_run(run)}
+        now = time.time()
+        return [
+            PreemptionNotice(instance=names.get(ident, ident), seconds_left=max(at - now, 0.0))
+            for ident, at in metadata.outstanding(int(port_file.read_text())).items()
+            if ident in names
+        ]
+
+    def read_file(self, instance: Instance, path: str) -> bytes | None:
+        return self.engine.get_file(instance.provider_id, path) if instance.provider_id else None
+
+    def retire(self, instance: Instance, log: Path) -> None:
+        """Append the agent's log to ``log`` on this machine, then remove the container."""
+        text = self.engine.get_file(instance.provider_id, f"{deploy.REMOTE_ROOT}/agent.log")
+        if text:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with log.open("ab") as out:
+                out.write(f"==> container {instance.provider_id[:12]} <==\n".encode() + text)
+        self.engine.remove(instance.provider_id)
+
+    def cleanup(self, run: str) -> list[str]:
+        """The run's networks (once its containers are gone)."""
+        removed = []
+        for net in self.engine.networks({RUN_LABEL: run}):
+            self.engine.remove_network(net["Id"])
+            removed.append(net["Name"])
+        return removed

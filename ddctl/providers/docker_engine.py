@@ -1,0 +1,179 @@
+"""A small Docker Engine API client: the calls the docker provider needs, over the daemon's Unix socket.
+
+Talking to the Engine API directly (not the ``docker`` CLI) keeps errors
+structured and the dependency list short: httpx speaks HTTP over a Unix socket.
+Every error names the call and carries the daemon's own message.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ddctl.errors import UnreachableError
+
+DEFAULT_SOCKET = "/var/run/docker.sock"
+
+
+class EngineError(UnreachableError):
+    """The Docker daemon refused a call or cannot be reached."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def socket_path() -> str:
+    """``DOCKER_HOST=unix://...`` when set, else the default socket."""
+    host = os.environ.get("DOCKER_HOST", "")
+    return host.removeprefix("unix://") if host.startswith("unix://") else DEFAULT_SOCKET
+
+
+def engine_unavailable() -> str | None:
+    """None when a Docker engine answers here; otherwise why not (for the dry run's fallback message)."""
+    path = socket_path()
+    if not Path(path).exists():
+        return f"no Docker engine: {path} does not exist (start dockerd, or install Debian's docker.io)"
+    try:
+        with Engine(path, timeout=3.0) as engine:
+            engine.ping()
+    except EngineError as exc:
+        return f"the Docker engine at {path} does not answer: {exc}"
+    return None
+
+
+def _filters(labels: dict[str, str]) -> dict[str, str]:
+    return {"filters": json.dumps({"label": [f"{k}={v}" for k, v in labels.items()]})}
+
+
+def tar_of(files: dict[str, tuple[bytes, int]]) -> bytes:
+    """A tar stream of ``{path: (content, mode)}``, parents first (what ``put_archive`` extracts at /)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for path, (content, mode) in sorted(files.items()):
+            info = tarfile.TarInfo(path.lstrip("/"))
+            info.size, info.mode = len(content), mode
+            tar.addfile(info, io.BytesIO(content))
+    return out.getvalue()
+
+
+class Engine:
+    """Connections are not kept alive: a Unix-socket connect is cheap, and an Engine can then be
+    dropped anywhere (providers are made on demand) without leaking a socket."""
+
+    def __init__(self, path: str | None = None, timeout: float = 60.0) -> None:
+        transport = httpx.HTTPTransport(uds=path or socket_path(), limits=httpx.Limits(max_keepalive_connections=0))
+        self.http = httpx.Client(transport=transport, base_url="http://docker", timeout=timeout)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: str, url: str, ok: Iterable[int] = (200, 201, 204), **kwargs: Any) -> httpx.Response:
+        try:
+            response = self.http.request(method, url, **kwargs)
+        except httpx.HTTPError as exc:
+            raise EngineError(f"docker {method} {url}: {exc}") from None
+        if response.status_code not in ok:
+            try:
+                message = response.json().get("message", response.text)
+            except ValueError:
+                message = response.text
+            raise EngineError(f"docker {method} {url}: {response.status_code} {message}", response.status_code)
+        return response
+
+    def ping(self) -> None:
+        self._call("GET", "/_ping")
+
+    # images
+    def image_exists(self, ref: str) -> bool:
+        return self._call("GET", f"/images/{ref}/json", ok=(200, 404)).status_code == 200
+
+    def import_image(self, rootfs_tar: bytes, repo: str, tag: str) -> None:
+        """``docker import``: an image whose only layer is ``rootfs_tar`` (no registry involved)."""
+        response = self._call(
+            "POST",
+            "/images/create",
+            params={"fromSrc": "-", "repo": repo, "tag": tag},
+            content=rootfs_tar,
+            headers={"Content-Type": "application/x-tar"},
+        )
+        for line in response.text.splitlines():  # progress messages; an error arrives as one of them
+            if line.strip() and "error" in (message := json.loads(line)):
+                raise EngineError(f"docker import {repo}:{tag}: {message['error']}")
+
+    # networks
+    def create_network(self, name: str, subnet: str, gateway: str, labels: dict[str, str], ip_range: str = "") -> str:
+        pool = {"Subnet": subnet, "Gateway": gateway, **({"IPRange": ip_range} if ip_range else {})}
+        body = {
+            "Name": name,
+            "Driver": "bridge",
+            "CheckDuplicate": True,
+            "Labels": labels,
+            "IPAM": {"Config": [pool]},
+        }
+        return str(self._call("POST", "/networks/create", json=body).json()["Id"])
+
+    def networks(self, labels: dict[str, str]) -> list[dict[str, Any]]:
+        return list(self._call("GET", "/networks", params=_filters(labels)).json())
+
+    def all_subnets(self) -> set[str]:
+        return {c["Subnet"] for n in self._call("GET", "/networks").json() for c in (n.get("IPAM") or {}).get("Config") or []}
+
+    def remove_network(self, ident: str) -> None:
+        self._call("DELETE", f"/networks/{ident}", ok=(204, 404))
+
+    def connect(self, network: str, container: str, ip: str | None) -> None:
+        endpoint = {"IPAMConfig": {"IPv4Address": ip}} if ip else {}
+        self._call("POST", f"/networks/{network}/connect", json={"Container": container, "EndpointConfig": endpoint})
+
+    # containers
+    def create_container(self, name: str, config: dict[str, Any]) -> str:
+        return str(self._call("POST", "/containers/create", params={"name": name}, json=config).json()["Id"])
+
+    def put_archive(self, container: str, tar: bytes, path: str = "/") -> None:
+        self._call("PUT", f"/containers/{container}/archive", params={"path": path}, content=tar)
+
+    def get_file(self, container: str, path: str) -> bytes | None:
+        """One file's bytes out of a container (running or stopped); None if it is not there."""
+        response = self._call("GET", f"/containers/{container}/archive", params={"path": path}, ok=(200, 404))
+        if response.status_code == 404:
+            return None
+        with tarfile.open(fileobj=io.BytesIO(response.content)) as tar:
+            member = tar.next()
+            extracted = tar.extractfile(member) if member is not None else None
+            return extracted.read() if extracted is not None else None
+
+    def start(self, container: str) -> None:
+        self._call("POST", f"/containers/{container}/start", ok=(204, 304))
+
+    def kill(self, container: str, signal: str = "KILL") -> None:
+        self._call("POST", f"/containers/{container}/kill", params={"signal": signal}, ok=(204, 404, 409))
+
+    def remove(self, container: str) -> None:
+        self._call("DELETE", f"/containers/{container}", params={"force": "true", "v": "true"}, ok=(204, 404))
+
+    def inspect(self, container: str) -> dict[str, Any] | None:
+        response = self._call("GET", f"/containers/{container}/json", ok=(200, 404))
+        return None if response.status_code == 404 else dict(response.json())
+
+    def containers(self, labels: dict[str, str]) -> list[dict[str, Any]]:
+        """Every container with these labels, stopped ones too."""
+        return list(self._call("GET", "/containers/json", params={"all": "true", **_filters(labels)}).json())
+
+    def exec_detached(self, container: str, argv: list[str]) -> None:
+        """Run ``argv`` inside a running container without waiting for it."""
+        ident = self._call("POST", f"/containers/{container}/exec", json={"Cmd": argv}).json()["Id"]
+        self._call("POST", f"/exec/{ident}/start", json={"Detach": True})

@@ -1,0 +1,68 @@
+"""The local instance-metadata endpoint and the agent's notice watcher, over real HTTP."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
+
+import httpx
+import pytest
+
+from ddctl.errors import DdctlError
+from ddctl.metadata import ADMIN_PATH, NOTICE_PATH, Notices, make_handler, outstanding, post_notice
+from ddctl_agents.agent.notice import Stop, is_notice, watch
+
+
+@pytest.fixture
+def endpoint() -> Iterator[tuple[int, dict[str, str]]]:
+    """A metadata server whose callers are identified by a table of address -> instance id."""
+    callers: dict[str, str] = {}
+    server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(Notices(callers.get)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1], callers
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_notice_is_served_only_to_the_instance_it_was_posted_for(endpoint: tuple[int, dict[str, str]]) -> None:
+    port, callers = endpoint
+    url = f"http://127.0.0.1:{port}{NOTICE_PATH}"
+    callers["127.0.0.1"] = "vm-a"
+    assert httpx.get(url).status_code == 404  # AWS's answer while there is no notice
+    post_notice(port, "vm-b", 30)
+    assert httpx.get(url).status_code == 404  # someone else's notice
+    post_notice(port, "vm-a", 30)
+    answer = httpx.get(url)
+    assert answer.status_code == 200 and answer.json()["action"] == "terminate"
+    assert 25 < answer.json()["seconds_left"] <= 30
+    assert set(outstanding(port)) == {"vm-a", "vm-b"}
+
+
+def test_bad_notices_are_refused_with_the_reason(endpoint: tuple[int, dict[str, str]]) -> None:
+    port, _ = endpoint
+    bad = httpx.post(f"http://127.0.0.1:{port}{ADMIN_PATH}", json={"instance": "vm-a"})
+    assert bad.status_code == 400 and "expected {instance, seconds}" in bad.json()["error"]
+    with pytest.raises(DdctlError, match="unreachable"):
+        post_notice(1, "vm-a", 5)  # nothing listens on port 1
+
+
+def test_the_watcher_stops_training_with_the_reason_when_the_notice_arrives(endpoint: tuple[int, dict[str, str]]) -> None:
+    port, callers = endpoint
+    callers["127.0.0.1"] = "vm-a"
+    stop = Stop()
+    watch(f"http://127.0.0.1:{port}{NOTICE_PATH}", stop, every_s=0.05)
+    assert not stop.wait(0.3)  # 404s are not notices
+    post_notice(port, "vm-a", 10)
+    assert stop.wait(5) and stop.reason == "preemption_notice"
+
+
+def test_notice_answers_of_each_cloud() -> None:
+    assert is_notice(200, '{"action": "terminate", "time": "2026-11-29T18:42:23Z"}')  # AWS
+    assert is_notice(200, "TRUE") and not is_notice(200, "FALSE\n")  # GCP's instance/preempted
+    assert not is_notice(404, "") and not is_notice(500, "oops")
+    stop = Stop()
+    stop.trigger("sigterm")
+    stop.trigger("preemption_notice")
+    assert stop.reason == "sigterm"  # the first reason wins

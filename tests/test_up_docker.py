@@ -1,0 +1,142 @@
+"""``ddctl up --dry-run`` with Docker regions: VMs deployed over SSH, shaped links, spot notices, ``down``.
+
+Needs a Docker engine and root (tc in the containers' namespaces); `.ci/run`
+installs Debian's docker.io and starts dockerd, so these run in CI.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from ddctl import deploy, linkshape
+from ddctl.cli.app import app
+from ddctl.errors import UnreachableError
+from ddctl.providers.base import RUN_LABEL
+from ddctl.providers.docker import DockerProvider
+from ddctl.providers.docker_engine import Engine, engine_unavailable
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(engine_unavailable() is not None, reason=f"{engine_unavailable()}"),
+    pytest.mark.skipif(linkshape.available() is not None, reason=f"{linkshape.available()}"),
+]
+runner = CliRunner()
+RATES = {"fast": 200, "mid": 50, "slow": 12}
+
+
+def _regions(tmp_path: Path) -> Path:
+    regions = {
+        "run": "dock",
+        "syncer": "fast",
+        # one ~0.6 MB update per send, long enough to time on every link
+        "training": {"preset": "tiny", "tokens": 4_000_000, "fragments": 1, "inner_steps": 8, "max_bytes": 1 << 21},
+        "regions": [
+            {"name": name, "provider": "docker", "learners": 1, "link": {"up_mbps": rate, "down_mbps": rate}}
+            for name, rate in RATES.items()
+        ],
+    }
+    path = tmp_path / "regions.yaml"
+    path.write_text(yaml.safe_dump(regions))
+    return path
+
+
+def _status() -> dict[str, Any]:
+    result = runner.invoke(app, ["status", "--json"])
+    assert result.exit_code == 0, result.output
+    return dict(json.loads(result.stdout))
+
+
+def _wait(predicate: Any, timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, what
+        time.sleep(0.5)
+
+
+def test_docker_regions_train_shaped_survive_a_preemption_and_leave_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DDCTL_HOME", str(tmp_path / "home"))
+    up = runner.invoke(app, ["up", "-f", str(_regions(tmp_path)), "--dry-run", "--json"])
+    assert up.exit_code == 0, up.output
+    started = json.loads(up.stdout)
+    run = started["run"]
+    assert started["provider"] == "docker" and started["rounds"] >= 1
+    engine = Engine()
+    try:
+        containers = engine.containers({RUN_LABEL: run})
+        assert sorted(c["Labels"]["ddctl-name"] for c in containers) == ["L0", "L1", "L2", "syncer"]
+        assert len(engine.networks({RUN_LABEL: run})) == 3
+
+        # every learner trains, and the links measure as they were shaped
+        def measured() -> dict[str, dict[str, float]] | None:
+            status = _status()
+            rows = {r["name"]: r["learners"][0] for r in status["regions"]}
+            if all(row["up_mbps"] and row["down_mbps"] and row["step"] > 0 for row in rows.values()):
+                return {name: {"up": row["up_mbps"], "down": row["down_mbps"]} for name, row in rows.items()}
+            return None
+
+        links = _wait(measured, 120, "every learner trains and reports both directions")
+        for direction in ("up", "down"):
+            assert links["fast"][direction] > links["mid"][direction] > links["slow"][direction], links
+        for name, rate in RATES.items():  # 0.6 MB updates on a busy 2-core machine: within 2x
+            assert 0.5 * rate <= links[name]["up"] <= 2.0 * rate, (name, links)
+
+        # the machine is reachable over SSH with the run's key, and its link is shaped inside it
+        shell = runner.invoke(app, ["ssh", "mid", "--", "tc", "qdisc", "show", "dev", "eth0"])
+        assert shell.exit_code == 0, shell.output
+        assert "tbf" in shell.stdout and "50Mbit" in shell.stdout
+        [mid] = [i for i in DockerProvider().list_run(run) if i.name == "L1"]
+        target = DockerProvider().target(mid)
+        wrong = deploy.Target(target.host, deploy.new_keypair()[1], target.client_key)
+        with pytest.raises(UnreachableError, match="does not match the pinned one"):
+            deploy.run_command(wrong, "true")
+
+        # a spot notice through the metadata endpoint: early push, the job keeps merging, a replacement rejoins
+        rounds = _status()["rounds"]
+        chaos = runner.invoke(app, ["chaos", "preempt", "mid", "--notice", "20", "--json"])
+        assert chaos.exit_code == 0, chaos.output
+        assert json.loads(chaos.stdout)["seconds_to_exit"] < 20  # it left on the notice, before the kill
+        log = tmp_path / "home" / "runs" / run / "logs" / "L1.log"
+        summary = _wait(lambda: _first_summary(log), 30, "the preempted VM's log is collected")
+        assert summary["reason"] == "preemption_notice" and summary["drained"]
+        assert sum(summary["acked_tokens"].values()) == summary["sent_tokens"] > 0
+
+        def rejoined() -> bool:
+            status = _status()
+            row = next(r["learners"][0] for r in status["regions"] if r["name"] == "mid")
+            return bool(status["rounds"] > rounds and row["state"] == "training" and row["step"] > summary["step"])
+
+        _wait(rejoined, 120, "the replacement VM rejoins and the job keeps merging")
+        replacement = next(c for c in engine.containers({RUN_LABEL: run}) if c["Labels"]["ddctl-name"] == "L1")
+        assert replacement["Id"] != mid.provider_id and replacement["State"] == "running"
+        (tmp_path / "home" / "state.sqlite3").unlink()  # labels are the truth, not the cache
+    finally:
+        down = runner.invoke(app, ["down", "--run", run, "--json"])
+        engine.close()
+    assert down.exit_code == 0, down.output
+    assert sorted(json.loads(down.stdout)["stopped"]) == ["L0", "L1", "L2", "controller", "metadata", "syncer"]
+    with Engine() as engine:
+        assert engine.containers({RUN_LABEL: run}) == [] and engine.networks({RUN_LABEL: run}) == []
+    again = runner.invoke(app, ["down", "--run", run, "--json"])
+    assert again.exit_code == 0 and json.loads(again.stdout)["stopped"] == []
+
+
+def _first_summary(log: Path) -> dict[str, Any] | None:
+    """The exit summary the first incarnation printed (its container's log, collected when it was retired)."""
+    if not log.exists():
+        return None
+    for line in log.read_text().splitlines():
+        if line.startswith("{") and '"reason"' in line:
+            return dict(json.loads(line))
+    return None
