@@ -61,5 +61,8 @@ def test_transfer_meter_samples_a_busy_link_and_drops_too_short_samples() -> Non
     meter.add(2000, 2.001)
     assert meter.finish(2.001) is None  # 1 ms: too short to tell
     meter.start(3.0)
-    meter.add(5000, 3.5)  # one chunk: the whole upload arrived before the clock could start
-    assert meter.finish(3.5) is None  # nothing timed: no sample rather than an infinite rate
+    meter.add(5000, 3.5)  # one chunk: nothing after it to time
+    assert meter.finish(3.5) == (5000, 0.5)  # so it is timed from its request's start instead
+    meter.start(4.0)
+    meter.add(5000, 4.001)
+    assert meter.finish(4.001) is None  # 1 ms: too short to tell

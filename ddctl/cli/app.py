@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ddctl.cli import bench, replay, syncer, train, up
+from ddctl.cli import bench, replay, simulate, syncer, train, up
 
 app = typer.Typer(
     name="ddctl",
@@ -15,6 +15,7 @@ app = typer.Typer(
 )
 app.command("train")(train.train)
 app.command("replay")(replay.replay)
+app.command("simulate")(simulate.simulate)
 app.command("up")(up.up)
 app.command("status")(up.status)
 app.command("down")(up.down)

@@ -63,6 +63,9 @@ def train(
     outage: Annotated[
         list[str], typer.Option(help="LEARNER@SECONDS[+SECONDS]: learner fails at a virtual time, returns later. Repeatable.")
     ] = [],  # noqa: B006
+    failures: Annotated[
+        Path | None, typer.Option(help="Replay the learner failures of an availability tape (ddctl simulate --tape).")
+    ] = None,
     link_mbps: Annotated[float, typer.Option(help="Virtual link bandwidth per learner, each way.")] = 100.0,
     latency_ms: Annotated[float, typer.Option(help="Virtual one-way latency per learner.")] = 50.0,
     data: Annotated[

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from ddctl.settings import ClusterConfig, TrainConfig, parse_outage
+from ddctl.settings import ClusterConfig, Outage, TrainConfig, parse_outage
 from ddctl_agents.core.outer import OuterConfig
 from ddctl_agents.core.quorum import QuorumConfig
 from ddctl_agents.core.syncer import SyncerConfig
@@ -47,9 +48,18 @@ def build_config(o: dict[str, Any]) -> TrainConfig:
         down_codec=o["down_codec"],
         cluster=ClusterConfig(
             speeds=parse_speeds(o["speeds"]),
-            outages=tuple(parse_outage(t) for t in o["outage"]),
+            outages=(*(parse_outage(t) for t in o["outage"]), *_tape_outages(o["failures"], o["learners"])),
             link_mbps=o["link_mbps"],
             latency_ms=o["latency_ms"],
         ),
         threads=o["threads"],
     )
+
+
+def _tape_outages(path: Path | None, learners: int) -> tuple[Outage, ...]:
+    """The failures of an availability tape (``ddctl simulate --tape``), if one was given."""
+    if path is None:
+        return ()
+    from ddctl.goodput.timeline import outages_from_tape
+
+    return outages_from_tape(path, learners)

@@ -98,8 +98,10 @@ class TransferMeter:
     a (bytes, seconds) sample when the link goes idle or every ``window_s``.
     The clock of a busy period starts at its first chunk, and that chunk is not
     counted: its bytes crossed the link before anyone could look at a clock
-    (counting them read a shaped 80 Mbit/s link as 140). Samples shorter than
-    ``min_s`` are too short to tell and are dropped.
+    (counting them read a shaped 80 Mbit/s link as 140). A busy period that was
+    one chunk only has nothing else to time, so it falls back to that chunk over
+    the time since its request began (which reads high, but is not nothing).
+    Samples shorter than ``min_s`` are too short to tell and are dropped.
     """
 
     window_s: float = 0.5
@@ -108,15 +110,17 @@ class TransferMeter:
     busy_since: float = 0.0
     nbytes: int = 0
     clock_started: bool = False
+    opened: float = 0.0
+    first_chunk: int = 0
 
     def start(self, now: float) -> None:
         if self.active == 0:
-            self.busy_since, self.nbytes, self.clock_started = now, 0, False
+            self.busy_since, self.nbytes, self.clock_started, self.opened = now, 0, False, now
         self.active += 1
 
     def add(self, nbytes: int, now: float) -> None:
         if not self.clock_started:
-            self.busy_since, self.clock_started = now, True
+            self.busy_since, self.clock_started, self.first_chunk = now, True, nbytes
             return
         self.nbytes += nbytes
 
@@ -126,5 +130,7 @@ class TransferMeter:
         if self.active and now - self.busy_since < self.window_s:
             return None
         sample = (self.nbytes, now - self.busy_since)
-        self.busy_since, self.nbytes = now, 0
+        if self.nbytes == 0 and self.first_chunk:
+            sample = (self.first_chunk, now - self.opened)
+        self.busy_since, self.nbytes, self.first_chunk = now, 0, 0
         return sample if sample[0] > 0 and sample[1] >= self.min_s else None
