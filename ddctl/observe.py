@@ -1,57 +1,14 @@
-"""``ddctl status``, ``logs`` and ``ssh``: looking at a running job from the laptop."""
+"""``ddctl logs`` and ``ssh``: looking into a running job's machines from the laptop."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from ddctl import deploy, providers
-from ddctl.errors import DdctlError, UnreachableError
+from ddctl.errors import DdctlError
 from ddctl.providers.base import Instance
 from ddctl.providers.docker import known_hosts
-from ddctl.state import InstanceRecord, State, run_dir
-from ddctl.up import admin_client
-from ddctl_agents.agent.client import Unavailable
-
-
-def status(run: str, state: State) -> dict[str, Any]:
-    """The run as the issue's JSON: run, rounds, and regions with their learners."""
-    record = state.run(run)
-    if record is None:
-        raise DdctlError(f"no run {run!r} in {state.path}")
-    client = admin_client(run_dir(run))
-    try:
-        live = client.status()
-    except Unavailable as exc:
-        raise UnreachableError(f"the syncer of {run} is unreachable: {exc}") from None
-    finally:
-        client.close()
-    by_name = {entry["id"]: entry for entry in live["learners"]}
-    regions: dict[str, dict[str, Any]] = {}
-    for inst in state.instances(run):
-        if inst.role not in ("learner", "syncer"):
-            continue
-        region = regions.setdefault(inst.region, {"name": inst.region, "provider": inst.provider, "learners": []})
-        if inst.role != "learner":
-            continue
-        seen = by_name.get(inst.name, {})
-        region["learners"].append(
-            {
-                "id": inst.name,
-                "state": seen.get("state", inst.state),
-                "step": seen.get("step", 0),
-                "tokens_per_s": seen.get("tokens_per_s", 0.0),
-                "up_mbps": seen.get("up_mbps"),
-                "down_mbps": seen.get("down_mbps"),
-            }
-        )
-    return {
-        "run": run,
-        "rounds": live["rounds"],
-        "regions": list(regions.values()),
-        "ledger": live["ledger"],
-        "val_bpb": live["val_bpb"],
-    }
+from ddctl.state import InstanceRecord, State
 
 
 def _region_instances(run: str, state: State, region: str) -> list[InstanceRecord]:

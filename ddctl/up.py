@@ -148,10 +148,10 @@ def _wait_port(port_file: Path, log: Path, timeout_s: float = 120.0) -> int:
     return int(port_file.read_text())
 
 
-def admin_client(root: Path, url: str | None = None) -> SyncerClient:
+def admin_client(root: Path, url: str | None = None, timeout_s: float = 30.0) -> SyncerClient:
     """A client of the run's syncer with the admin token (``url`` defaults to the one ``up`` recorded)."""
     url = url or (root / "syncer.url").read_text().strip()
-    return SyncerClient(url, token_for(root / "job", "admin"), root / "job" / "tls" / "ca.pem")
+    return SyncerClient(url, token_for(root / "job", "admin"), root / "job" / "tls" / "ca.pem", timeout_s=timeout_s)
 
 
 def _wait_first_round(root: Path, url: str, timeout_s: float) -> dict[str, Any]:

@@ -66,3 +66,15 @@ def test_transfer_meter_samples_a_busy_link_and_drops_too_short_samples() -> Non
     meter.start(4.0)
     meter.add(5000, 4.001)
     assert meter.finish(4.001) is None  # 1 ms: too short to tell
+
+
+def test_the_quorum_clock_counts_only_time_with_enough_learners_live() -> None:
+    from ddctl_agents.core.links import QuorumClock
+
+    clock = QuorumClock(quorum=2, since=0.0)
+    clock.update(10.0, 1)  # one learner from t=10: not enough
+    clock.update(15.0, 2)  # quorum from t=15
+    clock.update(40.0, 1)  # lost at t=40
+    assert clock.seconds(50.0) == 25.0
+    clock.update(60.0, 3)
+    assert clock.seconds(70.0) == 35.0

@@ -57,33 +57,14 @@ def up(
         _follow(result["run"])
 
 
-def _follow(run: str, every_s: float = 2.0) -> None:
-    """Redraw the status table in place on a terminal (print it every ``every_s`` otherwise) until Ctrl-C;
-    leaving never touches the run."""
-    import sys
-    import time
+def _follow(run: str) -> None:
+    """The live dashboard until Ctrl-C; leaving never touches the run."""
+    from ddctl.dashboard.watch import watch
+    from ddctl.state import State
 
-    from rich.live import Live
-
-    from ddctl.observe import status as run_status
-
-    def snapshot() -> Any:
-        try:
-            return _status_table(_on_run(run, run_status))
-        except typer.Exit:
-            return f"{run}: the syncer is unreachable right now; retrying"
-
-    try:
-        if sys.stdout.isatty():
-            with Live(snapshot(), console=stdout(), auto_refresh=False) as live:
-                while True:
-                    time.sleep(every_s)
-                    live.update(snapshot(), refresh=True)
-        while True:
-            stdout().print(snapshot())
-            time.sleep(every_s)
-    except KeyboardInterrupt:
-        typer.echo(f"detached; {run} keeps running (`ddctl down` stops it)")
+    with State() as state:
+        watch(run, state, stdout())
+    typer.echo(f"detached; {run} keeps running (`ddctl down` stops it)")
 
 
 def _print_plan(result: dict[str, Any]) -> None:
@@ -112,37 +93,34 @@ def _on_run(run: str, action: Callable[[str, State], T]) -> T:
     return run_guarded(body)
 
 
-def status(run: RunOption = "", json_out: JsonOption = False) -> None:
-    """One snapshot of the run: rounds, and each region's learners with their links."""
-    from ddctl.observe import status as run_status
+def status(
+    run: RunOption = "",
+    watch: Annotated[bool, typer.Option("--watch", help="A live dashboard, redrawn in place until Ctrl-C.")] = False,
+    every: Annotated[float, typer.Option(min=0.2, help="Seconds between questions to the syncer.")] = 1.0,
+    json_out: JsonOption = False,
+) -> None:
+    """The run at a glance: learners with their links, the job's rounds and books, and recent events.
 
-    result = _on_run(run, run_status)
+    Exit code 6 when the syncer cannot be reached (the snapshot still shows what ddctl knows)."""
+    from ddctl.dashboard.render import render
+    from ddctl.dashboard.watch import snapshot
+    from ddctl.dashboard.watch import watch as live
+
+    if watch and not json_out:
+
+        def follow(r: str, state: State) -> None:
+            live(r, state, stdout(), every_s=every)
+
+        _on_run(run, follow)
+        return
+    result = _on_run(run, snapshot)
     if json_out:
         print_json(result)
-        return
-    stdout().print(_status_table(result))
-
-
-def _status_table(result: dict[str, Any]) -> Any:
-    from rich.table import Table
-
-    table = Table(title=f"{result['run']}: {result['rounds']} rounds merged")
-    for col in ("region", "provider", "learner", "state", "step", "tokens/s", "up Mbit/s", "down Mbit/s"):
-        table.add_column(col)
-    for region in result["regions"]:
-        for entry in region["learners"]:
-            up_rate, down_rate = entry["up_mbps"], entry["down_mbps"]
-            table.add_row(
-                region["name"],
-                region["provider"],
-                entry["id"],
-                entry["state"],
-                str(entry["step"]),
-                f"{entry['tokens_per_s']:.0f}",
-                "-" if up_rate is None else f"{up_rate:.1f}",
-                "-" if down_rate is None else f"{down_rate:.1f}",
-            )
-    return table
+    else:
+        console = stdout()
+        console.print(render(result, console.width, 10_000))
+    if not result["syncer"]["reachable"]:
+        raise typer.Exit(6)
 
 
 def down(run: RunOption = "", json_out: JsonOption = False) -> None:

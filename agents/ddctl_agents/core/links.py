@@ -134,3 +134,20 @@ class TransferMeter:
             sample = (self.first_chunk, now - self.opened)
         self.busy_since, self.nbytes, self.first_chunk = now, 0, 0
         return sample if sample[0] > 0 and sample[1] >= self.min_s else None
+
+
+@dataclass(slots=True)
+class QuorumClock:
+    """Seconds during which at least ``quorum`` learners were live: the global model could advance."""
+
+    quorum: int
+    since: float
+    live: int = 0
+    total: float = 0.0
+
+    def update(self, now: float, live: int) -> None:
+        self.total = self.seconds(now)
+        self.since, self.live = now, live
+
+    def seconds(self, now: float) -> float:
+        return self.total + (max(now - self.since, 0.0) if self.live >= self.quorum else 0.0)

@@ -65,6 +65,8 @@ def status(rt: SyncerRuntime) -> dict[str, Any]:
         "run": rt.settings.run,
         "time": round(now, 3),
         "uptime_s": round(now - rt.started_at, 3),
+        "quorum_s": round(rt.quorum_clock.seconds(now), 3),
+        "parameters": rt.parameters,
         "rounds": s.rounds_closed,
         "versions": list(s.versions),
         "fragments": s.fragmentation.count,

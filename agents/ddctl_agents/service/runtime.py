@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ddctl_agents.core.links import LearnerLinks, TransferMeter
+from ddctl_agents.core.links import LearnerLinks, QuorumClock, TransferMeter
 from ddctl_agents.core.messages import FragmentVersion, Update, decode_update, encode_fragment
 from ddctl_agents.core.syncer import Ack, Effect, Record, Send
 from ddctl_agents.core.syncer_state import capture
@@ -94,6 +94,8 @@ class SyncerRuntime:
         self.snapshots: dict[str, Any] = {"taken": 0, "last_at": None, "last_seconds": None, "bytes": 0}
         self.recovered: dict[str, Any] = {}
         self.started_at = clock()
+        self.quorum_clock = QuorumClock(self.syncer.config.quorum.quorum, self.started_at)
+        self.parameters = sum(t.numel() for t in assembly.initial.values())
         self.bytes_up = 0
         self.bytes_down = 0
         self._core = ThreadPoolExecutor(1, "ddctl-core")
@@ -230,6 +232,7 @@ class SyncerRuntime:
             {"kind": "join", "t": now, "learner": learner, "incarnation": incarnation, "start_step": start_step}
         )
         self._event(now, "join", learner=learner, region=region, incarnation=incarnation, start_step=start_step)
+        self.quorum_clock.update(now, len(self.syncer.live))
         return start_step, position
 
     def _leave(self, learner: str, reason: str) -> int:
@@ -242,6 +245,7 @@ class SyncerRuntime:
             self._event(now, "leave", learner=learner, reason=reason)
         if learner in self.info:
             self.info[learner].state = "left" if reason == "left" else "gone"
+        self.quorum_clock.update(now, len(self.syncer.live))
         return self.wal.appended
 
     def _heartbeat(self, learner: str, report: dict[str, Any]) -> None:

@@ -1,0 +1,218 @@
+"""Drawing a dashboard snapshot with rich: learners, the global panel and the event log.
+
+One function of (snapshot, width, height): it fits 80x24 by dropping the
+least important columns and rows first, and grows with the terminal. Nothing
+here does I/O, so the same snapshot always draws the same screen (the tests
+render recorded snapshots and compare).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich import box
+from rich.console import Group, RenderableType
+from rich.rule import Rule
+from rich.table import Table
+from rich.text import Text
+
+SPARK = "▁▂▃▄▅▆▇█"
+STATE_STYLE = {
+    "training": "green",
+    "deploying": "cyan",
+    "provisioning": "cyan",
+    "rejoining": "yellow",
+    "preempted": "red",
+    "gone": "red",
+    "finished": "blue",
+}
+# (header, key, minimum width to show it): the narrowest terminals keep the first columns only
+COLUMNS: tuple[tuple[str, str, int], ...] = (
+    ("region", "region", 0),
+    ("learner", "id", 0),
+    ("state", "state", 0),
+    ("step", "step", 0),
+    ("tok/s", "tokens_per_s", 0),
+    ("loss", "loss", 0),
+    ("stale", "staleness", 0),
+    ("up", "up_mbps", 0),
+    ("down", "down_mbps", 0),
+    ("rtt ms", "rtt_ms", 100),
+    ("pre", "preemptions", 90),
+    ("$/h", "dollars_per_hour", 110),
+    ("provider/zone", "where", 130),
+)
+
+
+def sparkline(values: list[float], width: int) -> str:
+    values = values[-width:]
+    if not values:
+        return ""
+    lo, hi = min(values), max(values)
+    span = hi - lo or 1.0
+    return "".join(SPARK[min(int((v - lo) / span * (len(SPARK) - 1) + 0.5), len(SPARK) - 1)] for v in values)
+
+
+def _num(value: Any, digits: int = 0, unit: str = "") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}{unit}"
+    return f"{value:,}{unit}"
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if abs(n) < 1000 or unit == "PB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} PB"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _line(*parts: str | tuple[str, str]) -> Text:
+    """One screen row: never wraps, ends in an ellipsis when the terminal is too narrow."""
+    return Text.assemble(*parts, no_wrap=True, overflow="ellipsis")
+
+
+def header(s: dict[str, Any]) -> Text:
+    syncer = s["syncer"]
+    line = _line((s["run"], "bold"), f" · {s['provider']} · ")
+    if syncer["reachable"]:
+        line.append("syncer ok", style="green")
+        line.append(f" {syncer['age_s']:.1f}s" if syncer["age_s"] is not None else "")
+    else:
+        age = "never reached" if syncer["age_s"] is None else f"last answer {syncer['age_s']:.0f}s ago"
+        line.append(f"syncer unreachable, {age}: {syncer['error']}", style="bold red")
+    rate = "" if s["rounds_per_min"] is None else f" ({s['rounds_per_min']:.0f}/min)"
+    line.append(f" · {s['rounds']:,} rounds{rate}")
+    bpb = [v for _, v in s["val_bpb"]]
+    if bpb:
+        line.append(f" · bpb {bpb[-1]:.3f} ")
+        line.append(sparkline(bpb, 16), style="magenta")
+    return line
+
+
+def learners_table(s: dict[str, Any], width: int, max_rows: int) -> Table:
+    shown = [c for c in COLUMNS if width >= c[2]]
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, expand=False, padding=(0, 1), show_edge=False)
+    for title, key, _ in shown:
+        table.add_column(title, justify="left" if key in ("region", "id", "state", "where") else "right", no_wrap=True)
+    rows = [(region, learner) for region in s["regions"] for learner in sorted(region["learners"], key=_order)]
+    visible = rows if len(rows) <= max_rows else rows[: max(max_rows - 1, 0)]
+    for region, learner in visible:
+        cells = []
+        for _, key, _ in shown:
+            if key == "region":
+                cells.append(Text(region["name"]))
+            elif key == "state":
+                cells.append(Text(learner["state"], style=STATE_STYLE.get(learner["state"], "")))
+            elif key == "where":
+                cells.append(Text(f"{region['provider']}/{learner['zone'] or '-'}"))
+            elif key == "loss":
+                cells.append(Text(_num(learner["loss"], 3)))
+            elif key in ("up_mbps", "down_mbps"):
+                cells.append(Text(_num(learner[key], 0 if (learner[key] or 0) >= 100 else 1)))
+            elif key == "dollars_per_hour":
+                cells.append(Text(_num(learner[key], 2)))
+            else:
+                cells.append(Text(_num(learner[key], 0)))
+        table.add_row(*cells)
+    if len(visible) < len(rows):
+        table.add_row(Text(f"+{len(rows) - len(visible)} more", style="dim"), Text("learners", style="dim"))
+    return table
+
+
+def _order(learner: dict[str, Any]) -> tuple[int, str]:
+    name = learner["id"]
+    return (int(name[1:]), name) if name[1:].isdigit() else (1 << 30, name)
+
+
+def global_lines(s: dict[str, Any], width: int) -> list[Text]:
+    versions = s["versions"]
+    first = _line(
+        f"P={s['fragments'] or '-'} versions {min(versions, default=0)}..{max(versions, default=0)}",
+        f" · K={s['quorum'] or '-'} grace {'on' if s['grace'] else 'off'}",
+        f" · goodput {_pct(s['goodput'])} · uptime {_pct(s['uptime'])}",
+        "" if s["dollars_per_hour"] is None else f" · ${s['dollars_per_hour']:.2f}/h",
+    )
+    rounds = _line(("rounds ", "dim"))
+    for r in reversed(s["recent_rounds"][-6:]):
+        grace = f"+{r['grace_s']:.2f}s " if r.get("grace_s") else ""
+        why = f" ({r['reason']})" if width >= 140 and r.get("reason") else ""
+        rounds.append(f"f{r['fragment']}v{r['version']} {r['cause']} {grace}{len(r.get('admitted', []))} in{why} · ")
+    traffic, ledger = s["bytes"], s["ledger"]
+    ratio = "" if traffic["ratio"] is None else f" = {100 * traffic['ratio']:.2f}% of"
+    sent = _line(f"sent {_bytes(traffic['sent'])}{ratio} what data-parallel would have: {_bytes(traffic['data_parallel'])}")
+    books = _line(
+        f"tokens merged {_short(ledger.get('merged'))} · late-merged {_short(ledger.get('late_merged'))}",
+        f" · dropped {_short(ledger.get('dropped'))} · pending {_short(ledger.get('pending'))} · ",
+    )
+    if ledger:
+        books.append("balanced" if ledger.get("balanced") else "UNBALANCED", style="green" if ledger.get("balanced") else "red")
+    return [first, rounds, sent, books]
+
+
+def _short(n: Any) -> str:
+    if not isinstance(n, int | float):
+        return "-"
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.1f}{unit}"
+    return f"{n:.0f}"
+
+
+EVENT_STYLE = {"preempted": "red", "error": "red", "leave": "red", "preemption-notice": "yellow", "join": "green"}
+EVENT_FORMATS = {
+    "run-training": "the run is training",
+    "join": "{learner} joined ({region})",
+    "leave": "{learner} left: {reason}",
+    "snapshot": "snapshot of {bytes} in {seconds:.2f}s",
+    "recovered": "syncer recovered (snapshot {snapshot}, replayed {replayed})",
+    "preemption-notice": "{instance} ({region}) spot notice, {notice_s}s",
+    "preempted": "{instance} ({region}) preempted",
+    "replaced": "{instance} ({region}) replaced",
+    "instance": "{instance} {state}",
+    "error": "{where}: {message}",
+}
+
+
+def event_line(e: dict[str, Any]) -> Text:
+    when = time.strftime("%H:%M:%S", time.localtime(e.get("t", 0.0)))
+    fields = {k: v for k, v in e.items() if k not in ("t", "event", "source")}
+    if isinstance(fields.get("bytes"), int):
+        fields["bytes"] = _bytes(fields["bytes"])
+    try:
+        detail = EVENT_FORMATS[e["event"]].format(**fields)
+    except (KeyError, IndexError, ValueError):
+        detail = " ".join(f"{k}={v}" for k, v in fields.items() if v not in (None, ""))
+    kind = e["event"]
+    style = (
+        "red" if kind in ("preempted", "error", "leave") else "yellow" if "notice" in kind else "green" if kind == "join" else ""
+    )
+    return _line((f"{when} ", "dim"), (detail or kind, style))
+
+
+def render(s: dict[str, Any], width: int = 80, height: int = 24) -> RenderableType:
+    """The whole screen for a snapshot, fitted to ``width`` x ``height``."""
+    learners = sum(len(r["learners"]) for r in s["regions"])
+    # header 1, table head 2, job rule + 4 lines, events rule + at least 3 lines
+    room = max(height - 1 - 2 - 5 - 4, 1)
+    table = learners_table(s, width, max_rows=min(learners, room) if learners else 1)
+    used = 1 + 2 + min(learners, room) + 5 + 1
+    events = [event_line(e) for e in s["events"][-max(height - used - 1, 3) :]]
+    parts: list[RenderableType] = [
+        header(s),
+        table,
+        Rule("job", style="dim", align="left"),
+        *global_lines(s, width),
+        Rule("events", style="dim", align="left"),
+        *(events or [Text("(none yet)", style="dim")]),
+    ]
+    return Group(*parts)

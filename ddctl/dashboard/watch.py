@@ -1,0 +1,116 @@
+"""``ddctl status`` and ``ddctl status --watch``: gather a snapshot, draw it, and keep drawing it.
+
+The syncer is asked from a background thread, so a slow or unreachable
+syncer never freezes the screen: the screen keeps redrawing and shows how old
+its last answer is. Ctrl-C only stops the drawing; the run is never touched.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+
+from ddctl.dashboard.render import render
+from ddctl.dashboard.snapshot import RegionInfo, RunRecords, SyncerView, build
+from ddctl.errors import DdctlError
+from ddctl.state import State, run_dir
+from ddctl.up import admin_client
+from ddctl_agents.agent.client import Refused, Unavailable
+
+
+def run_records(run: str, state: State) -> RunRecords:
+    record = state.run(run)
+    if record is None:
+        raise DdctlError(f"no run {run!r} in {state.path}")
+    return RunRecords(
+        run=run,
+        provider=str(record.detail.get("provider", "?")),
+        instances=state.instances(run),
+        events=state.events(run, 200),
+        regions=region_info(record.regions_file),
+    )
+
+
+def region_info(path: str) -> dict[str, RegionInfo]:
+    """Prices and zones from the run's regions file (empty if it has moved: the dashboard still works)."""
+    from ddctl.regions import LOCAL_PROVIDERS, RegionsError, load_regions
+
+    try:
+        rf = load_regions(Path(path))
+    except (RegionsError, OSError):
+        return {}
+    return {r.name: RegionInfo(r.provider, r.zones, 0.0 if r.provider in LOCAL_PROVIDERS else r.price_cap) for r in rf.regions}
+
+
+def ask_syncer(run: str, timeout_s: float = 3.0) -> SyncerView:
+    """One status request; an unreachable syncer is an answer too (with the reason)."""
+    root = run_dir(run)
+    try:
+        client = admin_client(root, timeout_s=timeout_s)
+    except OSError as exc:
+        return SyncerView(None, None, f"no syncer address for {run}: {exc}")
+    try:
+        return SyncerView(client.status(), time.time(), None, client.url)
+    except (Unavailable, Refused) as exc:
+        return SyncerView(None, None, str(exc), client.url)
+    finally:
+        client.close()
+
+
+def snapshot(run: str, state: State) -> dict[str, Any]:
+    """One static snapshot (``ddctl status``)."""
+    return build(run_records(run, state), ask_syncer(run), time.time())
+
+
+class SyncerPoller:
+    """Asks the syncer every ``every_s`` on its own thread; keeps the last good answer and the latest error."""
+
+    def __init__(self, run: str, every_s: float) -> None:
+        self.run, self.every_s = run, every_s
+        self.view = SyncerView(None, None, "waiting for the first answer")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="syncer-poll", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            answer = ask_syncer(self.run)
+            if answer.status is not None:
+                self.view = answer
+            else:  # keep the last good status, say why the newest attempt failed
+                self.view = SyncerView(self.view.status, self.view.fetched_at, answer.error, answer.url)
+            self._stop.wait(self.every_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def watch(run: str, state: State, console: Console, every_s: float = 1.0, frames: int = 0) -> None:
+    """Redraw in place on a terminal (4 frames a second); elsewhere print a plain snapshot every ``every_s``.
+    ``frames`` > 0 stops after that many frames (for tests); otherwise it runs until Ctrl-C."""
+    poller = SyncerPoller(run, every_s)
+    drawn = 0
+    try:
+        if console.is_terminal:
+            with Live(console=console, screen=True, auto_refresh=False, redirect_stderr=False) as live:
+                while not frames or drawn < frames:
+                    data = build(run_records(run, state), poller.view, time.time())
+                    live.update(render(data, console.width, console.height), refresh=True)
+                    drawn += 1
+                    time.sleep(0.25)
+        else:
+            while not frames or drawn < frames:
+                time.sleep(every_s if drawn else min(every_s, 1.0))
+                data = build(run_records(run, state), poller.view, time.time())
+                console.print(render(data, console.width, 10_000))
+                console.print()
+                drawn += 1
+    except KeyboardInterrupt:
+        pass
+    finally:
+        poller.stop()

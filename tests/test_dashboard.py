@@ -1,0 +1,135 @@
+"""The dashboard: snapshots recorded from real dry runs, drawn with rich's recording console."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from ddctl.dashboard.render import render, sparkline
+from ddctl.dashboard.snapshot import from_recording, learner_state
+from ddctl.state import InstanceRecord
+
+DATA = Path(__file__).parent / "data" / "dashboard"
+
+
+def load(name: str, *, unreachable_for: float | None = None) -> dict[str, Any]:
+    return from_recording(json.loads((DATA / name).read_text()), unreachable_for=unreachable_for)
+
+
+def screen(snapshot: dict[str, Any], width: int, height: int) -> list[str]:
+    console = Console(record=True, width=width, height=height, color_system=None, file=io.StringIO())
+    console.print(render(snapshot, width, height))
+    return console.export_text().rstrip("\n").splitlines()
+
+
+def test_a_running_job_fits_80x24_with_every_learner_and_the_global_panel() -> None:
+    s = load("running_3.json")
+    lines = screen(s, 80, 24)
+    text = "\n".join(lines)
+    assert len(lines) <= 24 and max(map(len, lines)) <= 80
+    assert s["run"] in lines[0] and "syncer ok" in lines[0] and "rounds" in lines[0]
+    for learner in ("L0", "L1", "L2"):
+        assert any(learner in line and "training" in line for line in lines), learner
+    assert "K=1" in text and "goodput" in text and "uptime" in text and "data-parallel" in text
+    assert "balanced" in text and "events" in text and "L1 joined (eu-west)" in text
+
+
+def test_a_wide_terminal_shows_every_column() -> None:
+    lines = screen(load("running_3.json"), 160, 40)
+    header = next(line for line in lines if "learner" in line and "state" in line)
+    for column in ("rtt ms", "pre", "$/h", "provider/zone"):
+        assert column in header
+    assert any("process/us-east-a" in line for line in lines)
+
+
+def test_a_preempted_region_shows_its_learner_preempted_and_the_event() -> None:
+    s = load("preempted.json")
+    states = {learner["id"]: learner["state"] for region in s["regions"] for learner in region["learners"]}
+    assert "preempted" in states.values() or "rejoining" in states.values(), states
+    victim = next(i for i, st in states.items() if st in ("preempted", "rejoining"))
+    text = "\n".join(screen(s, 100, 30))
+    assert f"{victim} (eu-west) spot notice" in text and f"{victim} (eu-west) preempted" in text
+    row = next(learner for region in s["regions"] for learner in region["learners"] if learner["id"] == victim)
+    assert row["preemptions"] == 1
+
+
+def test_an_unreachable_syncer_shows_how_stale_the_screen_is_instead_of_freezing() -> None:
+    s = load("running_3.json", unreachable_for=42)
+    assert s["syncer"]["reachable"] is False and s["syncer"]["age_s"] >= 42
+    lines = screen(s, 80, 24)
+    assert "syncer unreachable" in lines[0] and "42s ago" in "\n".join(lines[:3])
+    assert any("L1" in line for line in lines)  # the last known learners are still drawn
+
+
+def test_sixteen_learners_grow_with_the_terminal() -> None:
+    s = load("running_16.json")
+    assert sum(len(r["learners"]) for r in s["regions"]) == 16
+    small = screen(s, 80, 24)
+    assert len(small) <= 24 and any(re.match(r"\+\d+ more +learners", line) for line in small)
+    big = screen(s, 120, 50)
+    assert not any("more" in line for line in big)
+    assert all(any(f"L{i} " in line for line in big) for i in range(16))
+
+
+def test_the_committed_svg_is_a_recorded_screen() -> None:
+    svg = (Path(__file__).parents[1] / "docs" / "dashboard.svg").read_text()
+    assert svg.startswith("<svg") and "spot" in svg and "notice" in svg
+
+
+def test_states_and_sparkline() -> None:
+    record = InstanceRecord("r", "L0", "eu", "docker", "learner", "deploying", "", 0.0, {})
+    assert learner_state(record, None) == "provisioning"
+    assert learner_state(replace(record, provider_id="c1"), None) == "deploying"
+    assert learner_state(record, {"live": True}) == "training"
+    assert learner_state(replace(record, state="preempted"), {"live": False, "state": "gone"}) == "preempted"
+    assert learner_state(replace(record, state="running"), {"live": False, "state": "gone"}) == "gone"
+    assert sparkline([3.0, 2.5, 2.0, 1.5], 16) == "█▆▃▁"
+    assert sparkline([], 8) == ""
+
+
+@pytest.mark.parametrize("name", ["running_3.json", "preempted.json", "running_16.json"])
+def test_status_json_keeps_the_keys_scripts_rely_on(name: str) -> None:
+    s = load(name)
+    assert {"run", "rounds", "regions"} <= set(s)
+    for region in s["regions"]:
+        assert {"name", "provider", "learners"} <= set(region)
+        for learner in region["learners"]:
+            assert {"id", "state", "step", "tokens_per_s", "up_mbps", "down_mbps"} <= set(learner)
+    json.dumps(s)  # plain data
+
+
+def test_watch_without_a_terminal_prints_plain_snapshots_while_the_syncer_is_dead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    import yaml
+
+    from ddctl.credentials import init_job_dir
+    from ddctl.dashboard.watch import watch
+    from ddctl.regions import job_config, load_regions
+    from ddctl.state import State, run_dir
+
+    monkeypatch.setenv("DDCTL_HOME", str(tmp_path / "home"))
+    spec = tmp_path / "regions.yaml"
+    spec.write_text(yaml.safe_dump({"run": "w", "syncer": "east", "regions": [{"name": "east", "provider": "process"}]}))
+    root = run_dir("w-1")
+    init_job_dir(root / "job", job_config(load_regions(spec)), "w-1", ["127.0.0.1"])
+    (root / "syncer.url").write_text("https://127.0.0.1:9")  # nothing listens there
+    out = io.StringIO()
+    with State() as state:
+        state.create_run("w-1", str(spec), str(root / "job"), {"provider": "process"})
+        state.put_instance(InstanceRecord("w-1", "L0", "east", "process", "learner", "deploying", "1", 0.0, {}))
+        started = time.monotonic()
+        watch("w-1", state, Console(file=out, width=100), every_s=0.3, frames=3)
+    assert time.monotonic() - started < 10  # drawing never waits on the dead syncer
+    text = out.getvalue()
+    assert "\x1b[" not in text  # no colour and no cursor movement off a terminal
+    assert text.count("syncer unreachable") == 3 and text.count("L0") >= 3

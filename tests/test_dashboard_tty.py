@@ -1,0 +1,106 @@
+"""``ddctl status --watch`` in a real pseudo-terminal against a running dry run, read back with a terminal emulator."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import select
+import shutil
+import signal
+import struct
+import sys
+import termios
+import time
+from pathlib import Path
+
+import pyte
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from ddctl.cli.app import app
+
+runner = CliRunner()
+COLUMNS, ROWS = 100, 30
+REGIONS = {
+    "run": "tty",
+    "syncer": "east",
+    "training": {"preset": "tiny", "tokens": 20_000_000, "fragments": 4, "inner_steps": 8, "max_bytes": 1 << 21},
+    "regions": [
+        {"name": "east", "provider": "process", "learners": 1},
+        {"name": "west", "provider": "process", "learners": 2},
+    ],
+}
+
+
+def _spawn(argv: list[str]) -> tuple[int, int]:
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: a terminal of a known size, then ddctl
+        fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLUMNS, 0, 0))
+        os.environ["TERM"] = "xterm-256color"
+        os.execv(argv[0], argv)
+    return pid, fd
+
+
+def _read_until(fd: int, stream: pyte.ByteStream, screen: pyte.Screen, done: object, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if ready:
+            try:
+                stream.feed(os.read(fd, 65536))
+            except OSError:
+                break
+        text = "\n".join(screen.display)
+        if done(text):  # type: ignore[operator]
+            return text
+    return "\n".join(screen.display)
+
+
+@pytest.mark.slow
+def test_status_watch_draws_the_run_and_ctrl_c_leaves_it_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DDCTL_HOME", str(tmp_path / "home"))
+    path = tmp_path / "regions.yaml"
+    path.write_text(yaml.safe_dump(REGIONS))
+    up = runner.invoke(app, ["up", "-f", str(path), "--dry-run", "--json"])
+    assert up.exit_code == 0, up.output
+    run = json.loads(up.stdout)["run"]
+    ddctl = shutil.which("ddctl", path=str(Path(sys.executable).parent))
+    assert ddctl, "the ddctl entry point is installed beside this interpreter"
+    pid = fd = -1
+    try:
+        pid, fd = _spawn([ddctl, "status", "--watch", "--run", run])
+        screen = pyte.Screen(COLUMNS, ROWS)
+        stream = pyte.ByteStream(screen)
+
+        def drawn(text: str) -> bool:
+            return run in text and "syncer ok" in text and text.count("training") >= 3 and "events" in text
+
+        text = _read_until(fd, stream, screen, drawn, 60)
+        assert drawn(text), text
+        rounds_before = json.loads(runner.invoke(app, ["status", "--json", "--run", run]).stdout)["rounds"]
+        os.write(fd, b"\x03")  # Ctrl-C, through the terminal's line discipline
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            with_status = os.waitpid(pid, os.WNOHANG)
+            if with_status[0] == pid:
+                break
+            _read_until(fd, stream, screen, lambda _t: False, 0.2)
+        else:
+            pytest.fail("status --watch did not stop on Ctrl-C")
+        pid = -1
+        assert os.waitstatus_to_exitcode(with_status[1]) == 0
+        time.sleep(2)
+        after = json.loads(runner.invoke(app, ["status", "--json", "--run", run]).stdout)
+        assert after["rounds"] > rounds_before  # the run kept training
+        assert all(learner["state"] == "training" for region in after["regions"] for learner in region["learners"])
+    finally:
+        if pid > 0:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        if fd >= 0:
+            os.close(fd)
+        down = runner.invoke(app, ["down", "--run", run, "--json"])
+    assert down.exit_code == 0, down.output
