@@ -53,7 +53,8 @@ class Publisher:
                 fresh = self._newer(seen)
                 if not fresh:
                     try:
-                        await asyncio.wait_for(self._changed.wait(), keepalive_s)
+                        async with asyncio.timeout(keepalive_s):  # not wait_for: it can swallow a cancel on 3.11
+                            await self._changed.wait()
                     except TimeoutError:
                         quiet = True
                     fresh = self._newer(seen)

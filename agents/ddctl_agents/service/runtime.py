@@ -355,8 +355,11 @@ class SyncerRuntime:
                     await self._publish(message)
             delay = 0.5 if wake is None else min(max(wake - self.clock(), 0.0), 0.5)
             self._kick.clear()
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that lands as the
+            # kick arrives, and stop() then waited forever for this loop (1 run in ~20 of the recovery test)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await self._kick.wait()
 
     async def _snapshot_loop(self) -> None:
         while True:
