@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ddctl import deploy, providers
+from ddctl import deploy
 from ddctl.errors import DdctlError
 from ddctl.providers.base import Instance
-from ddctl.providers.docker import known_hosts
+from ddctl.providers.docker import DockerProvider, known_hosts
 from ddctl.state import InstanceRecord, State
 
 
@@ -19,22 +19,22 @@ def _region_instances(run: str, state: State, region: str) -> list[InstanceRecor
     return chosen
 
 
-def _live(run: str, record: InstanceRecord) -> Instance | None:
-    for instance in providers.get(record.provider).list_run(run):
-        if instance.name == record.name and instance.alive:
-            return instance
-    return None
+def _running_vms(run: str) -> tuple[DockerProvider, dict[str, Instance]]:
+    """The Docker provider and the run's running VMs by name (one listing for every instance asked about)."""
+    docker = DockerProvider()
+    return docker, {i.name: i for i in docker.list_run(run) if i.alive}
 
 
 def logs(run: str, state: State, region: str) -> dict[str, str]:
     """Each instance's log: what this machine collected, and for a running VM its current log over SSH."""
+    records = _region_instances(run, state, region)
+    docker, running = _running_vms(run) if any(r.provider == "docker" for r in records) else (None, {})
     out = {}
-    for record in _region_instances(run, state, region):
+    for record in records:
         log = Path(record.detail["log"])
         text = log.read_text(errors="replace") if log.exists() else ""
-        if record.provider == "docker" and (live := _live(run, record)) is not None:
-            target = providers.get("docker").target(live)  # type: ignore[attr-defined]
-            text += deploy.read_text(target, f"{deploy.REMOTE_ROOT}/agent.log")
+        if docker is not None and record.provider == "docker" and record.name in running:
+            text += deploy.read_text(docker.target(running[record.name]), f"{deploy.REMOTE_ROOT}/agent.log")
         out[record.name] = text
     return out
 
@@ -52,7 +52,8 @@ def ssh_target(run: str, state: State, region: str, instance: str = "") -> tuple
             f"region {region} runs as local processes (provider {records[0].provider}); there is no machine to "
             f"ssh into. Its logs: ddctl logs {region}"
         )
+    docker, running = _running_vms(run)
     for record in records:
-        if (live := _live(run, record)) is not None:
-            return providers.get("docker").target(live), known_hosts(run)  # type: ignore[attr-defined]
+        if record.name in running:
+            return docker.target(running[record.name]), known_hosts(run)
     raise DdctlError(f"no instance of {region} is running right now (a replacement may be starting)")

@@ -31,7 +31,8 @@ def learner_names(rf: RegionsFile) -> dict[str, list[str]]:
     return names
 
 
-def _price(region: Region) -> float | None:
+def price(region: Region) -> float | None:
+    """USD per instance-hour: 0 for local regions, the price cap for clouds, None when nothing bounds it."""
     return 0.0 if region.provider in LOCAL_PROVIDERS else region.price_cap
 
 
@@ -51,7 +52,7 @@ def plan(rf: RegionsFile, run: str) -> list[PlannedInstance]:
                     learner=learner,
                     instance_type=region.instance_type,
                     spot=region.spot,
-                    max_dollars_per_hour=_price(region),
+                    max_dollars_per_hour=price(region),
                 )
             )
     return out

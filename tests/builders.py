@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import json
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -71,3 +74,14 @@ def small_run(tokens: int = 40_000, learners: int = 2, **kw: object) -> TrainCon
         cluster=cluster,
         **kw,  # type: ignore[arg-type]
     )
+
+
+def dry_run_up(regions: Path) -> dict[str, Any]:
+    """``ddctl up -f REGIONS --dry-run --json`` through the CLI, which must succeed; its answer."""
+    from typer.testing import CliRunner
+
+    from ddctl.cli.app import app
+
+    up = CliRunner().invoke(app, ["up", "-f", str(regions), "--dry-run", "--json"])
+    assert up.exit_code == 0, up.output
+    return dict(json.loads(up.stdout))

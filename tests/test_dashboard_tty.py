@@ -21,6 +21,7 @@ import yaml
 from typer.testing import CliRunner
 
 from ddctl.cli.app import app
+from tests.builders import dry_run_up
 
 runner = CliRunner()
 COLUMNS, ROWS = 100, 30
@@ -64,9 +65,7 @@ def test_status_watch_draws_the_run_and_ctrl_c_leaves_it_running(tmp_path: Path,
     monkeypatch.setenv("DDCTL_HOME", str(tmp_path / "home"))
     path = tmp_path / "regions.yaml"
     path.write_text(yaml.safe_dump(REGIONS))
-    up = runner.invoke(app, ["up", "-f", str(path), "--dry-run", "--json"])
-    assert up.exit_code == 0, up.output
-    run = json.loads(up.stdout)["run"]
+    run = dry_run_up(path)["run"]
     ddctl = shutil.which("ddctl", path=str(Path(sys.executable).parent))
     assert ddctl, "the ddctl entry point is installed beside this interpreter"
     pid = fd = -1

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from ddctl import linkshape
 from ddctl.cli.app import app
 from ddctl.providers.process import ProcessProvider
+from tests.builders import dry_run_up
 
 runner = CliRunner()
 REGIONS = {
@@ -72,9 +73,7 @@ def test_without_a_docker_engine_the_dry_run_says_so_and_uses_processes(
 
 @pytest.mark.slow
 def test_dry_run_trains_and_down_leaves_nothing(regions_file: Path) -> None:
-    up = runner.invoke(app, ["up", "-f", str(regions_file), "--dry-run", "--json"])
-    assert up.exit_code == 0, up.output
-    run = json.loads(up.stdout)["run"]
+    run = dry_run_up(regions_file)["run"]
     try:
         names = sorted(i.name for i in ProcessProvider().list_run(run))
         assert names == ["L0", "L1", "L2", "controller", "syncer"]  # found by their label
@@ -114,9 +113,7 @@ def test_shaped_regions_measure_the_bandwidths_they_were_given(tmp_path: Path, m
     }
     path = tmp_path / "regions.yaml"
     path.write_text(yaml.safe_dump(regions))
-    up = runner.invoke(app, ["up", "-f", str(path), "--dry-run", "--json"])
-    assert up.exit_code == 0, up.output
-    run = json.loads(up.stdout)["run"]
+    run = dry_run_up(path)["run"]
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -138,9 +135,7 @@ def test_shaped_regions_measure_the_bandwidths_they_were_given(tmp_path: Path, m
 
 @pytest.mark.slow
 def test_a_preempted_learner_pushes_early_and_its_replacement_rejoins(regions_file: Path) -> None:
-    up = runner.invoke(app, ["up", "-f", str(regions_file), "--dry-run", "--json"])
-    assert up.exit_code == 0, up.output
-    run = json.loads(up.stdout)["run"]
+    run = dry_run_up(regions_file)["run"]
     home = regions_file.parent / "home"
     try:
         before = _syncer_view(run)
@@ -185,9 +180,7 @@ def _syncer_view(run: str) -> dict[str, dict]:
 
 @pytest.mark.slow
 def test_the_controller_restarts_a_killed_syncer_on_its_port(regions_file: Path) -> None:
-    up = runner.invoke(app, ["up", "-f", str(regions_file), "--dry-run", "--json"])
-    assert up.exit_code == 0, up.output
-    run = json.loads(up.stdout)["run"]
+    run = dry_run_up(regions_file)["run"]
     try:
         rounds = json.loads(runner.invoke(app, ["status", "--json"]).stdout)["rounds"]
         [syncer] = [i for i in ProcessProvider().list_run(run) if i.name == "syncer"]

@@ -21,6 +21,7 @@ from ddctl.errors import UnreachableError
 from ddctl.providers.base import RUN_LABEL
 from ddctl.providers.docker import DockerProvider
 from ddctl.providers.docker_engine import Engine, engine_unavailable
+from tests.builders import dry_run_up
 
 pytestmark = [
     pytest.mark.slow,
@@ -67,9 +68,7 @@ def test_docker_regions_train_shaped_survive_a_preemption_and_leave_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("DDCTL_HOME", str(tmp_path / "home"))
-    up = runner.invoke(app, ["up", "-f", str(_regions(tmp_path)), "--dry-run", "--json"])
-    assert up.exit_code == 0, up.output
-    started = json.loads(up.stdout)
+    started = dry_run_up(_regions(tmp_path))
     run = started["run"]
     assert started["provider"] == "docker" and started["rounds"] >= 1
     engine = Engine()
@@ -96,6 +95,8 @@ def test_docker_regions_train_shaped_survive_a_preemption_and_leave_nothing(
         shell = runner.invoke(app, ["ssh", "mid", "--", "tc", "qdisc", "show", "dev", "eth0"])
         assert shell.exit_code == 0, shell.output
         assert "tbf" in shell.stdout and "50Mbit" in shell.stdout
+        logs = runner.invoke(app, ["logs", "mid"])  # a running VM's log, read over SSH
+        assert logs.exit_code == 0 and "==> L1 <==" in logs.output, logs.output
         [mid] = [i for i in DockerProvider().list_run(run) if i.name == "L1"]
         target = DockerProvider().target(mid)
         wrong = deploy.Target(target.host, deploy.new_keypair()[1], target.client_key)

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
 from ddctl.cli.errors import run_guarded
 from ddctl.cli.output import print_json, progress_bar, stdout
+from ddctl.goodput.params import SimParams
 
-if TYPE_CHECKING:
-    from ddctl.goodput.params import SimParams
-
-Seconds = Annotated[float, typer.Option(min=0.0)]
+D = SimParams()
+"""The mechanisms' defaults live in SimParams alone; the flags show them."""
 
 
 def simulate(
@@ -22,7 +21,7 @@ def simulate(
     learners: Annotated[int, typer.Option(min=1, help="M: Decoupled learners the chips are split into.")] = 8,
     mtbi: Annotated[str, typer.Option(help="Per-chip mean time between interruptions: 1y, 6mo, 90d, 3600 (s).")] = "1y",
     seeds: Annotated[int, typer.Option(min=1, max=100, help="Seeds per cell (95% intervals over them).")] = 5,
-    days: Annotated[float, typer.Option(min=0.01, help="Simulated days per run.")] = 7.0,
+    days: Annotated[float, typer.Option(min=0.01, help="Simulated days per run.")] = D.days,
     grid: Annotated[bool, typer.Option("--grid", help="The paper's table: every system at 150k..2.4M chips.")] = False,
     sensitivity: Annotated[
         bool, typer.Option("--sensitivity", help="Goodput as MTBI (0.5, 1, 2 y) and repair times (x0.25, x1, x4) move.")
@@ -32,21 +31,33 @@ def simulate(
         Path | None, typer.Option(help="Write the Decoupled learners' availability (seed 0) as an event tape here.")
     ] = None,
     tape_seconds: Annotated[float, typer.Option(min=1.0, help="How much of the timeline the tape covers.")] = 600.0,
-    slice_chips: Annotated[int, typer.Option(min=1, help="Chips per slice (what an elastic job drops).")] = 256,
-    notice: Annotated[float, typer.Option(min=0.0, help="Seconds an interruption is announced before its chip goes down.")] = 6.0,
-    restart: Annotated[float, typer.Option(min=0.0, help="Non-elastic DP: seconds to restart the whole job.")] = 90.0,
-    downscale: Annotated[float, typer.Option(min=0.0, help="Elastic: seconds of whole-unit pause to drop slices ...")] = 20.0,
-    downscale_per_slice: Annotated[float, typer.Option(min=0.0, help="... plus this much per slice dropped.")] = 4.0,
-    upscale: Annotated[float, typer.Option(min=0.0, help="Elastic: seconds of pause to add repaired slices back.")] = 2.0,
+    slice_chips: Annotated[int, typer.Option(min=1, help="Chips per slice (what an elastic job drops).")] = D.slice_chips,
+    notice: Annotated[
+        float, typer.Option(min=0.0, help="Seconds an interruption is announced before its chip goes down.")
+    ] = D.notice_s,
+    restart: Annotated[float, typer.Option(min=0.0, help="Non-elastic DP: seconds to restart the whole job.")] = D.restart_s,
+    downscale: Annotated[
+        float, typer.Option(min=0.0, help="Elastic: seconds of whole-unit pause to drop slices ...")
+    ] = D.downscale_s,
+    downscale_per_slice: Annotated[
+        float, typer.Option(min=0.0, help="... plus this much per slice dropped.")
+    ] = D.downscale_per_slice_s,
+    upscale: Annotated[float, typer.Option(min=0.0, help="Elastic: seconds of pause to add repaired slices back.")] = D.upscale_s,
     upscale_wait: Annotated[
         float, typer.Option(min=0.0, help="A repaired slice waits this long for a reconfiguration to ride along.")
-    ] = 30.0,
-    repair_scale: Annotated[float, typer.Option(min=0.001, help="Repair time (exp. Weibull): scale, seconds.")] = 300.0,
-    repair_shape: Annotated[float, typer.Option(min=0.001, help="Repair time: shape k (< 1 is heavy-tailed).")] = 0.5,
-    repair_power: Annotated[float, typer.Option(min=0.001, help="Repair time: exponent a.")] = 1.5,
-    jitter: Annotated[float, typer.Option(min=0.0, help="Per-slice step-time CV; synchronous steps wait for the slowest.")] = 0.0,
-    fetch: Annotated[float, typer.Option(min=0.0, help="Decoupled: seconds a learner that lost every slice bootstraps.")] = 30.0,
-    quorum: Annotated[int, typer.Option(min=1, help="K: learners that must train for the global model to advance.")] = 1,
+    ] = D.upscale_wait_s,
+    repair_scale: Annotated[
+        float, typer.Option(min=0.001, help="Repair time (exp. Weibull): scale, seconds.")
+    ] = D.repair_scale_s,
+    repair_shape: Annotated[float, typer.Option(min=0.001, help="Repair time: shape k (< 1 is heavy-tailed).")] = D.repair_shape,
+    repair_power: Annotated[float, typer.Option(min=0.001, help="Repair time: exponent a.")] = D.repair_power,
+    jitter: Annotated[
+        float, typer.Option(min=0.0, help="Per-slice step-time CV; synchronous steps wait for the slowest.")
+    ] = D.jitter,
+    fetch: Annotated[
+        float, typer.Option(min=0.0, help="Decoupled: seconds a learner that lost every slice bootstraps.")
+    ] = D.fetch_s,
+    quorum: Annotated[int, typer.Option(min=1, help="K: learners that must train for the global model to advance.")] = D.quorum,
     jobs: Annotated[int, typer.Option(min=0, help="Worker processes (0: one per core).")] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
@@ -54,7 +65,7 @@ def simulate(
 
     One cell: ddctl simulate --chips 1.2m --learners 8. The paper's table: ddctl simulate --grid.
     """
-    from ddctl.goodput.params import SimParams, parse_chips, parse_duration
+    from ddctl.goodput.params import parse_chips, parse_duration
 
     def body() -> dict[str, Any]:
         p = SimParams(

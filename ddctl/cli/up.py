@@ -151,32 +151,29 @@ def ssh(
 ) -> None:
     """Open a shell on (or run a command in) a machine of a region, with the run's key and its pinned host key."""
     import os
+    import shlex
     import shutil
 
     from ddctl import deploy
+    from ddctl.errors import DdctlError
     from ddctl.observe import ssh_target
 
-    target, known_hosts = _on_run(run, lambda r, state: ssh_target(r, state, region, instance))
-    if command:
-        code, out, err = run_guarded(lambda: deploy.run_command(target, shlex_join(command)))
-        typer.echo(out, nl=False)
-        typer.echo(err, nl=False, err=True)
-        raise typer.Exit(code)
-    if shutil.which("ssh") is None:
-        run_guarded(lambda: _fail("an interactive shell needs the OpenSSH client (`ssh`); give a command to run instead"))
-    os.execvp("ssh", deploy.ssh_argv(target, known_hosts, []))
+    def connect(r: str, state: State) -> tuple[int, str, str] | list[str]:
+        """The command's (status, stdout, stderr), or the OpenSSH command line of an interactive shell."""
+        target, known_hosts = ssh_target(r, state, region, instance)
+        if command:
+            return deploy.run_command(target, shlex.join(command))
+        if shutil.which("ssh") is None:
+            raise DdctlError("an interactive shell needs the OpenSSH client (`ssh`); give a command to run instead")
+        return deploy.ssh_argv(target, known_hosts, [])
 
-
-def shlex_join(argv: list[str]) -> str:
-    import shlex
-
-    return shlex.join(argv)
-
-
-def _fail(message: str) -> None:
-    from ddctl.errors import DdctlError
-
-    raise DdctlError(message)
+    result = _on_run(run, connect)
+    if isinstance(result, list):
+        os.execvp("ssh", result)
+    code, out, err = result
+    typer.echo(out, nl=False)
+    typer.echo(err, nl=False, err=True)
+    raise typer.Exit(code)
 
 
 def chaos_preempt(

@@ -52,9 +52,7 @@ def learner_state(record: InstanceRecord, seen: dict[str, Any] | None) -> str:
     """provisioning, deploying, training, preempted, rejoining, finished or gone."""
     if seen is not None and seen.get("live"):
         return "training"
-    if record.state == "finished" or (seen is not None and seen.get("state") == "left" and record.state == "finished"):
-        return "finished"
-    if record.state in ("preempted", "rejoining"):
+    if record.state in ("finished", "preempted", "rejoining"):
         return record.state
     if record.state in ("starting", "deploying"):
         return "deploying" if record.provider_id else "provisioning"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,8 @@ from ddctl.state import State, run_dir
 from ddctl.up import admin_client
 from ddctl_agents.agent.client import Refused, Unavailable
 
+EVENTS_READ = 200
+
 
 def run_records(run: str, state: State) -> RunRecords:
     record = state.run(run)
@@ -31,20 +34,21 @@ def run_records(run: str, state: State) -> RunRecords:
         run=run,
         provider=str(record.detail.get("provider", "?")),
         instances=state.instances(run),
-        events=state.events(run, 200),
+        events=state.events(run, EVENTS_READ),
         regions=region_info(record.regions_file),
     )
 
 
 def region_info(path: str) -> dict[str, RegionInfo]:
     """Prices and zones from the run's regions file (empty if it has moved: the dashboard still works)."""
-    from ddctl.regions import LOCAL_PROVIDERS, RegionsError, load_regions
+    from ddctl.plan import price
+    from ddctl.regions import RegionsError, load_regions
 
     try:
         rf = load_regions(Path(path))
     except (RegionsError, OSError):
         return {}
-    return {r.name: RegionInfo(r.provider, r.zones, 0.0 if r.provider in LOCAL_PROVIDERS else r.price_cap) for r in rf.regions}
+    return {r.name: RegionInfo(r.provider, r.zones, price(r)) for r in rf.regions}
 
 
 def ask_syncer(run: str, timeout_s: float = 3.0) -> SyncerView:
@@ -94,19 +98,24 @@ def watch(run: str, state: State, console: Console, every_s: float = 1.0, frames
     """Redraw in place on a terminal (4 frames a second); elsewhere print a plain snapshot every ``every_s``.
     ``frames`` > 0 stops after that many frames (for tests); otherwise it runs until Ctrl-C."""
     poller = SyncerPoller(run, every_s)
+    first = run_records(run, state)
+
+    def records() -> RunRecords:  # the regions file is read once; instances and events every frame
+        return replace(first, instances=state.instances(run), events=state.events(run, EVENTS_READ))
+
     drawn = 0
     try:
         if console.is_terminal:
             with Live(console=console, screen=True, auto_refresh=False, redirect_stderr=False) as live:
                 while not frames or drawn < frames:
-                    data = build(run_records(run, state), poller.view, time.time())
+                    data = build(records(), poller.view, time.time())
                     live.update(render(data, console.width, console.height), refresh=True)
                     drawn += 1
                     time.sleep(0.25)
         else:
             while not frames or drawn < frames:
                 time.sleep(every_s if drawn else min(every_s, 1.0))
-                data = build(run_records(run, state), poller.view, time.time())
+                data = build(records(), poller.view, time.time())
                 console.print(render(data, console.width, 10_000))
                 console.print()
                 drawn += 1

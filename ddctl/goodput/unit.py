@@ -41,9 +41,6 @@ class UnitRun:
     """Useful chips in each segment (live chips, less stragglers)."""
     interruptions: int = 0
 
-    def running_s(self) -> float:
-        return sum(e - s for s, e in zip(self.seg_start, self.seg_end, strict=True))
-
 
 def straggler_factor(live: int, jitter: float) -> float:
     """Mean step time / expected slowest of ``live`` slices (normal step times with CV ``jitter``)."""
