@@ -18,8 +18,9 @@ from typing import Any
 
 from ddctl.errors import ReplayDivergence
 from ddctl.settings import TrainConfig, from_json
+from ddctl_agents.core.effects import Record, Send
 from ddctl_agents.core.messages import FragmentVersion, decode_fragment, decode_update, encode_fragment, encode_update
-from ddctl_agents.core.syncer import Record, Send, Synchronizer
+from ddctl_agents.core.syncer import Synchronizer
 from ddctl_agents.core.tape import read_tape
 from ddctl_agents.errors import TapeError
 from ddctl_agents.train.assembly import Assembly, learner_index
@@ -52,6 +53,10 @@ class Replayer:
             self._effects(self.syncer.deregister(t, record["learner"], record["reason"]))
         elif kind == "update":
             self._update(number, t, record)
+        elif kind == "readmit":
+            self.syncer.readmit(t, record["learner"])
+        elif kind == "fault":
+            self.syncer.discard_round(t, record["fragment"], record["reason"])
         elif kind == "round":
             effects = self.syncer.close_round(
                 t, record["fragment"], record["cause"], record["reason"], record.get("grace_s", 0.0)

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddctl.settings import TrainConfig
+from ddctl_agents.core.effects import Effect, Fault, Record, Send
 from ddctl_agents.core.messages import FragmentVersion, Update, decode_fragment, decode_update, encode_fragment, encode_update
-from ddctl_agents.core.syncer import Effect, Record, Send
 from ddctl_agents.core.tape import TapeWriter
 from ddctl_agents.errors import ConfigError
 from ddctl_agents.train.assembly import Assembly, learner_index, learner_name
@@ -212,6 +212,8 @@ class VirtualCluster:
                 self._write(effect.entry)
             elif isinstance(effect, Send):
                 self._deliver(effect)
+            elif isinstance(effect, Fault):  # a bug in the core: a local run has no operator to page, so fail loudly
+                raise effect.error
 
     def _deliver(self, send: Send) -> None:
         frame = encode_fragment(send.message, self.cfg.down_codec, self.cfg.sync.block)

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from builders import small_syncer, update_for
-from ddctl_agents.core.syncer import BadUpdate, ImpossibleVersion, NonFiniteUpdate, Record, Send, UnknownLearner
+from ddctl_agents.core.effects import Record, Send
+from ddctl_agents.errors import REJECTIONS, BadUpdate, ImpossibleVersion, NonFiniteUpdate, UnknownLearner
 
 
 def joined(n: int = 2, **kw: object):  # type: ignore[no-untyped-def]
@@ -96,8 +97,6 @@ def test_ledger_balances_through_rounds() -> None:
     [
         (lambda s: update_for(s, "ghost", 0), UnknownLearner, 409),
         (lambda s: update_for(s, "L0", 0, base=5), ImpossibleVersion, 409),
-        (lambda s: update_for(s, "L0", 0, value=float("nan")), NonFiniteUpdate, 422),
-        (lambda s: update_for(s, "L0", 0, c_steps=0), BadUpdate, 400),
     ],
 )
 def test_bad_updates_raise_with_their_http_status_and_change_nothing(make, error, status) -> None:  # type: ignore[no-untyped-def]
@@ -109,12 +108,29 @@ def test_bad_updates_raise_with_their_http_status_and_change_nothing(make, error
     assert s.ledger.received == 0 and all(torch.equal(before[k], v) for k, v in s.global_params().items())
 
 
+@pytest.mark.parametrize(
+    ("make", "error", "status"),
+    [
+        (lambda s: update_for(s, "L0", 0, value=float("nan")), NonFiniteUpdate, 422),
+        (lambda s: update_for(s, "L0", 0, c_steps=0), BadUpdate, 400),
+    ],
+)
+def test_bad_content_is_rejected_with_its_http_status_and_changes_nothing(make, error, status) -> None:  # type: ignore[no-untyped-def]
+    s = joined()
+    before = {k: v.clone() for k, v in s.global_params().items()}
+    ack, effects = s.receive(1.0, make(s))
+    assert ack.status == "rejected" and REJECTIONS[ack.code] is error and error.status == status
+    assert [e.entry["status"] for e in effects if isinstance(e, Record)] == ["rejected"]
+    assert s.ledger.received == 0 and all(torch.equal(before[k], v) for k, v in s.global_params().items())
+    assert s.quarantine.standings["L0"].rejections == 1
+
+
 def test_wrong_tensor_layout_is_a_bad_update() -> None:
     s = joined()
     u = update_for(s, "L0", 0)
     wrong = type(u)(**{**{f: getattr(u, f) for f in u.__slots__}, "tensors": {"zzz": torch.ones(4)}})  # type: ignore[attr-defined]
-    with pytest.raises(BadUpdate, match="holds"):
-        s.receive(1.0, wrong)
+    ack, _ = s.receive(1.0, wrong)
+    assert ack.status == "rejected" and REJECTIONS[ack.code] is BadUpdate and "holds" in ack.reason
 
 
 def test_dead_learner_lowers_nothing_but_rounds_still_close() -> None:
@@ -127,9 +143,9 @@ def test_dead_learner_lowers_nothing_but_rounds_still_close() -> None:
 
 
 def test_the_duplicate_window_is_bounded_per_learner() -> None:
-    from ddctl_agents.core.syncer import _RecentIds
+    from ddctl_agents.core.rounds import RecentIds
 
-    recent = _RecentIds(size=2)
+    recent = RecentIds(size=2)
     for update_id in ("a", "b", "c"):
         recent.add(update_id)
     assert "a" not in recent and "b" in recent and "c" in recent

@@ -11,6 +11,8 @@
         ├── BadUpdate          400   layout does not match the model
         ├── UnknownLearner     409   not registered (or declared gone): register again
         ├── NonFiniteUpdate    422   NaN or Inf in an outer gradient
+        ├── OutOfBounds        422   values or counters beyond any plausible inner drift
+        ├── Suspended          403   quarantined after repeated bad updates, until readmitted
         └── ImpossibleVersion  409   a base version the syncer never produced
 
 Modules raise these and re-export the ones they own; shells map the tree to
@@ -70,6 +72,20 @@ class NonFiniteUpdate(SyncError):
     code = "non_finite"
 
 
+class OutOfBounds(SyncError):
+    status = 422
+    code = "out_of_bounds"
+
+
+class Suspended(SyncError):
+    status = 403
+    code = "suspended"
+
+
 class ImpossibleVersion(SyncError):
     status = 409
     code = "impossible_version"
+
+
+REJECTIONS: dict[str, type[SyncError]] = {cls.code: cls for cls in (BadUpdate, NonFiniteUpdate, OutOfBounds)}
+"""The refusals an update's content can earn, by code: each counts against its sender (quarantine)."""

@@ -81,6 +81,24 @@ def token(
     run_guarded(lambda: typer.echo(token_for(directory, identity)))
 
 
+@syncer_app.command("readmit")
+def readmit(
+    learner: Annotated[str, typer.Argument(help="The suspended learner (L0, L1, ...).")],
+    run: Annotated[str, typer.Option(help="The run (default: the latest one that is up).")] = "",
+    url: Annotated[str, typer.Option(help="A syncer that ddctl up did not start: its URL (with --job-dir).")] = "",
+    job_dir: Annotated[Path | None, typer.Option(help="That syncer's job directory (admin token and CA).")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the syncer's answer as JSON.")] = False,
+) -> None:
+    """Let a learner that the syncer suspended for bad updates back in; it registers again on its own."""
+    from ddctl.syncer_admin import readmit as readmit_learner
+
+    result = run_guarded(lambda: readmit_learner(learner, run=run, url=url, job_dir=job_dir))
+    if json_out:
+        print_json(result)
+    else:
+        typer.echo(f"{result['learner']}: {result['reason']}")
+
+
 @syncer_app.command("serve", context_settings=FORWARD, add_help_option=False)
 def serve(ctx: typer.Context) -> None:
     """Run the synchronizer service (same flags as python -m ddctl_agents.service; --help lists them)."""

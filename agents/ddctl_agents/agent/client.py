@@ -91,6 +91,10 @@ class SyncerClient:
     def status(self) -> dict[str, Any]:
         return self._json("GET", "/v1/status")
 
+    def readmit(self, learner: str) -> dict[str, Any]:
+        """Admin only: let a suspended learner back in."""
+        return self._json("POST", "/v1/admin/readmit", json={"learner": learner})
+
     def metrics(self) -> str:
         return self._request("GET", "/metrics").text
 

@@ -28,6 +28,8 @@ from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable, retry
 from ddctl_agents.core.messages import FragmentVersion, Update, decode_fragment, encode_update
 
 log = logging.getLogger("ddctl.learner")
+SUSPENDED_RETRY_S = 10.0
+"""How often a suspended learner asks again whether it has been readmitted."""
 
 
 @dataclass(slots=True)
@@ -82,13 +84,23 @@ class Comms:
         self._threads: list[threading.Thread] = []
         self.register_answer: dict[str, Any] = {}
         self.last_contact = time.monotonic()
+        self.suspension = ""
+        """The syncer's reason while it suspends this learner (empty otherwise)."""
 
     # -- called by the training loop ------------------------------------------------------------
     def start(self, fragments: int) -> dict[str, Any]:
-        """Register (retrying until the syncer answers) and start the threads."""
+        """Register (retrying until the syncer answers, waiting out a suspension) and start the threads."""
         client = self.connect()
         try:
-            self.register_answer = retry(lambda: client.register(self.me.name, self.me.incarnation, self.me.region))
+            while True:
+                try:
+                    self.register_answer = retry(lambda: client.register(self.me.name, self.me.incarnation, self.me.region))
+                    break
+                except Refused as exc:
+                    if exc.code != "suspended" or self.stopping.is_set():
+                        raise
+                    self._suspended(exc)
+                    self.stopping.wait(SUSPENDED_RETRY_S)
         finally:
             client.close()
         self.versions = [-1] * fragments
@@ -142,6 +154,13 @@ class Comms:
             thread.join(timeout=5.0)
 
     # -- threads --------------------------------------------------------------------------------
+    def _suspended(self, exc: Refused) -> None:
+        """The syncer is there but refuses us until an operator readmits us: not a reason to give up on it."""
+        self.last_contact = time.monotonic()
+        if self.suspension != exc.reason:
+            self.suspension = exc.reason
+            log.error("suspended by the synchronizer: %s", exc.reason)
+
     def _reregister(self, client: SyncerClient) -> None:
         client.register(self.me.name, self.me.incarnation, self.me.region)
 
@@ -223,6 +242,7 @@ class Comms:
                 started = time.perf_counter()
                 try:
                     client.heartbeat(report)
+                    self.suspension = ""
                     self._rtt = time.perf_counter() - started
                     self.last_contact = time.monotonic()
                 except Refused as exc:
@@ -231,6 +251,8 @@ class Comms:
                             self._reregister(client)
                         except (Refused, Unavailable) as again:
                             log.info("re-register failed: %s", again)
+                    elif exc.code == "suspended":
+                        self._suspended(exc)
                     else:
                         log.warning("heartbeat refused: %s", exc)
                 except Unavailable as exc:

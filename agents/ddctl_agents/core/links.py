@@ -11,6 +11,10 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
+MAX_RATE = 1e13
+"""Bytes per second (80 Tbit/s): a faster sample is a measuring error, not a link."""
+MAX_RTT_S = 600.0
+
 
 @dataclass(slots=True)
 class LinkEstimate:
@@ -23,11 +27,13 @@ class LinkEstimate:
     total_bytes: int = 0
 
     def observe(self, nbytes: int, seconds: float, rtt_s: float | None = None) -> None:
-        """Record one transfer of ``nbytes`` that took ``seconds`` end to end."""
-        if seconds > 0 and nbytes > 0:
-            rate = nbytes / seconds
+        """Record one transfer of ``nbytes`` that took ``seconds`` end to end.
+
+        A rate or RTT outside what any link can do (``MAX_RATE``, ``MAX_RTT_S``) is ignored, so
+        no sample can push an estimate to infinity."""
+        if seconds > 0 and nbytes > 0 and (rate := nbytes / seconds) <= MAX_RATE:
             self.bytes_per_s = rate if self.bytes_per_s is None else self.alpha * rate + (1 - self.alpha) * self.bytes_per_s
-        if rtt_s is not None and rtt_s >= 0:
+        if rtt_s is not None and 0 <= rtt_s <= MAX_RTT_S:
             self.rtt_s = rtt_s if self.rtt_s is None else self.alpha * rtt_s + (1 - self.alpha) * self.rtt_s
         self.transfers += 1
         self.total_bytes += max(nbytes, 0)

@@ -108,8 +108,8 @@ def decode_fragment(data: bytes | bytearray | memoryview, limits: WireLimits = D
 
 def _text(m: Mapping[str, Any], key: str) -> str:
     v = m.get(key)
-    if not isinstance(v, str) or not 0 < len(v) <= 128:
-        raise WireError(f"meta field {key!r} must be a string of 1-128 characters")
+    if not isinstance(v, str) or not 0 < len(v) <= 128 or not v.isascii() or not v.isprintable():
+        raise WireError(f"meta field {key!r} must be 1-128 printable ASCII characters")
     return v
 
 

@@ -1,33 +1,38 @@
 """The synchronizer as a sans-I/O state machine.
 
 It holds the global fragments, their outer-optimiser state and versions, the
-learner registry and the token ledger. The shell (virtual cluster, replay, the
-HTTP/2 service) feeds it events with the current time and carries out the
-effects it returns: ``Send`` a fragment version to learners, ``Record`` an
-entry on the event tape. Nothing here sleeps, reads a clock or touches a
+learner registry, the quarantine and the token ledger. Updates are admitted
+only after ``admission`` checks them, and a round publishes only a result that
+passes its check (the trust boundary, docs/design.md). The shell (virtual
+cluster, replay, the HTTP/2 service) feeds it events with the current time and
+carries out the effects it returns (``core.effects``): ``Send`` a fragment
+version to learners, ``Record`` an entry on the event tape, log a ``Fault``.
+Nothing here sleeps, reads a clock or touches a
 socket, so a run is a deterministic function of its event sequence.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ddctl_agents.core import schedule, vclock
-from ddctl_agents.core.codec import all_finite
+from ddctl_agents.core.admission import Rejection, TrustConfig, UpdateLimits, admit_merge, check_update
+from ddctl_agents.core.effects import Ack, Effect, Fault, Record, Send
 from ddctl_agents.core.fragments import Fragmentation
 from ddctl_agents.core.ledger import TokenLedger
 from ddctl_agents.core.links import LearnerLinks
 from ddctl_agents.core.merge import MERGES, Contribution, merge_fragment
 from ddctl_agents.core.messages import FragmentVersion, Update
 from ddctl_agents.core.outer import OuterConfig, outer_step
-from ddctl_agents.core.quorum import QuorumConfig, RoundView, Timing, decide_round
-from ddctl_agents.errors import BadUpdate, ConfigError, ImpossibleVersion, NonFiniteUpdate, UnknownLearner
+from ddctl_agents.core.quarantine import Quarantine
+from ddctl_agents.core.quorum import QuorumConfig, RoundDecision, RoundView, Timing, decide_round
+from ddctl_agents.core.rounds import RecentIds, Round, accumulate
+from ddctl_agents.errors import BadUpdate, ConfigError, ImpossibleVersion, Suspended, UnknownLearner
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,6 +46,8 @@ class SyncerConfig:
     """H, needed to forecast when an absent learner's update is due."""
     max_behind: int = 1
     """[ours] Late updates at most this many versions behind fold into the next round."""
+    trust: TrustConfig = field(default_factory=TrustConfig)
+    """What a learner's update may claim before it is refused, and when its sender is suspended."""
 
     def __post_init__(self) -> None:
         if self.merge not in MERGES:
@@ -49,86 +56,40 @@ class SyncerConfig:
             raise ConfigError(f"max_behind must be >= 0, got {self.max_behind}")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Send:
-    """Deliver ``message`` to each learner in ``to``."""
-
-    to: tuple[str, ...]
-    message: FragmentVersion
-    reason: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Record:
-    """One entry for the event tape."""
-
-    entry: dict[str, Any]
-
-
-Effect = Send | Record
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Ack:
-    """What the learner is told about its update."""
-
-    status: str  # accepted | late | dropped | duplicate
-    reason: str
-    version: int
-
-
-@dataclass(slots=True)
-class _RecentIds:
-    """A learner's last ``size`` update ids: retries arrive soon after the original, so a
-    bounded window per learner deduplicates them without growing with the run."""
-
-    size: int = 4096
-    order: deque[str] = field(default_factory=deque)
-    ids: set[str] = field(default_factory=set)
-
-    def __contains__(self, update_id: object) -> bool:
-        return update_id in self.ids
-
-    def add(self, update_id: str) -> None:
-        self.order.append(update_id)
-        self.ids.add(update_id)
-        if len(self.order) > self.size:
-            self.ids.discard(self.order.popleft())
-
-
-@dataclass(slots=True)
-class _Round:
-    opened_at: float | None = None
-    quorum_met_at: float | None = None
-    wake_at: float | None = None
-    fresh: dict[str, Contribution] = field(default_factory=dict)
-    late: dict[str, Contribution] = field(default_factory=dict)
-    upload_bytes: int = 0
-
-
 class Synchronizer:
     """Global state plus the rules that change it; see the module docstring."""
 
     def __init__(
-        self, params: Mapping[str, torch.Tensor], fragmentation: Fragmentation, embeddings: frozenset[str], config: SyncerConfig
+        self,
+        params: Mapping[str, torch.Tensor],
+        fragmentation: Fragmentation,
+        embeddings: frozenset[str],
+        config: SyncerConfig,
+        limits: UpdateLimits | None = None,
     ) -> None:
         self.config = config
+        self.limits = limits or UpdateLimits()
         self.fragmentation = fragmentation
         self.embeddings = embeddings
         self.fragments = [{t.name: params[t.name].detach().float().clone() for t in frag} for frag in fragmentation.fragments]
         self.buffers: list[dict[str, torch.Tensor]] = [{} for _ in fragmentation.fragments]
         self.versions = [0] * fragmentation.count
-        self.rounds = [_Round() for _ in fragmentation.fragments]
+        self.rounds = [Round() for _ in fragmentation.fragments]
         self.live: dict[str, int] = {}
         self.links: dict[str, LearnerLinks] = {}
         self.ledger = TokenLedger()
         self.clock: dict[str, int] = {vclock.SYNCER: 0}
-        self.seen_updates: dict[str, _RecentIds] = {}
+        self.seen_updates: dict[str, RecentIds] = {}
         self.rounds_closed = 0
+        self.quarantine = Quarantine(config.trust.max_rejections)
+        self.degraded: dict[int, str] = {}
+        """Fragments whose last round hit an unexpected error, with its reason (until a clean round)."""
+        self.faults = [0] * fragmentation.count
 
     # -- registry ---------------------------------------------------------------------------
     def register(self, now: float, learner: str, incarnation: int = 0, start_step: int = 0) -> list[Effect]:
         """A learner joins (or rejoins) at ``start_step``: it gets every current fragment to bootstrap from."""
+        self.check_sender(learner)
         self.live[learner] = incarnation
         self.links.setdefault(learner, LearnerLinks())
         self.clock = vclock.tick(self.clock, vclock.SYNCER)
@@ -166,16 +127,48 @@ class Synchronizer:
         else:
             inflight[fragment] = (now, received, expected)
 
+    # -- quarantine -------------------------------------------------------------------------
+    def reject(self, now: float, learner: str, reason: str) -> list[Effect]:
+        """Count a refused update (or a contribution set aside at a merge) against ``learner``; may suspend it."""
+        if not self.quarantine.flag(learner, reason):
+            return []
+        effects = self.deregister(now, learner, "suspended")
+        return [*effects, self._record(now, "suspend", learner=learner, reason=self.quarantine.suspension(learner))]
+
+    def readmit(self, now: float, learner: str) -> list[Effect]:
+        """An operator lets a suspended learner back in (it registers again); [] if it was not suspended."""
+        if not self.quarantine.readmit(learner):
+            return []
+        self.clock = vclock.tick(self.clock, vclock.SYNCER)
+        return [self._record(now, "readmit", learner=learner)]
+
     # -- updates ----------------------------------------------------------------------------
     def receive(self, now: float, update: Update, nbytes: int = 0) -> tuple[Ack, list[Effect]]:
-        """Acknowledge an update into a round (fresh or late), or drop it; never closes a round."""
-        self._validate(update)
-        p, current = update.fragment, self.versions[update.fragment]
-        recent = self.seen_updates.setdefault(update.learner, _RecentIds())
+        """Acknowledge an update into a round (fresh or late), drop it, or reject it; never closes a round.
+
+        A rejected update (bad layout, NaN/Inf, implausible numbers) changes nothing but its
+        sender's standing; it is answered with ``status="rejected"`` and the refusal's code.
+        """
+        self.check_sender(update.learner)
+        if update.learner not in self.live:
+            raise UnknownLearner(f"learner {update.learner!r} is not registered")
+        p = update.fragment
+        if not 0 <= p < self.fragmentation.count:
+            return self._reject(
+                now, update, Rejection("bad_update", f"fragment {p} out of range [0, {self.fragmentation.count})")
+            )
+        current = self.versions[p]
+        if update.base_version > current:
+            raise ImpossibleVersion(f"base version {update.base_version} of fragment {p} is ahead of the syncer's {current}")
+        rejection = check_update(update, self.fragments[p], self.limits)
+        if rejection is not None:
+            return self._reject(now, update, rejection)
+        recent = self.seen_updates.setdefault(update.learner, RecentIds())
         if update.update_id in recent:
             return Ack(status="duplicate", reason="update id already applied", version=current), []
         recent.add(update.update_id)
-        self.clock = vclock.receive(self.clock, update.vclock, vclock.SYNCER)
+        known = {k: v for k, v in update.vclock.items() if k in self.clock or k == update.learner}  # no made-up processes
+        self.clock = vclock.receive(self.clock, known, vclock.SYNCER)
         self.heartbeat(now, update.learner, update.step, update.step_time)
         units = update.c_tokens
         self.ledger.received += units
@@ -195,13 +188,13 @@ class Synchronizer:
             return ack, [self._update_record(now, update, ack), resync]
         self.ledger.pending += units
         if behind == 0:
-            rnd.fresh[update.learner] = _accumulate(rnd.fresh.get(update.learner), contribution)
+            rnd.fresh[update.learner] = accumulate(rnd.fresh.get(update.learner), contribution)
             rnd.upload_bytes = max(rnd.upload_bytes, nbytes)
             if rnd.opened_at is None:
                 rnd.opened_at = now
             ack = Ack(status="accepted", reason=f"in round {current + 1} of fragment {p}", version=current)
         else:
-            rnd.late[update.learner] = _accumulate(rnd.late.get(update.learner), contribution)
+            rnd.late[update.learner] = accumulate(rnd.late.get(update.learner), contribution)
             ack = Ack(
                 status="late",
                 reason=f"base {update.base_version} is {behind} behind; folded into round {current + 1}",
@@ -210,23 +203,18 @@ class Synchronizer:
         return ack, [self._update_record(now, update, ack)]
 
     def poll(self, now: float) -> list[Effect]:
-        """Ask the quorum/grace decision about every open round; close those it allows."""
+        """Ask the quorum/grace decision about every open round; close those it allows.
+
+        An unexpected error in one fragment's round is a ``Fault``: that round is set
+        aside (``discard_round``) and the other fragments go on.
+        """
         effects: list[Effect] = []
-        for p, rnd in enumerate(self.rounds):
-            if not self.live and (rnd.fresh or rnd.late):  # nobody left to wait for: merge what arrived
-                effects += self.close_round(now, p, "final_drain", "no live learners remain; merging what arrived")
-                continue
-            if rnd.opened_at is None:
-                continue
-            view = RoundView(
-                opened_at=rnd.opened_at, arrived=frozenset(rnd.fresh), live=frozenset(self.live), quorum_met_at=rnd.quorum_met_at
-            )
-            decision = decide_round(now, view, self._timing(now, p), self.config.quorum)
-            if rnd.quorum_met_at is None and (decision.close or decision.wake_at is not None):
-                rnd.quorum_met_at = now
-            rnd.wake_at = decision.wake_at
-            if decision.close:
-                effects += self.close_round(now, p, decision.cause, decision.reason, decision.grace_s)
+        for p in range(self.fragmentation.count):
+            try:
+                effects += self._poll_fragment(now, p)
+            except Exception as exc:  # noqa: BLE001 - a bug costs one round of one fragment, never the loop
+                reason = f"round of fragment {p} failed: {type(exc).__name__}: {exc}"
+                effects += [*self.discard_round(now, p, reason), Fault(fragment=p, reason=reason, error=exc)]
         return effects
 
     def next_wake(self) -> float | None:
@@ -234,22 +222,34 @@ class Synchronizer:
         return min(wakes) if wakes else None
 
     def close_round(self, now: float, p: int, cause: str, reason: str, grace_s: float = 0.0) -> list[Effect]:
-        """Merge the round's contributions, take the outer step, broadcast the new version."""
+        """Merge the round's contributions, take the outer step, broadcast the new version.
+
+        A result that fails ``check_result`` is never committed: the contributions that
+        caused it are set aside (tokens "rejected", counted against their learners) and
+        the round is recomputed from the rest. If none is left the fragment keeps its version.
+        """
         rnd = self.rounds[p]
-        contributions = _by_learner(rnd)
+        contributions = rnd.by_learner()
         if not contributions:
             raise BadUpdate(f"fragment {p} has no contributions to close a round with")
-        delta = merge_fragment(contributions, self.embeddings, self.config.merge)
-        self.fragments[p], self.buffers[p] = outer_step(self.fragments[p], delta, self.buffers[p], self.config.outer)
-        fresh_units = sum(c.c_tokens for c in rnd.fresh.values())
-        late_units = sum(c.c_tokens for c in rnd.late.values())
-        self.ledger.merged += fresh_units
-        self.ledger.late_merged += late_units
-        self.ledger.pending -= fresh_units + late_units
-        self.versions[p] += 1
-        self.rounds_closed += 1
-        self.rounds[p] = _Round()
+        outcome = admit_merge(contributions, lambda cs: self._outer_step(p, cs), self.limits)
+        kept = {c.learner for c in outcome.kept}
+        fresh_kept, late_kept = rnd.tokens(kept)
+        fresh_all, late_all = rnd.tokens()
+        self.ledger.merged += fresh_kept
+        self.ledger.late_merged += late_kept
+        self.ledger.rejected += fresh_all + late_all - fresh_kept - late_kept
+        self.ledger.pending -= fresh_all + late_all
+        self.rounds[p] = Round()
         self.clock = vclock.tick(self.clock, vclock.SYNCER)
+        effects: list[Effect] = []
+        for c, why in outcome.culprits:
+            effects.append(self._record(now, "reject", learner=c.learner, fragment=p, c_tokens=c.c_tokens, reason=why))
+            effects += self.reject(now, c.learner, f"fragment {p}: {why}")
+        if outcome.result is not None:
+            self.fragments[p], self.buffers[p] = outcome.result
+            self.versions[p] += 1
+            self.rounds_closed += 1
         admitted = [
             {
                 "learner": c.learner,
@@ -258,8 +258,9 @@ class Synchronizer:
                 "c_tokens": c.c_tokens,
                 "weight": c.weight,
             }
-            for c in sorted(contributions, key=lambda c: c.learner)
+            for c in sorted(outcome.kept, key=lambda c: c.learner)
         ]
+        extra = {"rejected": sorted(c.learner for c, _ in outcome.culprits)} if outcome.culprits else {}
         record = self._record(
             now,
             "round",
@@ -270,8 +271,24 @@ class Synchronizer:
             grace_s=round(grace_s, 6),
             admitted=admitted,
             opened_at=rnd.opened_at,
+            **extra,
         )
-        return [record, Send(to=tuple(sorted(self.live)), message=self.fragment_message(p), reason="round")]
+        effects.insert(0, record)
+        if outcome.result is not None:
+            effects.append(Send(to=tuple(sorted(self.live)), message=self.fragment_message(p), reason="round"))
+        return effects
+
+    def discard_round(self, now: float, p: int, reason: str) -> list[Effect]:
+        """Set aside a round that could not be merged; its tokens count as rejected, the fragment keeps its version."""
+        rnd = self.rounds[p]
+        fresh, late = rnd.tokens()
+        self.ledger.rejected += fresh + late
+        self.ledger.pending -= fresh + late
+        self.rounds[p] = Round()
+        self.degraded[p] = reason
+        self.faults[p] += 1
+        self.clock = vclock.tick(self.clock, vclock.SYNCER)
+        return [self._record(now, "fault", fragment=p, reason=reason, discarded=sorted({*rnd.fresh, *rnd.late}))]
 
     # -- views ------------------------------------------------------------------------------
     def fragment_message(self, p: int) -> FragmentVersion:
@@ -287,26 +304,56 @@ class Synchronizer:
     def _links(self, learner: str) -> LearnerLinks:
         return self.links.setdefault(learner, LearnerLinks())
 
-    def _validate(self, update: Update) -> None:
-        if update.learner not in self.live:
-            raise UnknownLearner(f"learner {update.learner!r} is not registered")
-        if not 0 <= update.fragment < self.fragmentation.count:
-            raise BadUpdate(f"fragment {update.fragment} out of range [0, {self.fragmentation.count})")
-        current = self.versions[update.fragment]
-        if update.base_version > current:
-            raise ImpossibleVersion(
-                f"base version {update.base_version} of fragment {update.fragment} is ahead of the syncer's {current}"
+    def check_sender(self, learner: str) -> None:
+        """Raise Suspended while ``learner`` is quarantined (every request of a suspended learner is refused)."""
+        reason = self.quarantine.suspension(learner)
+        if reason is not None:
+            raise Suspended(
+                f"learner {learner!r} is suspended ({reason}); an operator may readmit it: ddctl syncer readmit {learner}"
             )
-        if update.c_steps < 1 or update.c_tokens < 1:
-            raise BadUpdate(f"c_steps and c_tokens must be >= 1, got {update.c_steps}/{update.c_tokens}")
-        expected = self.fragments[update.fragment]
-        if set(update.tensors) != set(expected):
-            raise BadUpdate(f"fragment {update.fragment} holds {sorted(expected)}, update has {sorted(update.tensors)}")
-        for name, t in update.tensors.items():
-            if t.numel() != expected[name].numel():
-                raise BadUpdate(f"tensor {name!r} has {t.numel()} elements, expected {expected[name].numel()}")
-            if not all_finite(t.reshape(-1)):
-                raise NonFiniteUpdate(f"tensor {name!r} contains NaN or Inf")
+
+    def _reject(self, now: float, update: Update, rejection: Rejection) -> tuple[Ack, list[Effect]]:
+        p = update.fragment
+        version = self.versions[p] if 0 <= p < self.fragmentation.count else -1
+        ack = Ack(status="rejected", reason=rejection.reason, version=version, code=rejection.code)
+        return ack, [self._update_record(now, update, ack), *self.reject(now, update.learner, rejection.reason)]
+
+    def _poll_fragment(self, now: float, p: int) -> list[Effect]:
+        rnd = self.rounds[p]
+        if not self.live and (rnd.fresh or rnd.late):  # nobody left to wait for: merge what arrived
+            return self.close_round(now, p, "final_drain", "no live learners remain; merging what arrived")
+        if rnd.opened_at is None:
+            return []
+        view = RoundView(
+            opened_at=rnd.opened_at, arrived=frozenset(rnd.fresh), live=frozenset(self.live), quorum_met_at=rnd.quorum_met_at
+        )
+        effects: list[Effect] = []
+        try:
+            decision = decide_round(now, view, self._timing(now, p), self.config.quorum)
+        except Exception as exc:  # noqa: BLE001 - a bad estimate must not stop the round: decide without grace
+            reason = f"grace estimate of fragment {p} failed ({type(exc).__name__}: {exc}); deciding without grace"
+            effects.append(Fault(fragment=p, reason=reason, error=exc))
+            self.degraded[p] = reason
+            self.faults[p] += 1
+            decision = decide_round(now, view, Timing(step_time=0.0), self.config.quorum)
+        return effects + self._apply_decision(now, p, decision, clean=not effects)
+
+    def _apply_decision(self, now: float, p: int, decision: RoundDecision, clean: bool) -> list[Effect]:
+        rnd = self.rounds[p]
+        if rnd.quorum_met_at is None and (decision.close or decision.wake_at is not None):
+            rnd.quorum_met_at = now
+        rnd.wake_at = decision.wake_at
+        if not decision.close:
+            return []
+        if clean:
+            self.degraded.pop(p, None)
+        return self.close_round(now, p, decision.cause, decision.reason, decision.grace_s)
+
+    def _outer_step(
+        self, p: int, contributions: Sequence[Contribution]
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        delta = merge_fragment(contributions, self.embeddings, self.config.merge)
+        return outer_step(self.fragments[p], delta, self.buffers[p], self.config.outer)
 
     def _timing(self, now: float, p: int) -> Timing:
         rnd = self.rounds[p]
@@ -348,24 +395,6 @@ class Synchronizer:
             status=ack.status,
             adoptions=[list(a) for a in update.adoptions],
         )
-
-
-def _accumulate(previous: Contribution | None, new: Contribution) -> Contribution:
-    """Two updates of one learner for one round are consecutive drifts: add them."""
-    if previous is None:
-        return new
-    tensors = {k: previous.tensors[k] + new.tensors[k] for k in new.tensors}
-    return Contribution(
-        learner=new.learner, tensors=tensors, c_steps=previous.c_steps + new.c_steps, c_tokens=previous.c_tokens + new.c_tokens
-    )
-
-
-def _by_learner(rnd: _Round) -> list[Contribution]:
-    """One contribution per learner: a learner both late and fresh in a round counts once."""
-    merged: dict[str, Contribution] = dict(rnd.late)
-    for m, c in rnd.fresh.items():
-        merged[m] = _accumulate(merged.get(m), c)
-    return list(merged.values())
 
 
 def _time(now: float) -> float:

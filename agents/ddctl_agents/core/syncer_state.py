@@ -18,7 +18,8 @@ import torch
 from ddctl_agents.core.ledger import TokenLedger
 from ddctl_agents.core.links import LearnerLinks
 from ddctl_agents.core.merge import Contribution
-from ddctl_agents.core.syncer import Synchronizer, _RecentIds, _Round
+from ddctl_agents.core.rounds import RecentIds, Round
+from ddctl_agents.core.syncer import Synchronizer
 from ddctl_agents.core.wire import WireLimits, pack, unpack
 from ddctl_agents.errors import WireError
 
@@ -56,11 +57,14 @@ def capture(syncer: Synchronizer, extra: Mapping[str, Any] | None = None) -> Syn
         "versions": list(syncer.versions),
         "rounds_closed": syncer.rounds_closed,
         "live": dict(syncer.live),
-        "ledger": {k: getattr(ledger, k) for k in ("received", "merged", "late_merged", "dropped", "pending")},
+        "ledger": ledger.as_dict(),
         "clock": dict(syncer.clock),
         "seen": {m: list(ids.order) for m, ids in syncer.seen_updates.items()},
         "last_step": {m: links.pace.last_step for m, links in syncer.links.items()},
         "rounds": rounds,
+        "quarantine": syncer.quarantine.to_json(),
+        "degraded": {str(p): reason for p, reason in syncer.degraded.items()},
+        "faults": list(syncer.faults),
         **dict(extra or {}),
     }
     return SyncerState(meta=meta, tensors=tensors)
@@ -82,7 +86,7 @@ def restore(syncer: Synchronizer, state: SyncerState) -> None:
         syncer.fragments[p] = {n: _shaped(tensors[f"f/{p}/{n}"], syncer.fragments[p][n]) for n in names}
         syncer.buffers[p] = {n: _shaped(tensors[f"b/{p}/{n}"], syncer.fragments[p][n]) for n in names if f"b/{p}/{n}" in tensors}
         entry = meta["rounds"][p]
-        rnd = _Round(opened_at=entry["opened_at"], quorum_met_at=entry["quorum_met_at"], upload_bytes=entry["upload_bytes"])
+        rnd = Round(opened_at=entry["opened_at"], quorum_met_at=entry["quorum_met_at"], upload_bytes=entry["upload_bytes"])
         for kind in ("fresh", "late"):
             target = getattr(rnd, kind)
             for c in entry[kind]:
@@ -98,10 +102,13 @@ def restore(syncer: Synchronizer, state: SyncerState) -> None:
     syncer.clock = dict(meta["clock"])
     syncer.seen_updates = {}
     for m, ids in meta["seen"].items():
-        window = _RecentIds()
+        window = RecentIds()
         for i in ids:
             window.add(i)
         syncer.seen_updates[m] = window
+    syncer.quarantine.load_json(meta.get("quarantine", {}))  # absent in snapshots written before quarantine existed
+    syncer.degraded = {int(p): str(reason) for p, reason in meta.get("degraded", {}).items()}
+    syncer.faults = list(meta.get("faults", [0] * count))
     for m, step in meta["last_step"].items():
         syncer.links.setdefault(m, LearnerLinks()).pace.last_step = step
 

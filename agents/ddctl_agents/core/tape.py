@@ -17,7 +17,9 @@ from typing import IO, Any
 from ddctl_agents.errors import TapeError
 
 TAPE_FORMAT = 1
-RECORD_TYPES = ("config", "join", "leave", "failure", "update", "round", "end")
+RECORD_TYPES = ("config", "join", "leave", "failure", "update", "round", "end", "reject", "suspend", "readmit", "fault")
+"""``reject``: a contribution set aside at a merge; ``suspend`` / ``readmit``: the quarantine;
+``fault``: a round set aside after an unexpected error (docs/design.md, trust boundary)."""
 
 
 class TapeWriter:

@@ -11,16 +11,24 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import parse_qs
 
 from ddctl_agents.core.links import TransferMeter
-from ddctl_agents.errors import AgentError, SyncError
-from ddctl_agents.service.auth import ADMIN, Forbidden, check_identity, verify_token
-from ddctl_agents.service.observability import metrics, status, vector_clock
+from ddctl_agents.errors import REJECTIONS, AgentError, SyncError
+from ddctl_agents.service.auth import ADMIN, Forbidden, verify_token
+from ddctl_agents.service.observability import health, metrics, status, vector_clock
+from ddctl_agents.service.requests import (
+    BadRequest,
+    HeartbeatBody,
+    LeaveBody,
+    ReadmitBody,
+    RegisterBody,
+    parse_body,
+    parse_count,
+    parse_query,
+)
 from ddctl_agents.service.runtime import SyncerRuntime
 
 Scope = dict[str, Any]
@@ -71,6 +79,7 @@ class SyncerApp:
             ("GET", "/v1/status"): self.status,
             ("GET", "/metrics"): self.metrics,
             ("POST", "/v1/snapshot"): self.snapshot,
+            ("POST", "/v1/admin/readmit"): self.readmit,
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -126,7 +135,7 @@ class SyncerApp:
 
     # -- handlers -------------------------------------------------------------------------------
     async def healthz(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await _json(send, 200, {"ok": True, "run": self.rt.settings.run})
+        await _json(send, 200, await self.rt.view(health))
 
     async def job(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.identity(scope)
@@ -134,39 +143,22 @@ class SyncerApp:
 
     async def register(self, scope: Scope, receive: Receive, send: Send) -> None:
         who = self.identity(scope)
-        body = await _read_json(receive, scope)
-        learner = self._own(who, _field(body, "learner", str))
-        answer = await self.rt.register(
-            learner, _field(body, "incarnation", int), _field(body, "region", str, default="", max_len=64)
-        )
-        await _json(send, 200, answer)
+        body = parse_body(RegisterBody, await _read_body(receive, MAX_JSON))
+        self._own(who, body.learner)
+        await _json(send, 200, await self.rt.register(body.learner, body.incarnation, body.region))
 
     async def leave(self, scope: Scope, receive: Receive, send: Send) -> None:
         who = self.identity(scope)
-        body = await _read_json(receive, scope)
-        learner = self._own(who, _field(body, "learner", str))
-        await self.rt.leave(learner, _field(body, "reason", str, default="left", max_len=200))
-        await _json(send, 200, {"left": learner})
+        body = parse_body(LeaveBody, await _read_body(receive, MAX_JSON))
+        self._own(who, body.learner)
+        await self.rt.leave(body.learner, body.reason)
+        await _json(send, 200, {"left": body.learner})
 
     async def heartbeat(self, scope: Scope, receive: Receive, send: Send) -> None:
         who = self.identity(scope)
-        body = await _read_json(receive, scope)
-        learner = self._own(who, _field(body, "learner", str))
-        report = {
-            "step": _field(body, "step", int),
-            "step_time": _field(body, "step_time", float),
-            "tokens": _field(body, "tokens", int),
-            "tokens_per_s": _field(body, "tokens_per_s", float),
-            "loss": _field(body, "loss", float, default=None),
-            "staleness": _field(body, "staleness", int, default=0),
-            "due": _field(body, "due", list, default=[]),
-            "rtt_s": _field(body, "rtt_s", float, default=None),
-            "down_bytes": _field(body, "down_bytes", int, default=0),
-            "down_seconds": _field(body, "down_seconds", float, default=0.0),
-        }
-        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in report["due"]):
-            raise HttpError(400, "bad_request", "field 'due' must be a list of non-negative integers")
-        await _json(send, 200, await self.rt.heartbeat(learner, report))
+        body = parse_body(HeartbeatBody, await _read_body(receive, MAX_JSON))
+        self._own(who, body.learner)
+        await _json(send, 200, await self.rt.heartbeat(body))
 
     async def push(self, scope: Scope, receive: Receive, send: Send) -> None:
         who = self.identity(scope)
@@ -174,11 +166,12 @@ class SyncerApp:
             raise Forbidden("the admin identity cannot push updates")
         limit = self.rt.max_update_bytes
         declared = _header(scope, b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        expected = None if declared is None else parse_count(declared, "content-length")
+        if expected is not None and expected > limit:
             raise HttpError(413, "too_large", f"update of {declared} bytes exceeds the limit of {limit} bytes")
         fragment = _header(scope, b"x-ddctl-fragment")
-        frag = int(fragment) if fragment and fragment.isdigit() and int(fragment) < self.rt.assembly.fragmentation.count else None
-        expected = int(declared) if declared is not None else None
+        count = self.rt.assembly.fragmentation.count
+        frag = None if fragment is None else parse_count(fragment, "header x-ddctl-fragment", maximum=count - 1)
         meter = self.rt.meters.setdefault(who, TransferMeter())
         meter.start(self.rt.clock())
         reported = 0
@@ -196,6 +189,8 @@ class SyncerApp:
 
         body = await _read_body(receive, limit, on_chunk)
         update, ack = await self.rt.push(who, body)
+        if ack.status == "rejected":
+            raise REJECTIONS[ack.code](ack.reason)
         await _json(
             send,
             200,
@@ -212,10 +207,13 @@ class SyncerApp:
         self.identity(scope)
         raw = scope["path"].removeprefix("/v1/fragments/")
         count = self.rt.assembly.fragmentation.count
-        if not raw.isdigit() or int(raw) >= count:
-            raise HttpError(404, "not_found", f"fragment must be an integer in [0, {count}), got {raw!r}")
-        since = _query_int(scope, "since", -1)
-        item = self.rt.publisher.get(int(raw))
+        try:
+            fragment = parse_count(raw, "fragment", maximum=count - 1)
+        except BadRequest:
+            raise HttpError(404, "not_found", f"fragment must be an integer in [0, {count}), got {raw!r:.40}") from None
+        query = parse_query(scope.get("query_string", b""))
+        since = parse_count(query.get("since", "-1"), "query parameter 'since'", minimum=-1)
+        item = self.rt.publisher.get(fragment)
         if item is None or item.version <= since:
             await _respond(send, 304, b"", [])
             return
@@ -226,11 +224,11 @@ class SyncerApp:
         """Newest versions of every fragment the client has not seen, as they are made."""
         self.identity(scope)
         count = self.rt.assembly.fragmentation.count
-        raw = parse_qs(scope.get("query_string", b"").decode()).get("since", [""])[0]
-        try:
-            since = [int(x) for x in raw.split(",")] if raw else [-1] * count
-        except ValueError:
-            raise HttpError(400, "bad_request", "since must be comma-separated integers, one per fragment") from None
+        raw = parse_query(scope.get("query_string", b"")).get("since", "")
+        parts = raw.split(",", count) if raw else []
+        if len(parts) > count:
+            raise HttpError(400, "bad_request", f"since must list {count} versions, got more")
+        since = [parse_count(x, "query parameter 'since'", minimum=-1) for x in parts] if raw else [-1] * count
         if len(since) != count:
             raise HttpError(400, "bad_request", f"since must list {count} versions, got {len(since)}")
         await _read_body(receive, MAX_JSON)  # a GET's (empty) body; what receive() says next is the disconnect
@@ -265,19 +263,21 @@ class SyncerApp:
             raise Forbidden("only the admin identity may trigger snapshots")
         await _json(send, 200, await self.rt.snapshot())
 
-    def _own(self, who: str, learner: str) -> str:
-        check = _checked_identity(learner)
-        if who != check:
+    async def readmit(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The operator lets a suspended learner back in (``ddctl syncer readmit``); it then registers again."""
+        if self.identity(scope) != ADMIN:
+            raise Forbidden("only the admin identity may readmit a learner")
+        body = parse_body(ReadmitBody, await _read_body(receive, MAX_JSON))
+        readmitted = await self.rt.readmit(body.learner)
+        reason = "readmitted; it registers again on its own" if readmitted else "was not suspended; nothing to do"
+        await _json(send, 200, {"learner": body.learner, "readmitted": readmitted, "reason": reason})
+
+    def _own(self, who: str, learner: str) -> None:
+        if who != learner:
             raise Forbidden(f"token is for {who!r}, not for learner {learner!r}")
-        return check
 
 
 # -- plumbing -----------------------------------------------------------------------------------
-def _checked_identity(name: str) -> str:
-    try:
-        return check_identity(name)
-    except ValueError as exc:
-        raise HttpError(400, "bad_request", str(exc)) from None
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -285,16 +285,6 @@ def _header(scope: Scope, name: bytes) -> str | None:
         if key == name:
             return str(value.decode("latin-1"))
     return None
-
-
-def _query_int(scope: Scope, key: str, default: int) -> int:
-    raw = parse_qs(scope.get("query_string", b"").decode()).get(key)
-    if not raw:
-        return default
-    try:
-        return int(raw[0])
-    except ValueError:
-        raise HttpError(400, "bad_request", f"query parameter {key!r} must be an integer") from None
 
 
 async def _read_body(receive: Receive, limit: int, on_chunk: Callable[[int, int, bool], None] | None = None) -> bytes:
@@ -320,37 +310,6 @@ async def _read_body(receive: Receive, limit: int, on_chunk: Callable[[int, int,
     finally:
         if on_chunk is not None:
             on_chunk(len(body), 0, True)
-
-
-async def _read_json(receive: Receive, scope: Scope) -> dict[str, Any]:
-    raw = await _read_body(receive, MAX_JSON)
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise HttpError(400, "bad_request", f"body is not JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise HttpError(400, "bad_request", "body must be a JSON object")
-    return body
-
-
-_MISSING = object()
-
-
-def _field(body: dict[str, Any], key: str, kind: type, default: Any = _MISSING, max_len: int = 64) -> Any:
-    value = body.get(key, default)
-    if value is _MISSING:
-        raise HttpError(400, "bad_request", f"field {key!r} is required")
-    if value is None and default is None:
-        return None
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise HttpError(400, "bad_request", f"field {key!r} must be {kind.__name__}, got {type(value).__name__}")
-    if isinstance(value, (int, float)) and (value < 0 or (isinstance(value, float) and not math.isfinite(value))):
-        raise HttpError(400, "bad_request", f"field {key!r} must be a finite non-negative number, got {value!r}")
-    if isinstance(value, (str, list)) and len(value) > (max_len if isinstance(value, str) else 4096):
-        raise HttpError(400, "bad_request", f"field {key!r} is too long")
-    return value
 
 
 async def _json(send: Send, status: int, body: Any) -> None:

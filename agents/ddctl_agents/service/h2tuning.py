@@ -15,11 +15,17 @@ It also carries the fix of hypercorn PR #334 (open upstream): when we refuse an
 upload early (413, 401) and close the stream, DATA frames still in flight for it
 raised KeyError and killed the whole connection, and with it every other
 stream on it. Such frames are now acknowledged (flow control) and dropped.
+
+And a request whose ``:path`` is not ASCII (HTTP requires it percent-encoded)
+made hypercorn's ``path.decode("ascii")`` raise inside the connection's task,
+which killed the connection with an unhandled-exception trace in the log; such
+a request is now answered 400 on its own stream.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from typing import Any
 
@@ -68,9 +74,25 @@ def install(window: int = WINDOW, frame: int = FRAME) -> None:
                 with contextlib.suppress(h2.exceptions.StreamClosedError):
                     self.connection.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
                 continue
+            if isinstance(event, h2.events.RequestReceived) and not _ascii_path(event.headers):
+                await _refuse(self, event.stream_id, "the request path must be ASCII (percent-encode anything else)")
+                continue
             await original_events(self, [event])
 
     protocol._ddctl_original_init, protocol._ddctl_original_initiate = original_init, original_initiate
     protocol._ddctl_original_events = original_events
     protocol.__init__, protocol.initiate, protocol._handle_events = __init__, initiate, _handle_events
     protocol._ddctl_window = (window, frame)
+
+
+def _ascii_path(headers: Any) -> bool:
+    return all(bytes(value).isascii() for name, value in headers or () if bytes(name) == b":path")
+
+
+async def _refuse(protocol: Any, stream_id: int, reason: str) -> None:
+    body = json.dumps({"error": "bad_request", "reason": reason}).encode()
+    headers = [(b":status", b"400"), (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    with contextlib.suppress(h2.exceptions.ProtocolError):
+        protocol.connection.send_headers(stream_id, headers)
+        protocol.connection.send_data(stream_id, body, end_stream=True)
+    await protocol._flush()

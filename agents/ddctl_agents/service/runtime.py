@@ -13,31 +13,35 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import os
+import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ddctl_agents.core.links import LearnerLinks, QuorumClock, TransferMeter
+from ddctl_agents.core.effects import Ack, Effect, Fault, Record, Send
+from ddctl_agents.core.links import QuorumClock, TransferMeter
 from ddctl_agents.core.messages import FragmentVersion, Update, decode_update, encode_fragment
-from ddctl_agents.core.syncer import Ack, Effect, Record, Send
 from ddctl_agents.core.syncer_state import capture
 from ddctl_agents.core.tape import TAPE_FORMAT, TapeWriter
 from ddctl_agents.core.wire import WireLimits
 from ddctl_agents.errors import UnknownLearner
 from ddctl_agents.jsonable import to_json
 from ddctl_agents.service.auth import Forbidden
+from ddctl_agents.service.log_records import JoinEntry, LeaveEntry, ReadmitEntry, RejectEntry, UpdateEntry, entry_for
 from ddctl_agents.service.publisher import Published, Publisher
-from ddctl_agents.service.recovery import SNAPSHOT, recover
+from ddctl_agents.service.recovery import recover
+from ddctl_agents.service.requests import BadRequest, HeartbeatBody
+from ddctl_agents.service.roster import LearnerInfo, Roster
+from ddctl_agents.service.snapshots import write_snapshot
+from ddctl_agents.service.supervise import supervise
 from ddctl_agents.service.wal import Wal
 from ddctl_agents.train.assembly import Assembly
 
 T = TypeVar("T")
-_ROUND_FIELDS = ("t", "fragment", "version", "cause", "reason", "grace_s", "admitted")
+log = logging.getLogger("ddctl.syncer")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,23 +58,6 @@ class ServiceSettings:
     keepalive_s: float = 5.0
 
 
-@dataclass(slots=True)
-class LearnerInfo:
-    """What the status page shows about one learner, beside the core's link estimates."""
-
-    region: str = ""
-    incarnation: int = 0
-    state: str = "training"
-    step: int = 0
-    tokens: int = 0
-    tokens_per_s: float = 0.0
-    loss: float | None = None
-    staleness: int = 0
-    last_seen: float = 0.0
-    joined_at: float = 0.0
-    updates: dict[str, int] = field(default_factory=dict)
-
-
 class SyncerRuntime:
     """Owns the core syncer, its log, tape, publisher and background loops."""
 
@@ -83,14 +70,14 @@ class SyncerRuntime:
         self.max_update_bytes = settings.max_update_bytes or 8 * largest + (1 << 20)
         self.limits = WireLimits(max_payload=self.max_update_bytes, max_tensors=4 * len(assembly.initial) + 16)
         self.publisher = Publisher(assembly.fragmentation.count)
-        self.info: dict[str, LearnerInfo] = {}
+        self.roster = Roster()
         self.meters: dict[str, TransferMeter] = {}
         """Uplink meters, touched only on the event loop's thread."""
-        self.regions: dict[str, LearnerLinks] = {}
-        self.events: deque[dict[str, Any]] = deque(maxlen=64)
-        self.recent_rounds: deque[dict[str, Any]] = deque(maxlen=32)
         self.val_bpb: list[tuple[float, int, float]] = []
         self.rejections: dict[int, int] = {}
+        self.task_failures: dict[str, int] = {}
+        self.publish_failures: dict[int, str] = {}
+        """Fragments whose newest version could not be encoded for learners, with why."""
         self.snapshots: dict[str, Any] = {"taken": 0, "last_at": None, "last_seconds": None, "bytes": 0}
         self.recovered: dict[str, Any] = {}
         self.started_at = clock()
@@ -105,6 +92,7 @@ class SyncerRuntime:
         self._commit = asyncio.Lock()
         self._kick = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._logged_faults: dict[int, str] = {}
         self.wal: Wal | None = None
         self.tape: TapeWriter | None = None
 
@@ -114,12 +102,10 @@ class SyncerRuntime:
         await self._on_core(self._recover)
         for p in range(self.assembly.fragmentation.count):
             await self._publish(self.syncer.fragment_message(p))
-        self._tasks = [
-            asyncio.create_task(self._rounds_loop(), name="rounds"),
-            asyncio.create_task(self._snapshot_loop(), name="snapshots"),
-        ]
+        loops = {"rounds": self._rounds_loop, "snapshots": self._snapshot_loop}
         if self.settings.eval_every_s > 0:
-            self._tasks.append(asyncio.create_task(self._eval_loop(), name="eval"))
+            loops["eval"] = self._eval_loop
+        self._tasks = [asyncio.create_task(supervise(name, loop, self._task_failed), name=name) for name, loop in loops.items()]
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -133,11 +119,20 @@ class SyncerRuntime:
 
     def _recover(self) -> None:
         now = self.clock()
-        self.recovered = recover(self.syncer, self.settings.state_dir, self.job_sha, self._open_tape, self._apply_effects)
+        self.syncer, self.recovered = recover(
+            self.assembly.new_syncer, self.settings.state_dir, self.job_sha, self._open_tape, self._apply_effects
+        )
         self.wal = Wal(self.settings.state_dir / "wal")
         for learner, incarnation in self.syncer.live.items():
-            self.info[learner] = LearnerInfo(incarnation=incarnation, last_seen=now, joined_at=now, state="recovered")
-        self._event(now, "recovered", **self.recovered)
+            self.roster.info[learner] = LearnerInfo(incarnation=incarnation, last_seen=now, joined_at=now, state="recovered")
+        self.roster.event(now, "recovered", **self.recovered)
+        if self.recovered["quarantined"] or self.recovered["snapshots_set_aside"]:
+            log.error(
+                "recovery set aside %d log records and %d snapshots (see quarantine.wal and quarantine/ in %s)",
+                self.recovered["quarantined"],
+                len(self.recovered["snapshots_set_aside"]),
+                self.settings.state_dir,
+            )
 
     def _open_tape(self, tape_bytes: int) -> None:
         path = self.settings.state_dir / "tape.jsonl"
@@ -172,12 +167,15 @@ class SyncerRuntime:
         await self._commit_to(position)
         self._kick.set()
 
-    async def heartbeat(self, learner: str, report: dict[str, Any]) -> dict[str, Any]:
-        await self._on_core(self._heartbeat, learner, report)
+    async def heartbeat(self, report: HeartbeatBody) -> dict[str, Any]:
+        await self._on_core(self._heartbeat, report)
         return {"versions": self.publisher.versions()}
 
     async def push(self, identity: str, body: bytes) -> tuple[Update, Ack]:
-        """Decode (off the loop), check identity, hand to the core, wait for durability."""
+        """Decode (off the loop), check identity, hand to the core, wait for durability.
+
+        A rejected update is answered only once its rejection is durable: the count
+        that may suspend its sender survives a crash like everything acknowledged."""
         loop = asyncio.get_running_loop()
         update, _ = await loop.run_in_executor(self._work, decode_update, body, self.limits)
         if update.learner != identity:
@@ -186,6 +184,12 @@ class SyncerRuntime:
         await self._commit_to(position)
         self._kick.set()
         return update, ack
+
+    async def readmit(self, learner: str) -> bool:
+        """The operator lets a suspended learner back in; False if it was not suspended."""
+        readmitted, position = await self._on_core(self._readmit, learner)
+        await self._commit_to(position)
+        return readmitted
 
     def observe_upload(self, learner: str, nbytes: int, seconds: float) -> None:
         """A throughput sample of a learner's uplink from the HTTP layer's meter."""
@@ -207,31 +211,27 @@ class SyncerRuntime:
         self.snapshots.update(
             taken=int(self.snapshots["taken"] or 0) + 1, last_at=self.clock(), last_seconds=seconds, bytes=nbytes
         )
-        self._event(self.clock(), "snapshot", bytes=nbytes, seconds=round(seconds, 4), wal_segment=segment)
+        self.roster.event(self.clock(), "snapshot", bytes=nbytes, seconds=round(seconds, 4), wal_segment=segment)
         return {"bytes": nbytes, "seconds": seconds, "wal_segment": segment}
 
     async def view(self, render: Callable[[SyncerRuntime], T]) -> T:
         """A read-only view (status, metrics, clock) computed on the core thread: one consistent moment."""
         return await self._on_core(render, self)
 
+    def degraded(self) -> dict[int, str]:
+        """Fragments in trouble, with why: a round that failed, or a version learners could not be sent."""
+        return {**self.syncer.degraded, **self.publish_failures}
+
     # -- core thread ----------------------------------------------------------------------------
     def _register(self, learner: str, incarnation: int, region: str) -> tuple[int, int]:
         assert self.wal is not None
+        self.roster.check_region(region)
         now = self.clock()
         links = self.syncer.links.get(learner)
         start_step = links.pace.last_step if links is not None else 0
         self._apply_effects(self.syncer.register(now, learner, incarnation, start_step))
-        links = self.syncer.links[learner]
-        regional = self.regions.get(region)
-        if regional is not None and links.up.bytes_per_s is None:
-            links.up.bytes_per_s, links.up.rtt_s = regional.up.bytes_per_s, regional.up.rtt_s
-        info = self.info.setdefault(learner, LearnerInfo())
-        info.region, info.incarnation, info.state, info.last_seen, info.joined_at = region, incarnation, "training", now, now
-        info.step = max(info.step, start_step)
-        position = self.wal.append(
-            {"kind": "join", "t": now, "learner": learner, "incarnation": incarnation, "start_step": start_step}
-        )
-        self._event(now, "join", learner=learner, region=region, incarnation=incarnation, start_step=start_step)
+        self.roster.joined(now, learner, incarnation, region, start_step, self.syncer.links[learner])
+        position = self.wal.append(JoinEntry(t=now, learner=learner, incarnation=incarnation, start_step=start_step).model_dump())
         self.quorum_clock.update(now, len(self.syncer.live))
         return start_step, position
 
@@ -241,71 +241,75 @@ class SyncerRuntime:
         effects = self.syncer.deregister(now, learner, reason)
         if effects:
             self._apply_effects(effects)
-            self.wal.append({"kind": "leave", "t": now, "learner": learner, "reason": reason})
-            self._event(now, "leave", learner=learner, reason=reason)
-        if learner in self.info:
-            self.info[learner].state = "left" if reason == "left" else "gone"
+            self.wal.append(LeaveEntry(t=now, learner=learner, reason=reason).model_dump())
+            self.roster.event(now, "leave", learner=learner, reason=reason)
+            self.roster.set_state(learner, "left" if reason == "left" else "gone")
         self.quorum_clock.update(now, len(self.syncer.live))
         return self.wal.appended
 
-    def _heartbeat(self, learner: str, report: dict[str, Any]) -> None:
+    def _heartbeat(self, report: HeartbeatBody) -> None:
+        learner = report.learner
+        self.syncer.check_sender(learner)
         if learner not in self.syncer.live:
             raise UnknownLearner(f"learner {learner!r} is not registered (declared gone or never joined); register again")
+        if report.due and len(report.due) != self.syncer.fragmentation.count:
+            raise BadRequest(
+                f"field 'due' must list one step per fragment ({self.syncer.fragmentation.count}), got {len(report.due)}"
+            )
         now = self.clock()
-        self.syncer.heartbeat(now, learner, report["step"], report["step_time"], tuple(report["due"]))
-        info = self.info.setdefault(learner, LearnerInfo())
-        info.step, info.tokens, info.tokens_per_s = report["step"], report["tokens"], report["tokens_per_s"]
-        info.loss, info.staleness, info.last_seen, info.state = report["loss"], report["staleness"], now, "training"
-        links, regional = self.syncer.links[learner], self.regions.setdefault(info.region, LearnerLinks())
-        if report["down_bytes"] > 0 and report["down_seconds"] > 0:
-            self.syncer.observe_download(learner, report["down_bytes"], report["down_seconds"])
-            regional.down.observe(report["down_bytes"], report["down_seconds"])
-        if report["rtt_s"] is not None:
-            links.up.observe(0, 0.0, report["rtt_s"])
-            regional.up.observe(0, 0.0, report["rtt_s"])
+        self.syncer.heartbeat(now, learner, report.step, report.step_time, tuple(report.due))
+        links, regional = self.roster.heard(now, report, self.syncer.links[learner])
+        if report.down_bytes > 0 and report.down_seconds > 0:
+            links.down.observe(report.down_bytes, report.down_seconds)
+            regional.down.observe(report.down_bytes, report.down_seconds)
+        if report.rtt_s is not None:
+            links.up.observe(0, 0.0, report.rtt_s)
+            regional.up.observe(0, 0.0, report.rtt_s)
 
     def _observe_upload(self, learner: str, nbytes: int, seconds: float) -> None:
         self.syncer.observe_upload(learner, nbytes, seconds)
-        region = self.info[learner].region if learner in self.info else ""
-        self.regions.setdefault(region, LearnerLinks()).up.observe(nbytes, seconds)
+        self.roster.regional(learner).up.observe(nbytes, seconds)
 
     def _receive(self, update: Update, body: bytes) -> tuple[Ack, int]:
         assert self.wal is not None
         now = self.clock()
         ack, effects = self.syncer.receive(now, update, len(body))
-        if ack.status != "duplicate":
-            self.wal.append({"kind": "update", "t": now, "nbytes": len(body)}, body)
-            self.info.setdefault(update.learner, LearnerInfo()).last_seen = now
+        if ack.status == "rejected":
+            self.wal.append(RejectEntry(t=now, learner=update.learner, reason=ack.reason).model_dump())
+            self.roster.event(now, "rejected", learner=update.learner, fragment=update.fragment, code=ack.code, reason=ack.reason)
+            log.warning("update %s of %s rejected (%s): %s", update.update_id, update.learner, ack.code, ack.reason)
+        elif ack.status != "duplicate":
+            self.wal.append(UpdateEntry(t=now, nbytes=len(body)).model_dump(), body)
+            self.roster.learner(update.learner).last_seen = now
             self.bytes_up += len(body)
         self._apply_effects(effects)
-        counts = self.info.setdefault(update.learner, LearnerInfo()).updates
+        counts = self.roster.learner(update.learner).updates
         counts[ack.status] = counts.get(ack.status, 0) + 1
         return ack, self.wal.appended
+
+    def _readmit(self, learner: str) -> tuple[bool, int]:
+        assert self.wal is not None
+        now = self.clock()
+        effects = self.syncer.readmit(now, learner)
+        if effects:
+            self._apply_effects(effects)
+            self.wal.append(ReadmitEntry(t=now, learner=learner).model_dump())
+            self.roster.event(now, "readmitted", learner=learner)
+            self.roster.set_state(learner, "gone")
+        return bool(effects), self.wal.appended
 
     def _poll(self) -> tuple[list[FragmentVersion], int, float | None]:
         assert self.wal is not None
         now = self.clock()
         for learner in sorted(self.syncer.live):
-            info = self.info.get(learner)
+            info = self.roster.info.get(learner)
             if info is not None and now - info.last_seen > self.settings.heartbeat_timeout_s:
                 self._leave(learner, f"no heartbeat for {now - info.last_seen:.1f}s")
         effects = self.syncer.poll(now)
         for effect in effects:
-            if isinstance(effect, Record) and effect.entry["type"] == "round":
-                e = effect.entry
-                self.wal.append(
-                    {
-                        "kind": "close",
-                        "t": now,
-                        "fragment": e["fragment"],
-                        "cause": e["cause"],
-                        "reason": e["reason"],
-                        "grace_s": e["grace_s"],
-                    }
-                )
-                self.recent_rounds.append(
-                    {k: e[k] for k in ("t", "fragment", "version", "cause", "reason", "grace_s", "admitted")}
-                )
+            logged = entry_for(now, effect.entry) if isinstance(effect, Record) else None
+            if logged is not None:
+                self.wal.append(logged.model_dump())
         self._apply_effects(effects)
         sends = [e.message for e in effects if isinstance(e, Send) and e.reason == "round"]
         return sends, self.wal.appended, self.syncer.next_wake()
@@ -322,28 +326,30 @@ class SyncerRuntime:
     def _write_snapshot(self, to_bytes: Callable[[], bytes], segment: int) -> int:
         assert self.wal is not None
         data = to_bytes()
-        final = self.settings.state_dir / SNAPSHOT
-        tmp = final.with_suffix(".tmp")
-        with tmp.open("wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-        dir_fd = os.open(self.settings.state_dir, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-        self.wal.drop_before(segment)
+        self.wal.drop_before(write_snapshot(self.settings.state_dir, segment, data))
         return len(data)
 
     def _apply_effects(self, effects: list[Effect]) -> None:
+        """Tape every record and show it on the page; log each new fault with its traceback."""
+        now = self.clock()
         for effect in effects:
-            if isinstance(effect, Record) and self.tape is not None:
-                self.tape.write(effect.entry)
+            if isinstance(effect, Fault):
+                self._fault(now, effect)
+            elif isinstance(effect, Record):
+                if self.tape is not None:
+                    self.tape.write(effect.entry)
+                self.roster.note(now, effect.entry)
 
-    def _event(self, now: float, kind: str, **fields: Any) -> None:
-        self.events.append({"t": round(now, 3), "event": kind, **fields})
+    def _fault(self, now: float, fault: Fault) -> None:
+        if self._logged_faults.get(fault.fragment) != fault.reason:
+            self._logged_faults[fault.fragment] = fault.reason
+            log.error("%s", fault.reason, exc_info=fault.error)
+            self.roster.event(now, "fragment-degraded", fragment=fault.fragment, reason=fault.reason)
+
+    def _task_failed(self, name: str, exc: BaseException) -> None:
+        self.task_failures[name] = self.task_failures.get(name, 0) + 1
+        log.error("task %s failed (%d times so far); restarting it", name, self.task_failures[name], exc_info=exc)
+        self.roster.event(self.clock(), "task-failed", task=name, reason=f"{type(exc).__name__}: {exc}")
 
     # -- loops ----------------------------------------------------------------------------------
     async def _rounds_loop(self) -> None:
@@ -387,8 +393,17 @@ class SyncerRuntime:
                 self._durable = await asyncio.get_running_loop().run_in_executor(self._io, self.wal.sync)
 
     async def _publish(self, message: FragmentVersion) -> None:
+        """Encode and publish one version; a failure marks its fragment degraded instead of stopping the caller."""
         loop = asyncio.get_running_loop()
-        frame = await loop.run_in_executor(
-            self._work, encode_fragment, message, self.assembly.config.down_codec, self.assembly.config.sync.block
-        )
+        try:
+            frame = await loop.run_in_executor(
+                self._work, encode_fragment, message, self.assembly.config.down_codec, self.assembly.config.sync.block
+            )
+        except Exception as exc:  # noqa: BLE001 - one fragment that cannot be sent must not stop the others
+            reason = f"version {message.version} of fragment {message.fragment} cannot be sent: {type(exc).__name__}: {exc}"
+            self.publish_failures[message.fragment] = reason
+            log.error("%s", reason, exc_info=exc)
+            self.roster.event(self.clock(), "fragment-degraded", fragment=message.fragment, reason=reason)
+            return
+        self.publish_failures.pop(message.fragment, None)
         await self.publisher.publish(Published(fragment=message.fragment, version=message.version, frame=frame))

@@ -20,8 +20,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from ddctl_agents.errors import AgentError
+
 _HEAD = struct.Struct("<IQI")
 MAX_META = 1 << 20
+
+
+class WalError(AgentError):
+    """A record that could never be read back (its meta over MAX_META) is refused before it is written."""
+
+
+def record_prefix(meta: dict[str, Any], payload: bytes | bytearray | memoryview = b"") -> bytes:
+    """A record's head and JSON meta; the payload follows it unchanged (not copied here)."""
+    raw = json.dumps(meta, separators=(",", ":"), allow_nan=False).encode()
+    if len(raw) > MAX_META:
+        raise WalError(f"log record meta of {len(raw)} bytes exceeds {MAX_META}: recovery would stop at it")
+    crc = zlib.crc32(payload, zlib.crc32(raw))
+    return _HEAD.pack(len(raw), len(payload), crc) + raw
+
+
+def append_record(path: Path, meta: dict[str, Any], payload: bytes | bytearray | memoryview = b"") -> None:
+    """Append one record to a standalone file durably (the quarantine file, not the log)."""
+    with path.open("ab") as f:
+        f.write(record_prefix(meta, payload))
+        f.write(payload)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,14 +117,12 @@ class Wal:
         self.bytes_written = 0
 
     def append(self, meta: dict[str, Any], payload: bytes | bytearray | memoryview = b"") -> int:
-        raw = json.dumps(meta, separators=(",", ":"), allow_nan=False).encode()
-        crc = zlib.crc32(payload, zlib.crc32(raw))
+        prefix = record_prefix(meta, payload)
         with self._lock:
-            self._file.write(_HEAD.pack(len(raw), len(payload), crc))
-            self._file.write(raw)
+            self._file.write(prefix)
             self._file.write(payload)
             self.appended += 1
-            self.bytes_written += _HEAD.size + len(raw) + len(payload)
+            self.bytes_written += len(prefix) + len(payload)
             return self.appended
 
     def sync(self) -> int:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ddctl_agents.core.admission import UpdateLimits, derive_limits
 from ddctl_agents.core.fragments import Fragmentation, TensorSpec, fragment_tensors
 from ddctl_agents.core.syncer import Synchronizer
 from ddctl_agents.errors import ConfigError
@@ -72,7 +73,18 @@ class Assembly:
         )
 
     def new_syncer(self) -> Synchronizer:
-        return Synchronizer(self.initial, self.fragmentation, self.embeddings, self.config.syncer)
+        return Synchronizer(self.initial, self.fragmentation, self.embeddings, self.config.syncer, self.update_limits())
+
+    def update_limits(self) -> UpdateLimits:
+        """What an update of this job may claim: drift from the inner AdamW, one batch per step, the run's steps."""
+        return derive_limits(
+            lr=self.config.inner.lr,
+            weight_decay=self.config.inner.weight_decay,
+            tokens_per_step=self.config.inner.batch_size * self.model_config.seq_len,
+            max_steps=self.total_steps,
+            initial=self.initial,
+            trust=self.config.syncer.trust,
+        )
 
     def new_learner(self, index: int, incarnation: int = 0, start_step: int = 0) -> Learner:
         """A fresh learner process: model at the seed's init (bootstrap overwrites it), new AdamW."""

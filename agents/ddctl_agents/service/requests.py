@@ -1,0 +1,110 @@
+"""Every field a client can send, with its type and bound, checked in one place.
+
+JSON bodies are pydantic models (strict types, no unknown keys, finite numbers,
+every integer and float bounded); headers, path segments and query strings go
+through ``parse_count`` and ``parse_query``, which accept integers written in
+ASCII digits only (``str.isdigit`` also accepts '²', which ``int`` refuses).
+Whatever fails here is a ``BadRequest`` (HTTP 400) naming the field, never a
+500, and nothing non-finite or unbounded gets past it into the syncer's state,
+its log or its status page.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, TypeVar
+from urllib.parse import parse_qs
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ddctl_agents.errors import AgentError
+
+MAX_COUNT = (1 << 62) - 1
+"""Steps, tokens, bytes: far above any real run, far below where float conversions overflow."""
+
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+Seconds = Annotated[float, Field(ge=0.0, le=86_400.0, allow_inf_nan=False)]
+Rate = Annotated[float, Field(ge=0.0, le=1e12, allow_inf_nan=False)]
+Loss = Annotated[float, Field(ge=0.0, le=1e6, allow_inf_nan=False)]
+Identity = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+Region = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{0,64}$")]
+Sentence = Annotated[str, Field(pattern=r"^[\x20-\x7e]{0,200}$")]
+"""Printable ASCII only: it is written into logs and events, where a newline could forge a line."""
+
+
+class BadRequest(AgentError):
+    """400: a request field has the wrong type, is out of its bounds, or is unknown."""
+
+    status = 400
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class RegisterBody(_Body):
+    learner: Identity
+    incarnation: Count
+    region: Region = ""
+
+
+class LeaveBody(_Body):
+    learner: Identity
+    reason: Sentence = "left"
+
+
+class ReadmitBody(_Body):
+    learner: Identity
+
+
+class HeartbeatBody(_Body):
+    """A learner's progress report: every number is bounded, so no estimate built on it can overflow."""
+
+    learner: Identity
+    step: Count
+    step_time: Seconds
+    tokens: Count
+    tokens_per_s: Rate
+    loss: Loss | None = None
+    staleness: Count = 0
+    due: Annotated[list[Count], Field(max_length=4096)] = Field(default_factory=list)
+    """Each fragment's next due step: empty, or exactly one per fragment."""
+    rtt_s: Annotated[float, Field(ge=0.0, le=600.0, allow_inf_nan=False)] | None = None
+    down_bytes: Count = 0
+    down_seconds: Seconds = 0.0
+
+
+Body = TypeVar("Body", bound=_Body)
+
+
+def parse_body(model: type[Body], raw: bytes) -> Body:
+    """``raw`` JSON as ``model``, or BadRequest naming the first field that is wrong."""
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"])
+        detail = error["msg"]
+        if error["type"] == "json_invalid":
+            raise BadRequest(f"body is not JSON: {detail.removeprefix('Invalid JSON: ')}") from None
+        raise BadRequest(f"field {where!r}: {detail}" if where else f"body: {detail}") from None
+
+
+_COUNT = re.compile(r"-?[0-9]{1,19}")
+
+
+def parse_count(text: str | None, what: str, *, minimum: int = 0, maximum: int = MAX_COUNT) -> int:
+    """An integer written in ASCII digits within [minimum, maximum], or BadRequest naming ``what``."""
+    if text is None or not _COUNT.fullmatch(text) or not minimum <= int(text) <= maximum:
+        raise BadRequest(f"{what} must be an integer in [{minimum}, {maximum}] written in ASCII digits, got {text!r:.40}")
+    return int(text)
+
+
+def parse_query(raw: bytes) -> dict[str, str]:
+    """A query string's parameters (the last value of each); it must be ASCII and percent-decode to UTF-8."""
+    try:
+        text = raw.decode("ascii")
+        pairs = parse_qs(text, keep_blank_values=True, strict_parsing=False, errors="strict", max_num_fields=16)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise BadRequest(f"query string is not valid: {exc}") from None
+    return {key: values[-1] for key, values in pairs.items()}

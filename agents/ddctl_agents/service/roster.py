@@ -1,0 +1,97 @@
+"""What the service knows about learners and regions beyond the core's state, and its event log.
+
+The core keeps what decides rounds; the roster keeps what people read on the
+status page: each learner's region, progress and state, link estimates per
+region, and the recent events and rounds. Touched only on the core thread.
+Everything in it is bounded: learners are the job's identities, regions are
+capped, the logs are rings.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddctl_agents.core.links import LearnerLinks
+from ddctl_agents.service.requests import BadRequest, HeartbeatBody
+
+log = logging.getLogger("ddctl.syncer")
+ROUND_FIELDS = ("t", "fragment", "version", "cause", "reason", "grace_s", "admitted")
+MAX_REGIONS = 256
+"""Distinct region names the service keeps link estimates for; a learner cannot make it keep more."""
+
+
+@dataclass(slots=True)
+class LearnerInfo:
+    """What the status page shows about one learner, beside the core's link estimates."""
+
+    region: str = ""
+    incarnation: int = 0
+    state: str = "training"
+    step: int = 0
+    tokens: int = 0
+    tokens_per_s: float = 0.0
+    loss: float | None = None
+    staleness: int = 0
+    last_seen: float = 0.0
+    joined_at: float = 0.0
+    updates: dict[str, int] = field(default_factory=dict)
+
+
+class Roster:
+    def __init__(self) -> None:
+        self.info: dict[str, LearnerInfo] = {}
+        self.regions: dict[str, LearnerLinks] = {}
+        self.events: deque[dict[str, Any]] = deque(maxlen=64)
+        self.recent_rounds: deque[dict[str, Any]] = deque(maxlen=32)
+
+    def event(self, now: float, kind: str, **fields: Any) -> None:
+        self.events.append({"t": round(now, 3), "event": kind, **fields})
+
+    def learner(self, name: str) -> LearnerInfo:
+        return self.info.setdefault(name, LearnerInfo())
+
+    def region_of(self, name: str) -> str:
+        return self.info[name].region if name in self.info else ""
+
+    def check_region(self, region: str) -> None:
+        if region not in self.regions and len(self.regions) >= MAX_REGIONS:
+            raise BadRequest(f"this job already tracks {MAX_REGIONS} regions; {region!r} would be one more")
+
+    def joined(self, now: float, name: str, incarnation: int, region: str, start_step: int, links: LearnerLinks) -> None:
+        """A learner registered: a learner new to its link starts from its region's estimates."""
+        regional = self.regions.get(region)
+        if regional is not None and links.up.bytes_per_s is None:
+            links.up.bytes_per_s, links.up.rtt_s = regional.up.bytes_per_s, regional.up.rtt_s
+        info = self.learner(name)
+        info.region, info.incarnation, info.state, info.last_seen, info.joined_at = region, incarnation, "training", now, now
+        info.step = max(info.step, start_step)
+        self.event(now, "join", learner=name, region=region, incarnation=incarnation, start_step=start_step)
+
+    def heard(self, now: float, report: HeartbeatBody, links: LearnerLinks) -> tuple[LearnerLinks, LearnerLinks]:
+        """A heartbeat: progress for the page; returns (learner's, region's) links for the measured figures."""
+        info = self.learner(report.learner)
+        info.step, info.tokens, info.tokens_per_s = report.step, report.tokens, report.tokens_per_s
+        info.loss, info.staleness, info.last_seen, info.state = report.loss, report.staleness, now, "training"
+        return links, self.regions.setdefault(info.region, LearnerLinks())
+
+    def regional(self, name: str) -> LearnerLinks:
+        return self.regions.setdefault(self.region_of(name), LearnerLinks())
+
+    def set_state(self, name: str, state: str) -> None:
+        if name in self.info:
+            self.info[name].state = state
+
+    def note(self, now: float, record: dict[str, Any]) -> None:
+        """What a tape record means for the page: a round closed, a contribution set aside, a learner suspended."""
+        kind = record["type"]
+        if kind == "round":
+            self.recent_rounds.append({k: record[k] for k in ROUND_FIELDS})
+        elif kind == "reject":
+            self.event(now, "set-aside", learner=record["learner"], fragment=record["fragment"], reason=record["reason"])
+        elif kind == "suspend":
+            self.event(now, "suspended", learner=record["learner"], reason=record["reason"])
+            self.set_state(record["learner"], "suspended")
+            log.error("learner %s suspended: %s", record["learner"], record["reason"])
