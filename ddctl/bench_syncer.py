@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ddctl_agents.core.admission import check_result, check_update
 from ddctl_agents.core.fragments import TensorSpec, fragment_tensors
 from ddctl_agents.core.messages import Update, decode_update, encode_update
 from ddctl_agents.core.syncer import SyncerConfig, Synchronizer
@@ -60,6 +61,13 @@ def measure_syncer(learners: int = 8, numel: int = 8 * 2**20, tensors: int = 8, 
                 decode_s.append(decoded_at - start)
                 merge_s.append(end - decoded_at)
                 total_s.append(end - start)
+        checks = []  # the trust boundary's share of a round: every update's admission, the result's check
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for update in decoded:
+                check_update(update, syncer.fragments[0], syncer.limits)
+            check_result(syncer.fragments[0], syncer.buffers[0], syncer.limits)
+            checks.append(time.perf_counter() - start)
         src = torch.randn(numel)
         dst = torch.empty_like(src)
         copies = []
@@ -82,5 +90,7 @@ def measure_syncer(learners: int = 8, numel: int = 8 * 2**20, tensors: int = 8, 
         "decode_seconds": round(min(decode_s), 4),
         "merge_seconds": round(min(merge_s), 4),
         "per_learner_update_gbps": round(gb * learners / best, 3),
+        "admission_seconds": round(min(checks), 4),
+        "admission_share": round(min(checks) / best, 4),
         "threads": 1,
     }

@@ -1,9 +1,15 @@
-"""``ddctl chaos preempt``: a spot interruption, on purpose, with its notice.
+"""``ddctl chaos``: failures on purpose, to see the job ride through them.
 
-The notice reaches the learner the way a cloud's does: a Docker VM's agent
-reads it from the instance-metadata endpoint, a local process gets SIGTERM.
-Either way it pushes its pending outer gradients and leaves; when the notice
-runs out the instance is killed. The controller then replaces it.
+``preempt``: a spot interruption with its notice. The notice reaches the
+learner the way a cloud's does: a Docker VM's agent reads it from the
+instance-metadata endpoint, a local process gets SIGTERM. Either way it pushes
+its pending outer gradients and leaves; when the notice runs out the instance
+is killed. The controller then replaces it.
+
+``partition``: a network fault, not a crash. A Docker region's network is
+disconnected from the syncer for a while and then restored; its learners keep
+training, keep their drift and reconnect on their own, while the other regions
+keep merging. The link is restored even if the command is interrupted.
 """
 
 from __future__ import annotations
@@ -14,7 +20,10 @@ from typing import Any
 
 from ddctl import providers
 from ddctl.errors import DdctlError
+from ddctl.providers.docker import DockerProvider
 from ddctl.state import State
+
+MAX_PARTITION_S = 3600.0
 
 
 def preempt(run: str, state: State, region: str, notice_s: float = 30.0) -> dict[str, Any]:
@@ -44,3 +53,30 @@ def preempt(run: str, state: State, region: str, notice_s: float = 30.0) -> dict
         "notice_s": notice_s,
         "seconds_to_exit": round(time.time() - started, 2),
     }
+
+
+def partition(run: str, state: State, region: str, seconds: float) -> dict[str, Any]:
+    """Cut ``region`` off from the syncer for ``seconds``, then restore it (always, even on Ctrl-C)."""
+    if not 0 < seconds <= MAX_PARTITION_S:
+        raise DdctlError(f"--for must be in (0, {MAX_PARTITION_S:.0f}] seconds, got {seconds}")
+    records = [i for i in state.instances(run) if i.role == "learner"]
+    here = [i for i in records if i.region == region]
+    if not here:
+        regions = sorted({i.region for i in records})
+        raise DdctlError(f"run {run} has no learners in region {region!r}; regions with learners: {', '.join(regions)}")
+    if here[0].provider != "docker":
+        raise DdctlError(
+            f"region {region} runs on provider {here[0].provider}: a partition cuts a Docker region's network from the "
+            "syncer, and local processes share this machine's network"
+        )
+    docker = DockerProvider()
+    docker.cut_region(run, region)
+    cut_at = time.time()
+    state.event(run, "partition", region=region, seconds=seconds)
+    try:
+        time.sleep(seconds)
+    finally:
+        docker.heal_region(run, region)
+        healed_at = time.time()
+        state.event(run, "partition-healed", region=region, seconds=round(healed_at - cut_at, 2))
+    return {"run": run, "region": region, "seconds": round(healed_at - cut_at, 2), "cut_at": cut_at, "healed_at": healed_at}

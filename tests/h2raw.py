@@ -8,6 +8,7 @@ stream the server reset (or a connection it closed) as status 0.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import ssl
 from pathlib import Path
@@ -29,6 +30,7 @@ class RawH2:
 
     def _connect(self) -> None:
         raw = socket.create_connection((self.host, self.port), timeout=self.timeout_s)
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # headers and body go in two writes: no Nagle stall
         if self.ca is not None:
             context = ssl.create_default_context(cafile=str(self.ca))
             context.set_alpn_protocols(["h2"])
@@ -49,8 +51,11 @@ class RawH2:
             finally:
                 self.sock, self.conn = None, None
 
-    def request(self, headers: list[Header], body: bytes = b"") -> tuple[int, bytes]:
-        """Send one request as given; (status, body), or (0, b"") if the server reset it or hung up."""
+    def request(self, headers: list[Header], body: bytes = b"", until_headers: bool = False) -> tuple[int, bytes]:
+        """Send one request as given; (status, body), or (0, b"") if the server reset it or hung up.
+
+        ``until_headers`` returns at the response's headers and cancels the stream (a
+        subscription never ends by itself)."""
         if self.conn is None:
             self._connect()
             self.reconnects += 1
@@ -77,9 +82,14 @@ class RawH2:
                 for event in self.conn.receive_data(data):
                     if isinstance(event, h2.events.ResponseReceived) and event.stream_id == stream:
                         status = int(dict(event.headers)[b":status"])
-                    elif isinstance(event, h2.events.DataReceived) and event.stream_id == stream:
-                        answer += event.data
-                        self.conn.acknowledge_received_data(event.flow_controlled_length, stream)
+                        if until_headers:
+                            self._cancel(stream)
+                            return status, b""
+                    elif isinstance(event, h2.events.DataReceived):  # every stream's, or the connection window shrinks
+                        with contextlib.suppress(h2.exceptions.StreamClosedError):
+                            self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                        if event.stream_id == stream:
+                            answer += event.data
                     elif isinstance(event, h2.events.StreamEnded) and event.stream_id == stream:
                         self.sock.sendall(self.conn.data_to_send())
                         return status, bytes(answer)
@@ -92,6 +102,12 @@ class RawH2:
         except (OSError, h2.exceptions.ProtocolError):
             self.close()
             return 0, b""
+
+    def _cancel(self, stream: int) -> None:
+        assert self.conn is not None and self.sock is not None
+        with contextlib.suppress(h2.exceptions.StreamClosedError):
+            self.conn.reset_stream(stream)
+        self.sock.sendall(self.conn.data_to_send())
 
 
 def request_headers(method: str, path: bytes, token: str, extra: list[Header] | None = None) -> list[Header]:

@@ -133,3 +133,25 @@ def test_watch_without_a_terminal_prints_plain_snapshots_while_the_syncer_is_dea
     text = out.getvalue()
     assert "\x1b[" not in text  # no colour and no cursor movement off a terminal
     assert text.count("syncer unreachable") == 3 and text.count("L0") >= 3
+
+
+def test_a_suspended_learner_and_a_degraded_fragment_are_on_the_screen() -> None:
+    raw = json.loads((DATA / "running_3.json").read_text())
+    status = raw["syncer"]["status"]
+    victim = status["learners"][-1]
+    victim.update(state="suspended", live=False, rejections=3, suspended="3 rejected updates, the last: NaN")
+    status.update(
+        degraded=[{"fragment": 3, "reason": "round of fragment 3 failed: RuntimeError: a bug"}],
+        suspended=[victim["id"]],
+        ledger={**status["ledger"], "rejected": 8192},
+    )
+    status["events"].append({"t": status["time"], "event": "suspended", "learner": victim["id"], "reason": "3 rejected updates"})
+    s = from_recording(raw)
+    lines = screen(s, 80, 24)
+    text = "\n".join(lines)
+    assert len(lines) <= 24 and max(map(len, lines)) <= 80
+    assert any(victim["id"] in line and "suspended" in line for line in lines[:8])  # the table's state column
+    assert f"! {victim['id']} suspended · rejected 8.2k · f3 degraded: round of fragment 3" in text
+    assert f"{victim['id']} suspended: 3 rejected updates" in text  # and the event
+    healthy = "\n".join(screen(load("running_3.json"), 80, 24))
+    assert "!" not in healthy and "rejected" not in healthy  # nothing to say when all is well

@@ -7,6 +7,8 @@ installs Debian's docker.io and starts dockerd, so these run in CI.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -103,6 +105,10 @@ def test_docker_regions_train_shaped_survive_a_preemption_and_leave_nothing(
         with pytest.raises(UnreachableError, match="does not match the pinned one"):
             deploy.run_command(wrong, "true")
 
+        # a network partition: the slow region is cut off from the syncer; the others keep merging at K=1,
+        # its learner keeps training on the same VM and rejoins on its own; nothing is applied twice
+        _partition_and_heal(run, engine)
+
         # a spot notice through the metadata endpoint: early push, the job keeps merging, a replacement rejoins
         rounds = _status()["rounds"]
         chaos = runner.invoke(app, ["chaos", "preempt", "mid", "--notice", "20", "--json"])
@@ -131,6 +137,46 @@ def test_docker_regions_train_shaped_survive_a_preemption_and_leave_nothing(
         assert engine.containers({RUN_LABEL: run}) == [] and engine.networks({RUN_LABEL: run}) == []
     again = runner.invoke(app, ["down", "--run", run, "--json"])
     assert again.exit_code == 0 and json.loads(again.stdout)["stopped"] == []
+
+
+def _row(status: dict[str, Any], region: str) -> dict[str, Any]:
+    return dict(next(r["learners"][0] for r in status["regions"] if r["name"] == region))
+
+
+def _partition_and_heal(run: str, engine: Engine, seconds: float = 25.0) -> None:
+    before = _status()
+    [vm] = [c["Id"] for c in engine.containers({RUN_LABEL: run}) if c["Labels"]["ddctl-name"] == "L2"]
+    command = [sys.executable, "-c", "from ddctl.cli.app import main; main()", "chaos", "partition", "slow"]
+    cut = subprocess.Popen([*command, "--for", str(seconds), "--json"], stdout=subprocess.PIPE, text=True)
+    try:
+        _wait(lambda: _row(_status(), "slow")["seen_s_ago"] > 5, 20, "the slow region goes quiet")
+        during = _status()
+        _wait(lambda: _status()["rounds"] >= during["rounds"] + 2, 20, "the other regions keep merging while it is cut off")
+        out, _ = cut.communicate(timeout=seconds + 30)
+    finally:
+        if cut.poll() is None:
+            cut.terminate()  # restores the link on its way out
+            cut.wait(30)
+    assert cut.returncode == 0 and json.loads(out)["seconds"] >= seconds, out
+
+    def rejoined() -> dict[str, Any] | None:
+        status = _status()
+        row = _row(status, "slow")
+        return (
+            status
+            if row["state"] == "training" and row["seen_s_ago"] < 3 and row["step"] > _row(before, "slow")["step"]
+            else None
+        )
+
+    after = _wait(rejoined, 60, "the cut-off learner reconnects on its own")
+    assert [c["Id"] for c in engine.containers({RUN_LABEL: run}) if c["Labels"]["ddctl-name"] == "L2"] == [vm]
+    assert after["ledger"]["balanced"] and after["ledger"]["received"] > before["ledger"]["received"]
+    assert {"partition", "partition-healed"} <= {e["event"] for e in after["events"] if e["source"] == "ddctl"}
+    syncer_saw = [
+        (e["event"], e.get("reason", "")) for e in after["events"] if e["source"] == "syncer" and e.get("learner") == "L2"
+    ]
+    gone = next(i for i, (kind, reason) in enumerate(syncer_saw) if kind == "leave" and "no heartbeat" in reason)
+    assert ("join", "") in syncer_saw[gone:], syncer_saw  # declared gone while cut off, back by itself
 
 
 def _first_summary(log: Path) -> dict[str, Any] | None:

@@ -190,3 +190,21 @@ def chaos_preempt(
         print_json(result)
     else:
         typer.echo(f"preempted {result['instance']} in {result['region']} ({result['seconds_to_exit']}s after its notice)")
+
+
+def chaos_partition(
+    region: Annotated[str, typer.Argument(help="Docker region to cut off from the syncer.")],
+    seconds: Annotated[float, typer.Option("--for", help="Seconds the region stays cut off (then it is restored).")] = 30.0,
+    run: RunOption = "",
+    json_out: JsonOption = False,
+) -> None:
+    """Cut a region's network off from the syncer, then restore it; its learners keep training and rejoin."""
+    from ddctl.chaos import partition
+
+    if not json_out:
+        typer.echo(f"cutting {region} off from the syncer for {seconds:g}s (Ctrl-C restores it early)", err=True)
+    result = _on_run(run, lambda r, state: partition(r, state, region, seconds))
+    if json_out:
+        print_json(result)
+    else:
+        typer.echo(f"{result['region']} was cut off for {result['seconds']}s and is connected again")

@@ -26,6 +26,7 @@ STATE_STYLE = {
     "preempted": "red",
     "gone": "red",
     "finished": "blue",
+    "suspended": "bold red",
 }
 # (header, key, minimum width to show it): the narrowest terminals keep the first columns only
 COLUMNS: tuple[tuple[str, str, int], ...] = (
@@ -156,7 +157,16 @@ def global_lines(s: dict[str, Any], width: int) -> list[Text]:
     )
     if ledger:
         books.append("balanced" if ledger.get("balanced") else "UNBALANCED", style="green" if ledger.get("balanced") else "red")
-    return [first, rounds, sent, books]
+    return [first, rounds, sent, books, *trust_lines(s)]
+
+
+def trust_lines(s: dict[str, Any]) -> list[Text]:
+    """One red line while a learner is suspended, tokens were rejected or a fragment is degraded; else none."""
+    problems = [f"{name} suspended" for name in s.get("suspended", [])]
+    if s["ledger"].get("rejected"):
+        problems.append(f"rejected {_short(s['ledger']['rejected'])}")
+    problems += [f"f{d['fragment']} degraded: {d['reason']}" for d in s.get("degraded", [])]
+    return [_line(("! " + " · ".join(problems), "bold red"))] if problems else []
 
 
 def _short(n: Any) -> str:
@@ -180,7 +190,16 @@ EVENT_FORMATS = {
     "replaced": "{instance} ({region}) replaced",
     "instance": "{instance} {state}",
     "error": "{where}: {message}",
+    "rejected": "{learner}: update refused ({code}): {reason}",
+    "set-aside": "{learner}: fragment {fragment} contribution set aside: {reason}",
+    "suspended": "{learner} suspended: {reason}",
+    "readmitted": "{learner} readmitted",
+    "fragment-degraded": "fragment {fragment} degraded: {reason}",
+    "task-failed": "syncer task {task} failed and restarted: {reason}",
+    "partition": "{region} cut off from the syncer for {seconds}s",
+    "partition-healed": "{region} connected again after {seconds}s",
 }
+ALARMS = ("preempted", "error", "leave", "rejected", "set-aside", "suspended", "fragment-degraded", "task-failed", "partition")
 
 
 def event_line(e: dict[str, Any]) -> Text:
@@ -193,9 +212,7 @@ def event_line(e: dict[str, Any]) -> Text:
     except (KeyError, IndexError, ValueError):
         detail = " ".join(f"{k}={v}" for k, v in fields.items() if v not in (None, ""))
     kind = e["event"]
-    style = (
-        "red" if kind in ("preempted", "error", "leave") else "yellow" if "notice" in kind else "green" if kind == "join" else ""
-    )
+    style = "red" if kind in ALARMS else "yellow" if "notice" in kind else "green" if kind in ("join", "readmitted") else ""
     return _line((f"{when} ", "dim"), (detail or kind, style))
 
 
@@ -204,14 +221,16 @@ def render(s: dict[str, Any], width: int = 80, height: int = 24) -> RenderableTy
     learners = sum(len(r["learners"]) for r in s["regions"])
     # header 1, table head 2, job rule + 4 lines, events rule + at least 3 lines
     room = max(height - 1 - 2 - 5 - 4, 1)
+    job = global_lines(s, width)
+    room = max(room - (len(job) - 4), 1)
     table = learners_table(s, width, max_rows=min(learners, room) if learners else 1)
-    used = 1 + 2 + min(learners, room) + 5 + 1
+    used = 1 + 2 + min(learners, room) + 1 + len(job) + 1
     events = [event_line(e) for e in s["events"][-max(height - used - 1, 3) :]]
     parts: list[RenderableType] = [
         header(s),
         table,
         Rule("job", style="dim", align="left"),
-        *global_lines(s, width),
+        *job,
         Rule("events", style="dim", align="left"),
         *(events or [Text("(none yet)", style="dim")]),
     ]

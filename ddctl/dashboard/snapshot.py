@@ -49,7 +49,9 @@ class RunRecords:
 
 
 def learner_state(record: InstanceRecord, seen: dict[str, Any] | None) -> str:
-    """provisioning, deploying, training, preempted, rejoining, finished or gone."""
+    """provisioning, deploying, training, suspended, preempted, rejoining, finished or gone."""
+    if seen is not None and seen.get("state") == "suspended":
+        return "suspended"
     if seen is not None and seen.get("live"):
         return "training"
     if record.state in ("finished", "preempted", "rejoining"):
@@ -99,6 +101,8 @@ def build(records: RunRecords, syncer: SyncerView, now: float) -> dict[str, Any]
                 "up_mbps": (entry or {}).get("up_mbps"),
                 "down_mbps": (entry or {}).get("down_mbps"),
                 "rtt_ms": (entry or {}).get("rtt_ms"),
+                "seen_s_ago": (entry or {}).get("seen_s_ago"),
+                "rejections": (entry or {}).get("rejections", 0),
                 "incarnation": (entry or {}).get("incarnation"),
                 "preemptions": preempted.get(record.name, 0),
                 "replacements": replaced.get(record.name, 0),
@@ -127,6 +131,8 @@ def build(records: RunRecords, syncer: SyncerView, now: float) -> dict[str, Any]
         "uptime": _ratio(status.get("quorum_s"), status.get("uptime_s")),
         "bytes": traffic(status),
         "ledger": status.get("ledger", {}),
+        "degraded": status.get("degraded", []),
+        "suspended": status.get("suspended", []),
         "regions": list(regions.values()),
         "dollars_per_hour": None if None in prices else round(sum(p for p in prices if p is not None), 4),
         "events": merged_events(status.get("events", []), records.events),

@@ -19,6 +19,7 @@ import contextlib
 import ipaddress
 import time
 from pathlib import Path
+from typing import Any
 
 from ddctl import deploy, linkshape, metadata
 from ddctl.errors import DdctlError
@@ -232,6 +233,24 @@ class DockerProvider:
             for ident, at in metadata.outstanding(int(port_file.read_text())).items()
             if ident in names
         ]
+
+    def cut_region(self, run: str, region: str) -> None:
+        """Disconnect the syncer's container from ``region``'s network: that region's learners lose the syncer."""
+        syncer = self._syncer(run)
+        if syncer["Labels"][REGION_LABEL] == region:
+            raise DdctlError(f"{region} is the syncer's own region; partition another one")
+        self.engine.disconnect(network_name(run, region), syncer["Id"])
+
+    def heal_region(self, run: str, region: str) -> None:
+        """Reconnect the syncer to ``region`` at its usual address (.250), so learners find it where it was."""
+        subnet = self.subnets(run)[region]
+        self.engine.connect(network_name(run, region), self._syncer(run)["Id"], self.syncer_ip(subnet))
+
+    def _syncer(self, run: str) -> dict[str, Any]:
+        running = [c for c in self.engine.containers({RUN_LABEL: run, ROLE_LABEL: "syncer"}) if c["State"] == "running"]
+        if not running:
+            raise DdctlError(f"run {run} has no running syncer container")
+        return running[0]
 
     def read_file(self, instance: Instance, path: str) -> bytes | None:
         return self.engine.get_file(instance.provider_id, path) if instance.provider_id else None

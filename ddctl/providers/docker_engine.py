@@ -139,6 +139,9 @@ class Engine:
         endpoint = {"IPAMConfig": {"IPv4Address": ip}} if ip else {}
         self._call("POST", f"/networks/{network}/connect", json={"Container": container, "EndpointConfig": endpoint})
 
+    def disconnect(self, network: str, container: str) -> None:
+        self._call("POST", f"/networks/{network}/disconnect", json={"Container": container, "Force": True})
+
     # containers
     def create_container(self, name: str, config: dict[str, Any]) -> str:
         return str(self._call("POST", "/containers/create", params={"name": name}, json=config).json()["Id"])
