@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -188,6 +189,34 @@ def test_a_learner_that_keeps_sending_bad_updates_is_suspended_then_readmitted(
     assert json.loads(again.stdout)["readmitted"] is False and "not suspended" in json.loads(again.stdout)["reason"]
     l3.register("L3", 2, "region-L3")
     assert l3.push(frame(assembly, "L3", 2, version(job, 2)), 2)["status"] == "accepted"
+
+
+def test_a_suspended_learner_agent_waits_to_be_readmitted_instead_of_crash_looping(
+    job: Job, clients: Clients, assembly: Assembly
+) -> None:
+    l2 = clients["L2"]  # one rejection so far (finding 2): two more suspend it
+    for _ in range(2):
+        refused(lambda: l2.push(frame(assembly, "L2", 0, version(job, 0), value=2e38), 0))
+    assert job.status()["suspended"] == ["L2"]
+    agent = job.start_learner("L2", "--syncer-timeout", "6")
+    try:
+        deadline = time.monotonic() + 90
+        while "suspended by the synchronizer" not in job.log("L2"):
+            assert agent.poll() is None and time.monotonic() < deadline, job.log("L2")[-2000:]
+            time.sleep(0.5)
+        time.sleep(8)  # longer than its dead-man switch: a suspension is not a lost syncer
+        assert agent.poll() is None, job.log("L2")[-2000:]
+        err = refused(lambda: clients["L0"].readmit("L2"))  # a learner cannot readmit anyone
+        assert err.status == 403 and "admin" in err.reason
+    finally:
+        admin = job.client()
+        try:
+            assert admin.readmit("L2")["readmitted"] is True
+        finally:
+            admin.close()
+    job.wait_for(lambda s: "L2" in s["live"], 60, "the readmitted agent to register on its own")
+    agent.terminate()
+    assert agent.wait(timeout=60) == 0, job.log("L2")[-2000:]
 
 
 def test_health_reports_suspensions_and_a_restart_after_kill9_balances(

@@ -139,6 +139,15 @@ def test_a_preempted_learner_pushes_early_and_its_replacement_rejoins(regions_fi
     home = regions_file.parent / "home"
     try:
         before = _syncer_view(run)
+        for args, words in (
+            (["west", "--for", "5"], "local processes share this machine's network"),
+            (["west", "--for", "0"], "--for must be in (0, 3600]"),
+            (["nowhere", "--for", "5"], "regions with learners: east, west"),
+        ):
+            refused = runner.invoke(app, ["chaos", "partition", *args])
+            assert refused.exit_code == 2 and words in refused.output, refused.output
+        readmit = runner.invoke(app, ["syncer", "readmit", "L1", "--json"])  # the run's syncer, found by its state
+        assert readmit.exit_code == 0 and json.loads(readmit.stdout)["readmitted"] is False, readmit.output
         chaos = runner.invoke(app, ["chaos", "preempt", "west", "--notice", "20", "--json"])
         assert chaos.exit_code == 0, chaos.output
         assert json.loads(chaos.stdout)["instance"] in ("L1", "L2")
