@@ -21,8 +21,8 @@ import yaml
 from typer.testing import CliRunner
 
 from ddctl.cli.app import app
-from ddctl.state import run_dir
-from ddctl.up import admin_client
+from ddctl.control.state import run_dir
+from ddctl.control.up import admin_client
 
 RUNNER = CliRunner()
 LINKS = {"us-east": 1000, "eu-west": 200, "ap-south": 50}

@@ -19,8 +19,8 @@ import yaml
 from typer.testing import CliRunner
 
 from ddctl.cli.app import app
+from ddctl.control.state import State
 from ddctl.dashboard.watch import ask_syncer, run_records
-from ddctl.state import State
 
 RUNNER = CliRunner()
 

@@ -9,13 +9,13 @@ from typing import Any
 
 import torch
 
-from ddctl.settings import ClusterConfig, TrainConfig
+from ddctl.config.train import ClusterConfig, TrainConfig
+from ddctl_agents.core.config import SyncerConfig
 from ddctl_agents.core.fragments import TensorSpec, fragment_tensors
 from ddctl_agents.core.messages import Update
 from ddctl_agents.core.quorum import QuorumConfig
-from ddctl_agents.core.syncer import SyncerConfig, Synchronizer
-from ddctl_agents.train.config import DataConfig, InnerConfig, RunBudget
-from ddctl_agents.train.learner import SyncSettings
+from ddctl_agents.core.syncer import Synchronizer
+from ddctl_agents.train.config import DataConfig, InnerConfig, RunBudget, SyncSettings
 
 _ids = itertools.count()
 

@@ -16,14 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddctl.local_syncer import LocalSyncer
+from ddctl.local.service import LocalSyncer
 from ddctl_agents.agent.client import SyncerClient, Unavailable
-from ddctl_agents.core.outer import OuterConfig
+from ddctl_agents.core.config import OuterConfig, SyncerConfig
 from ddctl_agents.core.quorum import QuorumConfig
-from ddctl_agents.core.syncer import SyncerConfig
-from ddctl_agents.train.config import DataConfig, InnerConfig, RunBudget
+from ddctl_agents.train.config import DataConfig, InnerConfig, RunBudget, SyncSettings
 from ddctl_agents.train.job import JobConfig
-from ddctl_agents.train.learner import SyncSettings
+from ddctl_agents.waiting import wait_until
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 
@@ -100,17 +99,16 @@ class Job:
             client.close()
 
     def wait_for(self, predicate: Any, timeout_s: float, what: str) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout_s
-        while True:
+        def matching() -> dict[str, Any] | None:
             try:
                 status = self.status()
-                if predicate(status):
-                    return status
             except Unavailable:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"timed out waiting for {what}; logs in {self.root}")
-            time.sleep(0.2)
+                return None
+            return status if predicate(status) else None
+
+        return wait_until(
+            matching, timeout_s=timeout_s, every_s=0.2, what=what, error=lambda m: TimeoutError(f"{m}; logs in {self.root}")
+        )
 
     def wait_learners(self, timeout_s: float = 240.0) -> None:
         deadline = time.monotonic() + timeout_s

@@ -9,16 +9,15 @@ import torch
 
 from builders import small_syncer, update_for
 from ddctl_agents.core.admission import (
-    TrustConfig,
     UpdateLimits,
     admit_merge,
     check_result,
     check_update,
     derive_limits,
 )
+from ddctl_agents.core.config import SyncerConfig, TrustConfig
 from ddctl_agents.core.effects import Record, Send
 from ddctl_agents.core.merge import Contribution
-from ddctl_agents.core.syncer import SyncerConfig
 from ddctl_agents.errors import ConfigError
 
 LIMITS = UpdateLimits(drift_per_step=0.01, max_steps=100, tokens_per_step=100, param_bound=10.0)

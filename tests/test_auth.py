@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from ddctl_agents.errors import ConfigError
 from ddctl_agents.service.auth import Unauthorized, derive_token, read_secret, verify_token
 
 SECRET = bytes(range(32))
@@ -33,10 +34,10 @@ def test_anything_else_is_unauthorized(header: str | None) -> None:
 
 
 def test_identities_and_secrets_are_validated() -> None:
-    with pytest.raises(ValueError, match="identity"):
+    with pytest.raises(ConfigError, match="identity"):
         derive_token(SECRET, "no spaces allowed")
-    with pytest.raises(ValueError, match="at least 32 bytes"):
+    with pytest.raises(ConfigError, match="at least 32 bytes"):
         read_secret("abcd")
-    with pytest.raises(ValueError, match="hex"):
+    with pytest.raises(ConfigError, match="hex"):
         read_secret("zz" * 32)
     assert read_secret(SECRET.hex() + "\n") == SECRET

@@ -11,14 +11,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ddctl.baseline import ring_allreduce_bytes, run_data_parallel
 from ddctl.errors import WorkerError
+from ddctl.local.baseline import ring_allreduce_bytes, run_data_parallel
 from ddctl_agents.train.checksum import params_sha256
 from ddctl_agents.train.config import DataConfig, InnerConfig, RunBudget
 from ddctl_agents.train.data import load_corpus, validation_batches
 from ddctl_agents.train.evaluate import evaluate_bpb
-from ddctl_agents.train.model import build_model
-from ddctl_agents.train.presets import count_parameters, get_preset
+from ddctl_agents.train.model import build_model, count_parameters
+from ddctl_agents.train.presets import get_preset
 
 INNER = InnerConfig(preset="tiny", batch_size=8, warmup_steps=5, seed=3)
 DATA = DataConfig(max_bytes=1 << 20, eval_windows=16)

@@ -56,7 +56,7 @@ def test_plain_output_has_no_colour_codes_when_not_a_terminal() -> None:
         (["--fragments", "500"], "fragments must be in [1, 64] (the number of tensors)"),
         (["--quorum", "0"], "quorum must be >= 1"),
         (["--data", "/nonexistent/corpus"], "/nonexistent/corpus"),
-        (["--down-codec", "int4"], "down codec must be fp32 or bf16"),
+        (["--down-codec", "int4"], "Invalid value for '--down-codec'"),
         (["--preset", "huge"], "huge"),
     ],
 )

@@ -32,7 +32,7 @@ def test_init_writes_a_job_with_private_keys_and_tokens_verify(tmp_path: Path) -
 
 def test_init_rejects_bad_settings_before_writing_anything(tmp_path: Path) -> None:
     result = runner.invoke(app, ["syncer", "init", str(tmp_path / "j"), "--codec", "int3"])
-    assert result.exit_code == 2 and "codec must be one of" in result.output
+    assert result.exit_code == 2 and "Invalid value for '--codec'" in result.output and "'int3'" in result.output
     assert not (tmp_path / "j").exists()
 
 

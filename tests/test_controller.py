@@ -6,8 +6,8 @@ import json
 import time
 from pathlib import Path
 
-from ddctl.controller import finished, same_port, to_replace
-from ddctl.state import InstanceRecord
+from ddctl.control.controller import finished, same_port, to_replace
+from ddctl.control.state import InstanceRecord
 
 
 def record(name: str, role: str, state: str = "running") -> InstanceRecord:

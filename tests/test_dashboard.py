@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from ddctl.control.state import InstanceRecord
 from ddctl.dashboard.render import render, sparkline
 from ddctl.dashboard.snapshot import from_recording, learner_state
-from ddctl.state import InstanceRecord
 
 DATA = Path(__file__).parent / "data" / "dashboard"
 
@@ -112,10 +112,10 @@ def test_watch_without_a_terminal_prints_plain_snapshots_while_the_syncer_is_dea
 
     import yaml
 
-    from ddctl.credentials import init_job_dir
+    from ddctl.config.regions import job_config, load_regions
+    from ddctl.control.credentials import init_job_dir
+    from ddctl.control.state import State, run_dir
     from ddctl.dashboard.watch import watch
-    from ddctl.regions import job_config, load_regions
-    from ddctl.state import State, run_dir
 
     monkeypatch.setenv("DDCTL_HOME", str(tmp_path / "home"))
     spec = tmp_path / "regions.yaml"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -14,6 +15,7 @@ import sys
 import termios
 import time
 from pathlib import Path
+from typing import Any
 
 import pyte
 import pytest
@@ -21,6 +23,7 @@ import yaml
 from typer.testing import CliRunner
 
 from ddctl.cli.app import app
+from ddctl_agents.waiting import wait_until
 from tests.builders import dry_run_up
 
 runner = CliRunner()
@@ -45,19 +48,21 @@ def _spawn(argv: list[str]) -> tuple[int, int]:
     return pid, fd
 
 
-def _read_until(fd: int, stream: pyte.ByteStream, screen: pyte.Screen, done: object, timeout_s: float) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+def _read_until(fd: int, stream: pyte.ByteStream, screen: pyte.Screen, done: Any, timeout_s: float) -> str:
+    """Feed the terminal's output to the screen until ``done(text)``; the screen as it is at the timeout."""
+
+    def drawn() -> str | None:
         ready, _, _ = select.select([fd], [], [], 0.2)
         if ready:
-            try:
+            with contextlib.suppress(OSError):  # the child closed the terminal
                 stream.feed(os.read(fd, 65536))
-            except OSError:
-                break
         text = "\n".join(screen.display)
-        if done(text):  # type: ignore[operator]
-            return text
-    return "\n".join(screen.display)
+        return text if done(text) else None
+
+    try:
+        return wait_until(drawn, timeout_s=timeout_s, every_s=0, what="the screen")
+    except TimeoutError:
+        return "\n".join(screen.display)
 
 
 @pytest.mark.slow
@@ -81,14 +86,15 @@ def test_status_watch_draws_the_run_and_ctrl_c_leaves_it_running(tmp_path: Path,
         assert drawn(text), text
         rounds_before = json.loads(runner.invoke(app, ["status", "--json", "--run", run]).stdout)["rounds"]
         os.write(fd, b"\x03")  # Ctrl-C, through the terminal's line discipline
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            with_status = os.waitpid(pid, os.WNOHANG)
-            if with_status[0] == pid:
-                break
+
+        def exited() -> tuple[int, int] | None:
+            found = os.waitpid(pid, os.WNOHANG)
+            if found[0] == pid:
+                return found
             _read_until(fd, stream, screen, lambda _t: False, 0.2)
-        else:
-            pytest.fail("status --watch did not stop on Ctrl-C")
+            return None
+
+        with_status = wait_until(exited, timeout_s=15, every_s=0, what="status --watch to stop on Ctrl-C")
         pid = -1
         assert os.waitstatus_to_exitcode(with_status[1]) == 0
         time.sleep(2)

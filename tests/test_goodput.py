@@ -11,8 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from ddctl.cli.app import app
+from ddctl.errors import SimError
 from ddctl.goodput.grid import CALIBRATED_ON, grid, run_cells
-from ddctl.goodput.params import YEAR_S, SimError, SimParams, parse_chips, parse_duration
+from ddctl.goodput.params import YEAR_S, SimParams, parse_chips, parse_duration
 from ddctl.goodput.system import simulate_cell
 from ddctl.goodput.timeline import outages_from_tape
 from ddctl_agents.errors import TapeError

@@ -6,9 +6,9 @@ import subprocess
 
 import pytest
 
-from ddctl.bench_link import measure_link
+from ddctl.bench.link import measure_link
 from ddctl.errors import DdctlError
-from ddctl.linkshape import available, shaped_link, tbf_args
+from ddctl.providers.linkshape import available, shaped_link, tbf_args
 
 
 def test_rates_are_validated_before_anything_is_created() -> None:

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from ddctl.errors import DdctlError
-from ddctl.metadata import ADMIN_PATH, NOTICE_PATH, Notices, make_handler, outstanding, post_notice
+from ddctl.providers.docker.metadata import ADMIN_PATH, NOTICE_PATH, Notices, make_handler, outstanding, post_notice
 from ddctl_agents.agent.notice import Stop, is_notice, watch
 
 

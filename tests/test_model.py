@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from ddctl_agents.train.config import ConfigError
-from ddctl_agents.train.model import GPT, ModelConfig, MoE, build_model, embedding_names
-from ddctl_agents.train.presets import PRESETS, count_parameters, get_preset
+from ddctl_agents.train.config import ConfigError, ModelConfig
+from ddctl_agents.train.model import GPT, MoE, build_model, count_parameters, embedding_names
+from ddctl_agents.train.presets import PRESETS, get_preset
 
 SMALL = ModelConfig(seq_len=16, d_model=32, n_layer=2, n_head=4)
 SMALL_MOE = ModelConfig(seq_len=16, d_model=32, n_layer=2, n_head=4, n_experts=4, top_k=2)

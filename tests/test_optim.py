@@ -7,8 +7,8 @@ import itertools
 import pytest
 import torch
 
-from ddctl_agents.train.config import ConfigError, InnerConfig
-from ddctl_agents.train.model import ModelConfig, build_model
+from ddctl_agents.train.config import ConfigError, InnerConfig, ModelConfig
+from ddctl_agents.train.model import build_model
 from ddctl_agents.train.optim import build_inner_optimizer, inner_lr, inner_step
 
 CONFIG = InnerConfig(lr=1e-3, warmup_steps=10, min_lr_ratio=0.1)

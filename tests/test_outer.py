@@ -3,8 +3,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ddctl_agents.core.config import OuterConfig
 from ddctl_agents.core.merge import MergeError
-from ddctl_agents.core.outer import OuterConfig, outer_step
+from ddctl_agents.core.outer import outer_step
 from ddctl_agents.errors import ConfigError
 
 

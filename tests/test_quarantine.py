@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from builders import small_syncer, update_for
-from ddctl_agents.core.admission import TrustConfig
+from ddctl_agents.core.config import TrustConfig
 from ddctl_agents.core.effects import Fault, Record
 from ddctl_agents.core.quarantine import Quarantine
 from ddctl_agents.core.syncer import Synchronizer

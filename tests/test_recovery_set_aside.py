@@ -168,10 +168,11 @@ def test_no_readable_snapshot_and_no_full_log_is_a_clear_refusal(tmp_path: Path,
 
 
 def test_a_record_too_large_to_read_back_is_refused_before_it_is_written(tmp_path: Path) -> None:
-    from ddctl_agents.service.wal import MAX_META, WalError
+    from ddctl_agents.errors import LogError
+    from ddctl_agents.service.wal import MAX_META
 
     wal = Wal(tmp_path)
-    with pytest.raises(WalError, match="exceeds"):
+    with pytest.raises(LogError, match="exceeds"):
         wal.append({"kind": "leave", "reason": "x" * MAX_META})
     wal.append({"kind": "ok"})
     wal.close()

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ddctl.regions import RegionsError, job_config, load_regions
+from ddctl.config.regions import job_config, load_regions
+from ddctl.errors import RegionsError
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = {
@@ -88,7 +89,9 @@ def test_unreadable_and_non_yaml_files(tmp_path: Path) -> None:
         load_regions(bad)
 
 
-def test_training_values_the_job_refuses_are_reported_against_the_file(tmp_path: Path) -> None:
-    rf = load_regions(write(tmp_path, variant(training__preset="gigantic")))
-    with pytest.raises(RegionsError, match="training: preset must be one of"):
-        job_config(rf)
+def test_training_values_the_job_refuses_are_reported_against_the_file_and_the_key(tmp_path: Path) -> None:
+    with pytest.raises(RegionsError, match="training.preset: preset must be one of") as info:
+        load_regions(write(tmp_path, variant(training__preset="gigantic")))  # at load time, before anything starts
+    assert info.value.key == "training.preset"
+    with pytest.raises(RegionsError, match=r"training.fragments: fragments must be >= 1"):
+        load_regions(write(tmp_path, variant(training__fragments=0)))

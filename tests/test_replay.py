@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 
 from builders import small_run
+from ddctl.config.train import ClusterConfig, Outage
 from ddctl.errors import ReplayDivergence
-from ddctl.replay import replay_tape
-from ddctl.settings import ClusterConfig, Outage
-from ddctl.training import train_decoupled
+from ddctl.local.replay import replay_tape
+from ddctl.local.training import train_decoupled
 from ddctl_agents.core.tape import TapeError
 
 HETERO = ClusterConfig(speeds=(1.0, 0.6, 1.3), outages=(Outage(learner=2, at=6.0, duration=5.0),))

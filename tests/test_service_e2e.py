@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from ddctl_agents.waiting import wait_until
 from tests.service_harness import ENV, Job, small_job
 
 pytestmark = pytest.mark.slow
@@ -76,10 +77,12 @@ def test_a_learner_killed_mid_upload_never_stalls_the_others(tmp_path: Path, job
         cwd=ROOT,
         env={**ENV, "PYTHONPATH": f"{ROOT}:{ROOT / 'agents'}"},
     )
-    deadline = time.monotonic() + 60
-    while not marker.exists():
-        assert doomed.poll() is None and time.monotonic() < deadline, "the partial uploader did not get going"
-        time.sleep(0.05)
+
+    def half_sent() -> bool:
+        assert doomed.poll() is None, "the partial uploader died"
+        return marker.exists()
+
+    wait_until(half_sent, timeout_s=60, every_s=0.05, what="the partial uploader to get going")
     job.kill(doomed)  # SIGKILL with half an update on the wire
     rounds_at_kill = job.status()["rounds"]
     time.sleep(4)

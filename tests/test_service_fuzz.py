@@ -30,11 +30,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ddctl_agents.core.admission import TrustConfig
+from ddctl_agents.core.config import OuterConfig, SyncerConfig, TrustConfig
 from ddctl_agents.core.messages import Update, encode_update
-from ddctl_agents.core.outer import OuterConfig
 from ddctl_agents.core.quorum import QuorumConfig
-from ddctl_agents.core.syncer import SyncerConfig
 from ddctl_agents.train.assembly import Assembly
 from tests.h2raw import Header, RawH2, request_headers
 from tests.service_harness import Job, small_job

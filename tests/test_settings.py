@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from ddctl.settings import ClusterConfig, Outage, TrainConfig, from_json, parse_outage, to_json
+from ddctl.config.train import ClusterConfig, Outage, TrainConfig, from_json, parse_outage, to_json
 from ddctl_agents.errors import ConfigError
 from ddctl_agents.train.config import RunBudget
 
@@ -27,7 +27,7 @@ def test_config_survives_a_json_round_trip_exactly() -> None:
 def test_json_with_an_unknown_key_is_refused() -> None:
     data = to_json(TrainConfig())
     data["cluster"]["warp_speed"] = 9
-    with pytest.raises(ConfigError, match="unknown ClusterConfig keys: warp_speed"):
+    with pytest.raises(ConfigError, match="cluster.warp_speed: unknown key"):
         from_json(TrainConfig, data)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ddctl.state import InstanceRecord, State, data_dir
+from ddctl.control.state import InstanceRecord, State, data_dir
 
 
 def instance(run: str, name: str, state: str = "running") -> InstanceRecord:

@@ -119,7 +119,7 @@ def test_bad_content_is_rejected_with_its_http_status_and_changes_nothing(make, 
     s = joined()
     before = {k: v.clone() for k, v in s.global_params().items()}
     ack, effects = s.receive(1.0, make(s))
-    assert ack.status == "rejected" and REJECTIONS[ack.code] is error and error.status == status
+    assert ack.status == "rejected" and REJECTIONS[ack.code] is error and error(ack.reason).status == status
     assert [e.entry["status"] for e in effects if isinstance(e, Record)] == ["rejected"]
     assert s.ledger.received == 0 and all(torch.equal(before[k], v) for k, v in s.global_params().items())
     assert s.quarantine.standings["L0"].rejections == 1

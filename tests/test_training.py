@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 
 from builders import small_run
-from ddctl.settings import ClusterConfig, Outage
-from ddctl.training import train_decoupled
+from ddctl.config.train import ClusterConfig, Outage
+from ddctl.local.training import train_decoupled
 from ddctl_agents.train.assembly import Assembly
 
 

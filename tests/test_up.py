@@ -5,16 +5,17 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from typer.testing import CliRunner
 
-from ddctl import linkshape
 from ddctl.cli.app import app
+from ddctl.providers import linkshape
 from ddctl.providers.process import ProcessProvider
+from ddctl_agents.waiting import wait_until
 from tests.builders import dry_run_up
 
 runner = CliRunner()
@@ -56,8 +57,8 @@ def test_a_bad_regions_file_is_refused_before_anything_starts(regions_file: Path
 def test_without_a_docker_engine_the_dry_run_says_so_and_uses_processes(
     regions_file: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from ddctl.regions import load_regions
-    from ddctl.up import choose_kind
+    from ddctl.config.regions import load_regions
+    from ddctl.control.up import choose_kind
 
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
     said: list[str] = []
@@ -91,7 +92,8 @@ def test_dry_run_trains_and_down_leaves_nothing(regions_file: Path) -> None:
     finally:
         down = runner.invoke(app, ["down", "--run", run, "--json"])
     assert down.exit_code == 0, down.output
-    assert sorted(json.loads(down.stdout)["stopped"]) == ["L0", "L1", "L2", "controller", "syncer"]
+    # the controller may have left on its own first: with the state file gone it has no desired state to keep
+    assert sorted(set(json.loads(down.stdout)["stopped"]) - {"controller"}) == ["L0", "L1", "L2", "syncer"]
     assert ProcessProvider().list_run(run) == []
     again = runner.invoke(app, ["down", "--run", run, "--json"])
     assert again.exit_code == 0 and json.loads(again.stdout)["stopped"] == []
@@ -115,14 +117,13 @@ def test_shaped_regions_measure_the_bandwidths_they_were_given(tmp_path: Path, m
     path.write_text(yaml.safe_dump(regions))
     run = dry_run_up(path)["run"]
     try:
-        deadline = time.monotonic() + 120
-        while True:
+
+        def uplinks() -> dict[str, float] | None:
             status = json.loads(runner.invoke(app, ["status", "--json"]).stdout)
             measured = {r["name"]: r["learners"][0]["up_mbps"] for r in status["regions"]}
-            if all(measured.values()) or time.monotonic() > deadline:
-                break
-            time.sleep(1)
-        assert all(measured.values()), measured
+            return measured if all(measured.values()) else None
+
+        measured = wait_until(uplinks, timeout_s=120, every_s=1, what="every region's uplink to be measured")
         assert measured["fast"] > measured["mid"] > measured["slow"], measured
         for name, rate in rates.items():  # small (0.6 MB) updates on a busy 2-core machine: within 2x
             assert 0.5 * rate <= measured[name] <= 2.0 * rate, (name, measured)
@@ -158,14 +159,13 @@ def test_a_preempted_learner_pushes_early_and_its_replacement_rejoins(regions_fi
         rounds_at_preemption = json.loads(runner.invoke(app, ["status", "--json"]).stdout)["rounds"]
         updates = _syncer_view(run)[victim]["updates"]
         merged_before = updates.get("accepted", 0) + updates.get("late", 0)
-        deadline = time.monotonic() + 120
-        while True:  # the controller's replacement registers as a new incarnation and gets updates accepted
+
+        def replaced() -> bool:  # the controller's replacement registers as a new incarnation and gets updates accepted
             view = _syncer_view(run)[victim]
             merged = view["updates"].get("accepted", 0) + view["updates"].get("late", 0)
-            if view["incarnation"] != before[victim]["incarnation"] and view["live"] and merged > merged_before:
-                break
-            assert time.monotonic() < deadline, view
-            time.sleep(0.5)
+            return view["incarnation"] != before[victim]["incarnation"] and view["live"] and merged > merged_before
+
+        wait_until(replaced, timeout_s=120, every_s=0.5, what=f"{victim}'s replacement to get updates merged")
         status = json.loads(runner.invoke(app, ["status", "--json"]).stdout)
         assert status["rounds"] > rounds_at_preemption  # the job kept merging
     finally:
@@ -176,8 +176,8 @@ def test_a_preempted_learner_pushes_early_and_its_replacement_rejoins(regions_fi
 
 
 def _syncer_view(run: str) -> dict[str, dict]:
-    from ddctl.state import run_dir
-    from ddctl.up import admin_client
+    from ddctl.control.state import run_dir
+    from ddctl.control.up import admin_client
 
     root = run_dir(run)
     client = admin_client(root)
@@ -194,13 +194,12 @@ def test_the_controller_restarts_a_killed_syncer_on_its_port(regions_file: Path)
         rounds = json.loads(runner.invoke(app, ["status", "--json"]).stdout)["rounds"]
         [syncer] = [i for i in ProcessProvider().list_run(run) if i.name == "syncer"]
         os.kill(int(syncer.provider_id), signal.SIGKILL)
-        deadline = time.monotonic() + 120
-        while True:
+
+        def merging_again() -> Any:
             status = runner.invoke(app, ["status", "--json"])
-            if status.exit_code == 0 and json.loads(status.stdout)["rounds"] > rounds:
-                break
-            assert time.monotonic() < deadline, status.output
-            time.sleep(0.5)
+            return status if status.exit_code == 0 and json.loads(status.stdout)["rounds"] > rounds else None
+
+        status = wait_until(merging_again, timeout_s=120, every_s=0.5, what="the restarted syncer to merge again")
         [again] = [i for i in ProcessProvider().list_run(run) if i.name == "syncer"]
         assert again.provider_id != syncer.provider_id
         assert json.loads(status.stdout)["ledger"]["balanced"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +16,13 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from ddctl import deploy, linkshape
 from ddctl.cli.app import app
 from ddctl.errors import UnreachableError
+from ddctl.providers import deploy, linkshape
 from ddctl.providers.base import RUN_LABEL
-from ddctl.providers.docker import DockerProvider
-from ddctl.providers.docker_engine import Engine, engine_unavailable
+from ddctl.providers.docker.engine import Engine, engine_unavailable
+from ddctl.providers.docker.vms import DockerProvider
+from ddctl_agents.waiting import wait_until
 from tests.builders import dry_run_up
 
 pytestmark = [
@@ -56,16 +56,6 @@ def _status() -> dict[str, Any]:
     return dict(json.loads(result.stdout))
 
 
-def _wait(predicate: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, what
-        time.sleep(0.5)
-
-
 def test_docker_regions_train_shaped_survive_a_preemption_and_leave_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -87,7 +77,7 @@ def test_docker_regions_train_shaped_survive_a_preemption_and_leave_nothing(
                 return {name: {"up": row["up_mbps"], "down": row["down_mbps"]} for name, row in rows.items()}
             return None
 
-        links = _wait(measured, 120, "every learner trains and reports both directions")
+        links = wait_until(measured, timeout_s=120, every_s=0.5, what="every learner trains and reports both directions")
         for direction in ("up", "down"):
             assert links["fast"][direction] > links["mid"][direction] > links["slow"][direction], links
         for name, rate in RATES.items():  # 0.6 MB updates on a busy 2-core machine: within 2x
@@ -115,7 +105,7 @@ def test_docker_regions_train_shaped_survive_a_preemption_and_leave_nothing(
         assert chaos.exit_code == 0, chaos.output
         assert json.loads(chaos.stdout)["seconds_to_exit"] < 20  # it left on the notice, before the kill
         log = tmp_path / "home" / "runs" / run / "logs" / "L1.log"
-        summary = _wait(lambda: _first_summary(log), 30, "the preempted VM's log is collected")
+        summary = wait_until(lambda: _first_summary(log), timeout_s=30, every_s=0.5, what="the preempted VM's log is collected")
         assert summary["reason"] == "preemption_notice" and summary["drained"]
         assert sum(summary["acked_tokens"].values()) == summary["sent_tokens"] > 0
 
@@ -124,7 +114,7 @@ def test_docker_regions_train_shaped_survive_a_preemption_and_leave_nothing(
             row = next(r["learners"][0] for r in status["regions"] if r["name"] == "mid")
             return bool(status["rounds"] > rounds and row["state"] == "training" and row["step"] > summary["step"])
 
-        _wait(rejoined, 120, "the replacement VM rejoins and the job keeps merging")
+        wait_until(rejoined, timeout_s=120, every_s=0.5, what="the replacement VM rejoins and the job keeps merging")
         replacement = next(c for c in engine.containers({RUN_LABEL: run}) if c["Labels"]["ddctl-name"] == "L1")
         assert replacement["Id"] != mid.provider_id and replacement["State"] == "running"
         (tmp_path / "home" / "state.sqlite3").unlink()  # labels are the truth, not the cache
@@ -149,9 +139,16 @@ def _partition_and_heal(run: str, engine: Engine, seconds: float = 25.0) -> None
     command = [sys.executable, "-c", "from ddctl.cli.app import main; main()", "chaos", "partition", "slow"]
     cut = subprocess.Popen([*command, "--for", str(seconds), "--json"], stdout=subprocess.PIPE, text=True)
     try:
-        _wait(lambda: _row(_status(), "slow")["seen_s_ago"] > 5, 20, "the slow region goes quiet")
+        wait_until(
+            lambda: _row(_status(), "slow")["seen_s_ago"] > 5, timeout_s=20, every_s=0.5, what="the slow region goes quiet"
+        )
         during = _status()
-        _wait(lambda: _status()["rounds"] >= during["rounds"] + 2, 20, "the other regions keep merging while it is cut off")
+        wait_until(
+            lambda: _status()["rounds"] >= during["rounds"] + 2,
+            timeout_s=20,
+            every_s=0.5,
+            what="the other regions keep merging while it is cut off",
+        )
         out, _ = cut.communicate(timeout=seconds + 30)
     finally:
         if cut.poll() is None:
@@ -168,7 +165,7 @@ def _partition_and_heal(run: str, engine: Engine, seconds: float = 25.0) -> None
             else None
         )
 
-    after = _wait(rejoined, 60, "the cut-off learner reconnects on its own")
+    after = wait_until(rejoined, timeout_s=60, every_s=0.5, what="the cut-off learner reconnects on its own")
     assert [c["Id"] for c in engine.containers({RUN_LABEL: run}) if c["Labels"]["ddctl-name"] == "L2"] == [vm]
     assert after["ledger"]["balanced"] and after["ledger"]["received"] > before["ledger"]["received"]
     assert {"partition", "partition-healed"} <= {e["event"] for e in after["events"] if e["source"] == "ddctl"}

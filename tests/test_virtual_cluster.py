@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 
 from builders import small_run
-from ddctl.settings import ClusterConfig, Outage
-from ddctl.virtual_cluster import VirtualCluster
+from ddctl.config.train import ClusterConfig, Outage
+from ddctl.local.virtual_cluster import VirtualCluster
 from ddctl_agents.train.assembly import Assembly
 
 

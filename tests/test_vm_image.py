@@ -8,7 +8,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from ddctl.providers import vm_image
+from ddctl.providers.docker import image as vm_image
 
 
 def _members() -> dict[str, tarfile.TarInfo]:

@@ -1,29 +1,54 @@
 """Every error the agents side raises, in one tree (importing this needs no torch).
 
-    AgentError (ValueError)          bad input from a user, a file or a peer
+    AgentError                       bad input from a user, a file or a peer (never a bug: not a ValueError)
     ├── ConfigError                  a setting outside its allowed range
     ├── CodecError                   unknown codec, bad block, wrong payload size, NaN/Inf
     ├── WireError                    malformed, truncated, oversized or corrupted frame
     ├── FragmentationError           impossible fragment layout
     ├── MergeError                   inconsistent contributions to a merge
     ├── TapeError                    unreadable tape
-    └── SyncError                    an update the syncer refuses (``status`` = HTTP code)
-        ├── BadUpdate          400   layout does not match the model
-        ├── UnknownLearner     409   not registered (or declared gone): register again
-        ├── NonFiniteUpdate    422   NaN or Inf in an outer gradient
-        ├── OutOfBounds        422   values or counters beyond any plausible inner drift
-        ├── Suspended          403   quarantined after repeated bad updates, until readmitted
-        └── ImpossibleVersion  409   a base version the syncer never produced
+    ├── LogError                     the write-ahead log: a record that could not be read back, or replayed
+    │   └── Unreplayable             a record recovery sets aside (carries the core's effects)
+    ├── RequestError                 a request the syncer refuses; HTTP status and code from HTTP below
+    │   ├── BadRequest               a field of the wrong type, out of bounds, or unknown
+    │   ├── Unauthorized             no token, or one the job's secret did not sign
+    │   ├── Forbidden                a valid token used for someone else, or an admin-only action
+    │   ├── NotFound, MethodNotAllowed, TooLarge, ClientGone
+    │   └── SyncError                an update the core refuses
+    │       ├── BadUpdate            layout does not match the fragment
+    │       ├── UnknownLearner       not registered (or declared gone): register again
+    │       ├── NonFiniteUpdate      NaN or Inf in an outer gradient
+    │       ├── OutOfBounds          values or counters beyond any plausible inner drift
+    │       ├── Suspended            quarantined after repeated bad updates, until readmitted
+    │       └── ImpossibleVersion    a base version the syncer never produced
+    └── PeerError                    what a learner's client learns from the syncer
+        ├── Refused                  a 4xx answer (status, code, reason): retrying it unchanged will not help
+        └── Unavailable              no answer, a timeout or a 5xx: worth retrying
 
-Modules raise these and re-export the ones they own; shells map the tree to
-exit codes or HTTP statuses in one place each.
+``HTTP`` is the one table from refusal to (status, code); the service answers
+with it and the client reads the code back. Modules raise these and re-export
+the ones they own; shells map the tree to exit codes or HTTP statuses in one
+place each.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
 
-class AgentError(ValueError):
+
+class AgentError(Exception):
     """Root of every error caused by bad input on the agents side."""
+
+    @property
+    def status(self) -> int:
+        """The HTTP status this error is answered with (400 when it is not a refusal of its own)."""
+        return http_of(self)[0]
+
+    @property
+    def code(self) -> str:
+        """The stable word a client switches on."""
+        return http_of(self)[1]
 
 
 class ConfigError(AgentError):
@@ -50,42 +75,127 @@ class TapeError(AgentError):
     """The tape cannot be read or replayed; the message names the line."""
 
 
-class SyncError(AgentError):
-    """An update the syncer refuses; ``status`` is the HTTP code the service maps it to,
-    ``code`` the stable word a client switches on."""
+class LogError(AgentError):
+    """A write-ahead log record that could never be read back is refused before it is written."""
 
-    status = 400
-    code = "bad_update"
+
+class Unreplayable(LogError):
+    """A log record the live path would not have applied; ``effects`` are what the core did about it."""
+
+    def __init__(self, reason: str, effects: Iterable[Any] = ()) -> None:
+        super().__init__(reason)
+        self.effects = list(effects)
+
+
+class RequestError(AgentError):
+    """A request the syncer refuses; ``HTTP`` gives its status and code."""
+
+
+class BadRequest(RequestError):
+    """A request field has the wrong type, is out of its bounds, or is unknown."""
+
+
+class Unauthorized(RequestError):
+    """No token, or one the job's secret did not sign."""
+
+
+class Forbidden(RequestError):
+    """A valid token used for someone else's identity, or for an action only the admin may take."""
+
+
+class NotFound(RequestError):
+    """No such endpoint or fragment."""
+
+
+class MethodNotAllowed(RequestError):
+    """The endpoint exists, with other methods."""
+
+
+class TooLarge(RequestError):
+    """A body over the service's limit (by its content-length or as it arrives)."""
+
+
+class ClientGone(RequestError):
+    """The client went away mid-request: nothing is left to answer."""
+
+
+class SyncError(RequestError):
+    """An update the syncer's core refuses."""
 
 
 class BadUpdate(SyncError):
-    status = 400
+    """The update's layout does not match the fragment."""
 
 
 class UnknownLearner(SyncError):
-    status = 409
-    code = "unknown_learner"
+    """Not registered, or declared gone: register again."""
 
 
 class NonFiniteUpdate(SyncError):
-    status = 422
-    code = "non_finite"
+    """NaN or Inf in an outer gradient."""
 
 
 class OutOfBounds(SyncError):
-    status = 422
-    code = "out_of_bounds"
+    """Values or counters beyond any plausible inner drift."""
 
 
 class Suspended(SyncError):
-    status = 403
-    code = "suspended"
+    """Quarantined after repeated bad updates, until an operator readmits the learner."""
 
 
 class ImpossibleVersion(SyncError):
-    status = 409
-    code = "impossible_version"
+    """A base version the syncer never produced."""
 
 
-REJECTIONS: dict[str, type[SyncError]] = {cls.code: cls for cls in (BadUpdate, NonFiniteUpdate, OutOfBounds)}
+class PeerError(AgentError):
+    """What a learner's client learns from (or about) the syncer."""
+
+
+class Refused(PeerError):
+    """The syncer answered 4xx: the request itself is wrong, retrying it unchanged will not help."""
+
+    def __init__(self, status: int, code: str, reason: str) -> None:
+        super().__init__(f"{status} {code}: {reason}")
+        self.answer, self.reason = (status, code), reason
+
+    @property
+    def status(self) -> int:
+        return self.answer[0]
+
+    @property
+    def code(self) -> str:
+        return self.answer[1]
+
+
+class Unavailable(PeerError):
+    """The syncer could not be reached, timed out or failed (5xx): worth retrying."""
+
+
+HTTP: dict[type[AgentError], tuple[int, str]] = {
+    BadRequest: (400, "bad_request"),
+    Unauthorized: (401, "unauthorized"),
+    Forbidden: (403, "forbidden"),
+    NotFound: (404, "not_found"),
+    MethodNotAllowed: (405, "method_not_allowed"),
+    TooLarge: (413, "too_large"),
+    ClientGone: (499, "client_gone"),
+    SyncError: (400, "bad_update"),
+    BadUpdate: (400, "bad_update"),
+    UnknownLearner: (409, "unknown_learner"),
+    NonFiniteUpdate: (422, "non_finite"),
+    OutOfBounds: (422, "out_of_bounds"),
+    Suspended: (403, "suspended"),
+    ImpossibleVersion: (409, "impossible_version"),
+    AgentError: (400, "bad_request"),
+}
+"""Every refusal's HTTP status and stable code; the nearest class in an error's MRO wins."""
+
+REJECTIONS: dict[str, type[SyncError]] = {HTTP[cls][1]: cls for cls in (BadUpdate, NonFiniteUpdate, OutOfBounds)}
 """The refusals an update's content can earn, by code: each counts against its sender (quarantine)."""
+
+
+def http_of(exc: AgentError) -> tuple[int, str]:
+    for cls in type(exc).__mro__:
+        if cls in HTTP:
+            return HTTP[cls]
+    return HTTP[AgentError]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ddctl.cli import bench, replay, simulate, syncer, train, up
+from ddctl.cli import bench, replay, runs, simulate, syncer, train
 
 app = typer.Typer(
     name="ddctl",
@@ -16,14 +16,14 @@ app = typer.Typer(
 app.command("train")(train.train)
 app.command("replay")(replay.replay)
 app.command("simulate")(simulate.simulate)
-app.command("up")(up.up)
-app.command("status")(up.status)
-app.command("down")(up.down)
-app.command("logs")(up.logs)
-app.command("ssh")(up.ssh)
+app.command("up")(runs.up)
+app.command("status")(runs.status)
+app.command("down")(runs.down)
+app.command("logs")(runs.logs)
+app.command("ssh")(runs.ssh)
 chaos = typer.Typer(help="Inject failures into a running job.", no_args_is_help=True)
-chaos.command("preempt")(up.chaos_preempt)
-chaos.command("partition")(up.chaos_partition)
+chaos.command("preempt")(runs.chaos_preempt)
+chaos.command("partition")(runs.chaos_partition)
 app.add_typer(chaos, name="chaos")
 app.add_typer(bench.app, name="bench")
 app.add_typer(syncer.syncer_app, name="syncer")

@@ -20,8 +20,8 @@ def codec(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
 ) -> None:
     """Encode/decode GB/s of each codec on one core, beside a memcpy of the same buffer."""
-    from ddctl.bench_codec import measure_codecs
-    from ddctl.bench_report import codec_table
+    from ddctl.bench.codec import measure_codecs
+    from ddctl.bench.report import codec_table
 
     result = run_guarded(lambda: measure_codecs(numel=numel, repeats=repeats))
     if json_out:
@@ -39,8 +39,8 @@ def quality(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
 ) -> None:
     """val_bpb and bytes/token of Decoupled variants against data-parallel, at equal tokens."""
-    from ddctl.bench_quality import run_quality
-    from ddctl.bench_report import quality_table
+    from ddctl.bench.quality import run_quality
+    from ddctl.bench.report import quality_table
 
     result = run_guarded(lambda: run_quality(tokens=tokens, only=[s for s in only.split(",") if s], out=out, jobs=jobs))
     if json_out:
@@ -60,8 +60,8 @@ def transport(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
 ) -> None:
     """Upload one large update to a real syncer over HTTP/2 and HTTP/1.1 in the same run."""
-    from ddctl.bench_report import transport_table
-    from ddctl.bench_transport import measure_transport
+    from ddctl.bench.report import transport_table
+    from ddctl.bench.transport import measure_transport
 
     result = run_guarded(lambda: measure_transport(repeats=repeats, preset=preset, fragments=fragments, tls=tls))
     if json_out:
@@ -78,8 +78,8 @@ def syncer(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
 ) -> None:
     """Merge throughput of the syncer (decode + weights + RDA + Nesterov) on one core, beside memcpy."""
-    from ddctl.bench_report import syncer_table
-    from ddctl.bench_syncer import measure_syncer
+    from ddctl.bench.report import syncer_table
+    from ddctl.bench.rounds import measure_syncer
 
     result = run_guarded(lambda: measure_syncer(learners=learners, numel=params, repeats=repeats))
     if json_out:
@@ -97,8 +97,8 @@ def link(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
 ) -> None:
     """Goodput of int4 uploads through a tc-tbf-shaped link in a network namespace (needs root)."""
-    from ddctl.bench_link import measure_link
-    from ddctl.bench_report import link_table
+    from ddctl.bench.link import measure_link
+    from ddctl.bench.report import link_table
 
     result = run_guarded(lambda: measure_link(rate_mbit=rate, uploads=uploads, preset=preset, parallel=parallel))
     if json_out:

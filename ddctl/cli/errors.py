@@ -3,7 +3,8 @@
 Exit codes: 0 success; 1 unexpected internal error; 2 bad usage or settings;
 3 bad input data (corpus, tape, payload); 4 a replay that diverged from its
 tape; 5 a data-parallel worker failed; 6 a machine, the Docker engine or
-a syncer could not be reached.
+a syncer could not be reached; 7 a provider could not provision (capacity,
+quota, credentials: the message says which).
 """
 
 from __future__ import annotations
@@ -14,19 +15,21 @@ from typing import TypeVar
 
 import typer
 
-from ddctl.errors import DdctlError, ReplayDivergence, UnreachableError, WorkerError
-from ddctl_agents.errors import AgentError, TapeError, WireError
+from ddctl.errors import DdctlError, ProvisionError, ReplayDivergence, UnreachableError, WorkerError
+from ddctl_agents.errors import AgentError, TapeError, Unavailable, WireError
 
-EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_DATA, EXIT_DIVERGED, EXIT_WORKER, EXIT_UNREACHABLE = 0, 1, 2, 3, 4, 5, 6
+EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_DATA, EXIT_DIVERGED, EXIT_WORKER, EXIT_UNREACHABLE, EXIT_PROVISION = range(8)
 
 EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (ReplayDivergence, EXIT_DIVERGED),
     (TapeError, EXIT_DATA),
     (WireError, EXIT_DATA),
+    (Unavailable, EXIT_UNREACHABLE),
     (AgentError, EXIT_USAGE),
     (FileExistsError, EXIT_USAGE),
     (WorkerError, EXIT_WORKER),
     (UnreachableError, EXIT_UNREACHABLE),
+    (ProvisionError, EXIT_PROVISION),
     (DdctlError, EXIT_USAGE),
 )
 """First match wins, so subclasses come before their parents."""

@@ -16,7 +16,7 @@ def replay(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
 ) -> None:
     """Replay a run from its event tape; exits 4 if the final parameters differ."""
-    from ddctl.replay import replay_tape
+    from ddctl.local.replay import replay_tape
 
     result = run_guarded(lambda: replay_tape(tape))
     if json_out:

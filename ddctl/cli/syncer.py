@@ -13,8 +13,10 @@ from typing import Annotated
 
 import typer
 
+from ddctl.cli.choices import Codec
 from ddctl.cli.errors import run_guarded
 from ddctl.cli.output import print_json
+from ddctl.config.job import build_job, default
 
 syncer_app = typer.Typer(help="Run or prepare the synchronizer service.", no_args_is_help=True)
 learner_app = typer.Typer(help="Run a learner agent.", no_args_is_help=True)
@@ -24,17 +26,21 @@ FORWARD = {"allow_extra_args": True, "ignore_unknown_options": True}
 @syncer_app.command("init")
 def init(
     directory: Annotated[Path, typer.Argument(help="New job directory: job.json, secret, tls/.")],
-    preset: Annotated[str, typer.Option(help="Model preset.")] = "tiny",
+    preset: Annotated[str | None, typer.Option(help=f"Model preset [default: {default('preset')}].")] = None,
     learners: Annotated[int, typer.Option(help="M: learners (one data shard each, named L0..L{M-1}).")] = 3,
-    tokens: Annotated[int, typer.Option(help="Total token budget over all learners.")] = 1_000_000,
-    fragments: Annotated[int, typer.Option(help="P: fragments.")] = 8,
-    inner_steps: Annotated[int, typer.Option(help="H: inner steps between two sends of a fragment.")] = 24,
-    quorum: Annotated[int, typer.Option(help="K: updates needed before a round may close.")] = 1,
-    grace: Annotated[bool, typer.Option(help="Adaptive grace window.")] = True,
-    codec: Annotated[str, typer.Option(help="Outer-gradient codec: fp32, bf16, int8, int4, int2, int1.")] = "int4",
-    batch_size: Annotated[int, typer.Option(help="Sequences per inner step.")] = 8,
-    max_bytes: Annotated[int, typer.Option(help="Read at most this many corpus bytes.")] = 24 * 2**20,
-    seed: Annotated[int, typer.Option(help="Model and data seed.")] = 0,
+    tokens: Annotated[int | None, typer.Option(help=f"Total token budget [default: {default('tokens')}].")] = None,
+    fragments: Annotated[int | None, typer.Option(help=f"P: fragments [default: {default('fragments')}].")] = None,
+    inner_steps: Annotated[
+        int | None, typer.Option(help=f"H: inner steps between sends [default: {default('inner_steps')}].")
+    ] = None,
+    quorum: Annotated[int | None, typer.Option(help=f"K: updates a round needs [default: {default('quorum')}].")] = None,
+    grace: Annotated[bool | None, typer.Option(help="Adaptive grace window [default: on].")] = None,
+    codec: Annotated[Codec | None, typer.Option(help=f"Outer-gradient codec [default: {default('codec')}].")] = None,
+    batch_size: Annotated[int | None, typer.Option(help=f"Sequences per inner step [default: {default('batch_size')}].")] = None,
+    max_bytes: Annotated[
+        int | None, typer.Option(help=f"Read at most this many corpus bytes [default: {default('max_bytes')}].")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help=f"Model and data seed [default: {default('seed')}].")] = None,
     host: Annotated[
         list[str] | None, typer.Option(help="Address the syncer is reached at (repeat); goes in the certificate.")
     ] = None,
@@ -43,22 +49,16 @@ def init(
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Create a job directory for ``ddctl syncer serve``."""
-    from ddctl.credentials import init_job_dir
-    from ddctl_agents.core.outer import OuterConfig
-    from ddctl_agents.core.quorum import QuorumConfig
-    from ddctl_agents.core.syncer import SyncerConfig
-    from ddctl_agents.train.config import DataConfig, InnerConfig, RunBudget
-    from ddctl_agents.train.job import JobConfig
-    from ddctl_agents.train.learner import SyncSettings
+    from ddctl.control.credentials import init_job_dir
+
+    knobs = {
+        "preset": preset, "learners": learners, "tokens": tokens, "fragments": fragments, "inner_steps": inner_steps,
+        "quorum": quorum, "grace": grace, "codec": codec and codec.value, "batch_size": batch_size,
+        "max_bytes": max_bytes, "seed": seed,
+    }  # fmt: skip
 
     def body() -> None:
-        job = JobConfig(
-            inner=InnerConfig(preset=preset, batch_size=batch_size, seed=seed),
-            data=DataConfig(max_bytes=max_bytes),
-            budget=RunBudget(tokens=tokens, learners=learners),
-            sync=SyncSettings(fragments=fragments, inner_steps=inner_steps, codec=codec),
-            syncer=SyncerConfig(quorum=QuorumConfig(quorum=quorum, grace=grace), outer=OuterConfig(), inner_steps=inner_steps),
-        )
+        job = build_job(knobs)
         run_id = run or f"run-{secrets.token_hex(4)}"
         init_job_dir(directory, job, run_id, host or ["127.0.0.1", "localhost"], tls=tls)
         result = {"run": run_id, "job_dir": str(directory), "tls": tls, "learners": [f"L{i}" for i in range(learners)]}
@@ -76,7 +76,7 @@ def token(
     identity: Annotated[str, typer.Argument(help="A learner name (L0, L1, ...) or 'admin'.")],
 ) -> None:
     """Print the token ``identity`` presents to this job's syncer."""
-    from ddctl.credentials import token_for
+    from ddctl.control.credentials import token_for
 
     run_guarded(lambda: typer.echo(token_for(directory, identity)))
 
@@ -90,7 +90,7 @@ def readmit(
     json_out: Annotated[bool, typer.Option("--json", help="Print the syncer's answer as JSON.")] = False,
 ) -> None:
     """Let a learner that the syncer suspended for bad updates back in; it registers again on its own."""
-    from ddctl.syncer_admin import readmit as readmit_learner
+    from ddctl.control.syncer_admin import readmit as readmit_learner
 
     result = run_guarded(lambda: readmit_learner(learner, run=run, url=url, job_dir=job_dir))
     if json_out:

@@ -8,57 +8,70 @@ from typing import Annotated, Any
 
 import typer
 
+from ddctl.cli.choices import Codec, DownCodec, Fragmentation, Merge
 from ddctl.cli.errors import run_guarded
 from ddctl.cli.output import print_json, print_table, progress_bar
+from ddctl.config.job import default
+from ddctl.config.train import ClusterConfig
+
+CLUSTER = ClusterConfig()
 
 
 class Baseline(StrEnum):
     dp = "dp"
 
 
-class Codec(StrEnum):
-    fp32 = "fp32"
-    bf16 = "bf16"
-    int8 = "int8"
-    int4 = "int4"
-    int2 = "int2"
-    int1 = "int1"
-
-
-class Merge(StrEnum):
-    rda = "rda"
-    mean = "mean"
-
-
-class Fragmentation(StrEnum):
-    balanced = "balanced"
-    layer = "layer"
-    tensor = "tensor"
-
-
 def train(
     learners: Annotated[int, typer.Option(help="M: number of learners (data-parallel ranks with --baseline dp).")] = 4,
-    fragments: Annotated[int, typer.Option(help="P: fragments the model is split into.")] = 24,
-    inner_steps: Annotated[int, typer.Option(help="H: inner steps between two sends of the same fragment.")] = 24,
-    overlap: Annotated[int, typer.Option(help="tau: steps a learner trains while a fragment is in flight.")] = 2,
-    quorum: Annotated[int, typer.Option(help="K: updates needed before a round may close (K=M is synchronous).")] = 1,
-    grace: Annotated[bool, typer.Option(help="Adaptive grace window after the quorum, inside the network slack.")] = True,
-    codec: Annotated[Codec, typer.Option(help="Outer-gradient codec.")] = Codec.int4,
-    down_codec: Annotated[str, typer.Option(help="Codec for fragments sent back to learners: bf16 or fp32.")] = "bf16",
-    merge: Annotated[Merge, typer.Option(help="rda (radial-directional) or mean (ablation).")] = Merge.rda,
+    fragments: Annotated[
+        int | None, typer.Option(help=f"P: fragments the model is split into [default: {default('fragments')}].")
+    ] = None,
+    inner_steps: Annotated[
+        int | None,
+        typer.Option(help=f"H: inner steps between two sends of the same fragment [default: {default('inner_steps')}]."),
+    ] = None,
+    overlap: Annotated[
+        int | None, typer.Option(help=f"tau: steps trained while a fragment is in flight [default: {default('overlap')}].")
+    ] = None,
+    quorum: Annotated[
+        int | None, typer.Option(help=f"K: updates a round needs (K=M is synchronous) [default: {default('quorum')}].")
+    ] = None,
+    grace: Annotated[
+        bool | None, typer.Option(help="Adaptive grace window after the quorum, inside the network slack [default: on].")
+    ] = None,
+    codec: Annotated[Codec | None, typer.Option(help=f"Outer-gradient codec [default: {default('codec')}].")] = None,
+    down_codec: Annotated[
+        DownCodec | None, typer.Option(help=f"Codec of fragments sent back [default: {default('down_codec')}].")
+    ] = None,
+    merge: Annotated[
+        Merge | None, typer.Option(help=f"rda (radial-directional) or mean (ablation) [default: {default('merge')}].")
+    ] = None,
     fragmentation: Annotated[
-        Fragmentation, typer.Option(help="balanced (LPT), layer or tensor (ablations).")
-    ] = Fragmentation.balanced,
-    error_feedback: Annotated[bool, typer.Option(help="Carry each fragment's quantisation residual to its next send.")] = False,
+        Fragmentation | None,
+        typer.Option(help=f"balanced (LPT), layer or tensor (ablations) [default: {default('fragmentation')}]."),
+    ] = None,
+    error_feedback: Annotated[
+        bool | None, typer.Option(help="Carry each fragment's quantisation residual to its next send [default: off].")
+    ] = None,
     push_before_overwrite: Annotated[
-        bool, typer.Option(help="Ablation: send drift a new version would overwrite (off = the paper's plain overwrite).")
-    ] = False,
-    preset: Annotated[str, typer.Option(help="Model preset: tiny, tiny-moe, small, base, large.")] = "tiny",
-    tokens: Annotated[int, typer.Option(help="Total token budget across all learners.")] = 1_000_000,
-    batch_size: Annotated[int, typer.Option(help="Sequences per inner step per learner.")] = 8,
-    lr: Annotated[float, typer.Option(help="Peak inner AdamW learning rate.")] = 3e-3,
-    outer_lr: Annotated[float, typer.Option(help="Outer Nesterov learning rate.")] = 0.4,
-    outer_momentum: Annotated[float, typer.Option(help="Outer Nesterov momentum.")] = 0.8,
+        bool | None, typer.Option(help="Ablation: send drift a new version would overwrite (off = the paper's plain overwrite).")
+    ] = None,
+    preset: Annotated[
+        str | None, typer.Option(help=f"Model preset: tiny, tiny-moe, small, base, large [default: {default('preset')}].")
+    ] = None,
+    tokens: Annotated[
+        int | None, typer.Option(help=f"Total token budget across all learners [default: {default('tokens')}].")
+    ] = None,
+    batch_size: Annotated[
+        int | None, typer.Option(help=f"Sequences per inner step per learner [default: {default('batch_size')}].")
+    ] = None,
+    lr: Annotated[float | None, typer.Option(help=f"Peak inner AdamW learning rate [default: {default('lr')}].")] = None,
+    outer_lr: Annotated[
+        float | None, typer.Option(help=f"Outer Nesterov learning rate [default: {default('outer_lr')}].")
+    ] = None,
+    outer_momentum: Annotated[
+        float | None, typer.Option(help=f"Outer Nesterov momentum [default: {default('outer_momentum')}].")
+    ] = None,
     speeds: Annotated[str, typer.Option(help="Relative learner speeds, comma-separated (e.g. 1,1,0.5,0.5).")] = "",
     outage: Annotated[
         list[str], typer.Option(help="LEARNER@SECONDS[+SECONDS]: learner fails at a virtual time, returns later. Repeatable.")
@@ -66,14 +79,24 @@ def train(
     failures: Annotated[
         Path | None, typer.Option(help="Replay the learner failures of an availability tape (ddctl simulate --tape).")
     ] = None,
-    link_mbps: Annotated[float, typer.Option(help="Virtual link bandwidth per learner, each way.")] = 100.0,
-    latency_ms: Annotated[float, typer.Option(help="Virtual one-way latency per learner.")] = 50.0,
+    link_mbps: Annotated[
+        float | None, typer.Option(help=f"Virtual link bandwidth per learner, each way [default: {CLUSTER.link_mbps}].")
+    ] = None,
+    latency_ms: Annotated[
+        float | None, typer.Option(help=f"Virtual one-way latency per learner [default: {CLUSTER.latency_ms}].")
+    ] = None,
     data: Annotated[
         list[Path], typer.Option(help="Text file or folder to train on (repeatable); default: the Python stdlib's sources.")
     ] = [],  # noqa: B006
-    max_bytes: Annotated[int, typer.Option(help="Read at most this many corpus bytes.")] = 24 * 2**20,
-    seed: Annotated[int, typer.Option(help="Seeds model init, data order and virtual timing.")] = 0,
-    threads: Annotated[int, typer.Option(help="torch threads (fixed so runs replay bit for bit).")] = 1,
+    max_bytes: Annotated[
+        int | None, typer.Option(help=f"Read at most this many corpus bytes [default: {default('max_bytes')}].")
+    ] = None,
+    seed: Annotated[
+        int | None, typer.Option(help=f"Seeds model init, data order and virtual timing [default: {default('seed')}].")
+    ] = None,
+    threads: Annotated[
+        int | None, typer.Option(help=f"torch threads (fixed so runs replay bit for bit) [default: {default('threads')}].")
+    ] = None,
     tape: Annotated[Path | None, typer.Option(help="Write the event tape (JSON lines) to this new file.")] = None,
     baseline: Annotated[
         Baseline | None, typer.Option(help="Run the synchronous data-parallel baseline instead (torch.distributed, gloo).")
@@ -84,18 +107,25 @@ def train(
 
     Small and quick: ddctl train --tokens 200000 --learners 2
     """
-    options = dict(locals())
+    knobs = {
+        "learners": learners, "fragments": fragments, "inner_steps": inner_steps, "overlap": overlap, "quorum": quorum,
+        "grace": grace, "codec": codec, "down_codec": down_codec, "merge": merge, "fragmentation": fragmentation,
+        "error_feedback": error_feedback, "push_before_overwrite": push_before_overwrite, "preset": preset,
+        "tokens": tokens, "batch_size": batch_size, "lr": lr, "outer_lr": outer_lr, "outer_momentum": outer_momentum,
+        "data": data or None, "max_bytes": max_bytes, "seed": seed, "threads": threads,
+    }  # fmt: skip
+    cluster = {"speeds": speeds, "outages": outage, "failures": failures, "link_mbps": link_mbps, "latency_ms": latency_ms}
 
     def body() -> dict[str, Any]:
         from ddctl.cli.train_options import build_config
 
-        config = build_config(options)
+        config = build_config(knobs, cluster)
         with progress_bar("training", config.budget.tokens) as update:
             if baseline is Baseline.dp:
-                from ddctl.baseline import run_data_parallel
+                from ddctl.local.baseline import run_data_parallel
 
                 return run_data_parallel(config.inner, config.data, config.budget, threads_per_rank=config.threads)
-            from ddctl.training import train_decoupled
+            from ddctl.local.training import train_decoupled
 
             return train_decoupled(config, tape, update)
 

@@ -1,16 +1,14 @@
-"""Turn ``ddctl train``'s flat options into a validated TrainConfig."""
+"""Turn ``ddctl train``'s flat options into a validated TrainConfig (through ``config.job.build_job``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ddctl.settings import ClusterConfig, Outage, TrainConfig, parse_outage
-from ddctl_agents.core.outer import OuterConfig
-from ddctl_agents.core.quorum import QuorumConfig
-from ddctl_agents.core.syncer import SyncerConfig
-from ddctl_agents.train.config import ConfigError, DataConfig, InnerConfig, RunBudget
-from ddctl_agents.train.learner import SyncSettings
+from ddctl.config.job import build_job
+from ddctl.config.train import ClusterConfig, Outage, TrainConfig, parse_outage
+from ddctl_agents.train.config import ConfigError
 
 
 def parse_speeds(text: str) -> tuple[float, ...]:
@@ -22,38 +20,13 @@ def parse_speeds(text: str) -> tuple[float, ...]:
         raise ConfigError(f"--speeds {text!r} must be comma-separated numbers, e.g. 1,1,0.5") from None
 
 
-def _value(x: Any) -> Any:
-    return getattr(x, "value", x)
-
-
-def build_config(o: dict[str, Any]) -> TrainConfig:
-    """Every flag lands in exactly one typed config; each validates its own ranges."""
-    quorum = QuorumConfig(quorum=o["quorum"], grace=o["grace"], overlap=o["overlap"])
-    outer = OuterConfig(lr=o["outer_lr"], momentum=o["outer_momentum"])
-    sync = SyncSettings(
-        fragments=o["fragments"],
-        inner_steps=o["inner_steps"],
-        codec=_value(o["codec"]),
-        error_feedback=o["error_feedback"],
-        push_before_overwrite=o["push_before_overwrite"],
-    )
-    syncer = SyncerConfig(quorum=quorum, outer=outer, merge=_value(o["merge"]), inner_steps=o["inner_steps"])
-    return TrainConfig(
-        inner=InnerConfig(preset=o["preset"], batch_size=o["batch_size"], lr=o["lr"], seed=o["seed"]),
-        data=DataConfig(paths=tuple(o["data"]), max_bytes=o["max_bytes"]),
-        budget=RunBudget(tokens=o["tokens"], learners=o["learners"]),
-        sync=sync,
-        syncer=syncer,
-        fragmentation=_value(o["fragmentation"]),
-        down_codec=o["down_codec"],
-        cluster=ClusterConfig(
-            speeds=parse_speeds(o["speeds"]),
-            outages=(*(parse_outage(t) for t in o["outage"]), *_tape_outages(o["failures"], o["learners"])),
-            link_mbps=o["link_mbps"],
-            latency_ms=o["latency_ms"],
-        ),
-        threads=o["threads"],
-    )
+def build_config(knobs: dict[str, Any], cluster: dict[str, Any]) -> TrainConfig:
+    """The knobs through the one JobConfig builder, then the virtual cluster (it needs the learner count)."""
+    config = build_job(knobs, base=TrainConfig())
+    learners = config.budget.learners
+    outages = (*(parse_outage(t) for t in cluster["outages"]), *_tape_outages(cluster["failures"], learners))
+    links = {k: cluster[k] for k in ("link_mbps", "latency_ms") if cluster[k] is not None}
+    return dataclasses.replace(config, cluster=ClusterConfig(speeds=parse_speeds(cluster["speeds"]), outages=outages, **links))
 
 
 def _tape_outages(path: Path | None, learners: int) -> tuple[Outage, ...]:

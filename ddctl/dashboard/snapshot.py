@@ -12,7 +12,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddctl.state import InstanceRecord
+from ddctl.control.state import InstanceRecord
 
 DP_BYTES_PER_PARAM_STEP = 2 * 4
 """Data-parallel training all-reduces every fp32 gradient each step; a ring sends about twice its size per rank."""

@@ -16,11 +16,11 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
+from ddctl.control.state import State, run_dir
+from ddctl.control.up import admin_client
 from ddctl.dashboard.render import render
 from ddctl.dashboard.snapshot import RegionInfo, RunRecords, SyncerView, build
 from ddctl.errors import DdctlError
-from ddctl.state import State, run_dir
-from ddctl.up import admin_client
 from ddctl_agents.agent.client import Refused, Unavailable
 
 EVENTS_READ = 200
@@ -41,8 +41,9 @@ def run_records(run: str, state: State) -> RunRecords:
 
 def region_info(path: str) -> dict[str, RegionInfo]:
     """Prices and zones from the run's regions file (empty if it has moved: the dashboard still works)."""
-    from ddctl.plan import price
-    from ddctl.regions import RegionsError, load_regions
+    from ddctl.config.regions import load_regions
+    from ddctl.control.plan import price
+    from ddctl.errors import RegionsError
 
     try:
         rf = load_regions(Path(path))

@@ -13,16 +13,12 @@ import math
 import re
 from dataclasses import dataclass, fields
 
-from ddctl.errors import DdctlError
+from ddctl.errors import SimError
 
 YEAR_S = 365.25 * 86400.0
 SYSTEMS_BASE = ("dp", "elastic_dp")
 GRID_LEARNERS = (2, 4, 8, 16)
 GRID_CHIPS = (150_000, 300_000, 600_000, 1_200_000, 2_400_000)
-
-
-class SimError(DdctlError):
-    """A simulator parameter is out of range; the message says which and what is allowed."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

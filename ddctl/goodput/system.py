@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ddctl.goodput.params import SimError, SimParams, learners_of
+from ddctl.errors import SimError
+from ddctl.goodput.params import SimParams, learners_of
 from ddctl.goodput.unit import LOSSES, UnitRun, simulate_unit
 
 

@@ -13,9 +13,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ddctl.config.train import Outage
 from ddctl.goodput.params import SimParams
 from ddctl.goodput.system import CellRun
-from ddctl.settings import Outage
 from ddctl_agents.core.tape import TAPE_FORMAT, TapeWriter, read_tape
 from ddctl_agents.errors import TapeError
 

@@ -15,7 +15,7 @@ def get(kind: str) -> Provider:
 
         return ProcessProvider()
     if kind == "docker":
-        from ddctl.providers.docker import DockerProvider
+        from ddctl.providers.docker.vms import DockerProvider
 
         return DockerProvider()
     raise DdctlError(f"provider {kind!r} is not built yet; built: {', '.join(LOCAL_KINDS)}")

@@ -12,12 +12,12 @@ import contextlib
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
-from ddctl import linkshape
 from ddctl.errors import DdctlError
+from ddctl.providers import linkshape
 from ddctl.providers.base import NAME_LABEL, RUN_LABEL, Instance, InstanceSpec, PreemptionNotice
+from ddctl_agents.waiting import wait_until
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -63,13 +63,17 @@ class ProcessProvider:
             )
         if launcher.returncode != 0:
             raise DdctlError(f"could not start {spec.name}: setsid exited {launcher.returncode}; see {spec.log}")
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            for instance in self.list_run(spec.run):
-                if instance.name == spec.name:
-                    return instance
-            time.sleep(0.02)
-        raise DdctlError(f"{spec.name} did not come up; see {spec.log}")
+
+        def started() -> Instance | None:
+            return next((i for i in self.list_run(spec.run) if i.name == spec.name), None)
+
+        return wait_until(
+            started,
+            timeout_s=10,
+            every_s=0.02,
+            what=f"{spec.name} to come up",
+            error=lambda m: DdctlError(f"{m}; see {spec.log}"),
+        )
 
     def list_run(self, run: str) -> list[Instance]:
         found = []
@@ -86,10 +90,9 @@ class ProcessProvider:
         if _labels(_cmdline(pid)).get(RUN_LABEL) != instance.run:
             return  # gone already, or the pid now belongs to someone else: never kill a stranger
         _signal_group(pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if _alive(pid):
+        try:
+            wait_until(lambda: not _alive(pid), timeout_s=grace_s, every_s=0.05, what=f"{instance.name} to exit")
+        except TimeoutError:
             _signal_group(pid, signal.SIGKILL)
 
     def preempt(self, instance: Instance, notice_s: float) -> None:

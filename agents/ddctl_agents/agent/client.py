@@ -10,7 +10,6 @@ one 64 MiB body crawl at about 1 MB/s.
 
 from __future__ import annotations
 
-import random
 import ssl
 import struct
 import time
@@ -20,36 +19,18 @@ from typing import Any, TypeVar
 
 import httpx
 
-from ddctl_agents.errors import AgentError
+from ddctl_agents import waiting
+from ddctl_agents.errors import ConfigError, Refused, Unavailable
 
 T = TypeVar("T")
+__all__ = ["Refused", "SyncerClient", "Unavailable", "retry"]
 CHUNK = 256 * 1024
 STREAM_RECORD = struct.Struct("<Q")
 
 
-class Refused(AgentError):
-    """The syncer answered 4xx: the request itself is wrong, retrying it unchanged will not help."""
-
-    def __init__(self, status: int, code: str, reason: str) -> None:
-        super().__init__(f"{status} {code}: {reason}")
-        self.status, self.code, self.reason = status, code, reason
-
-
-class Unavailable(Exception):
-    """The syncer could not be reached or failed (5xx); worth retrying."""
-
-
 def retry(call: Callable[[], T], *, stop: Callable[[], bool] = lambda: False, give_up_after_s: float = float("inf")) -> T:
     """``call()`` until it does not raise Unavailable; backoff 0.1 s doubling to 5 s, with jitter."""
-    delay, deadline = 0.1, time.monotonic() + give_up_after_s
-    while True:
-        try:
-            return call()
-        except Unavailable:
-            if stop() or time.monotonic() + delay > deadline:
-                raise
-            time.sleep(delay * random.uniform(0.5, 1.0))
-            delay = min(delay * 2, 5.0)
+    return waiting.retry(call, retry_on=(Unavailable,), stop=stop, give_up_after_s=give_up_after_s)
 
 
 class SyncerClient:
@@ -59,7 +40,7 @@ class SyncerClient:
         self.url = url.rstrip("/")
         tls = self.url.startswith("https://")
         if not tls and not self.url.startswith("http://"):
-            raise AgentError(f"syncer URL must start with https:// or http://, got {url!r}")
+            raise ConfigError(f"syncer URL must start with https:// or http://, got {url!r}")
         verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(ca)) if tls and ca else tls
         self.http = httpx.Client(
             http1=tls or not http2,  # with TLS, ALPN picks h2; in plain text, HTTP/2 prior knowledge (h2c)

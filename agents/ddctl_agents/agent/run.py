@@ -196,11 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     except Refused as exc:
         print(f"error: the syncer refused: {exc}", file=sys.stderr)
         return 3
-    except (AgentError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     except Unavailable as exc:
         print(f"error: syncer unreachable: {exc}", file=sys.stderr)
         return 5  # also the dead-man switch's code
+    except (AgentError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(summary), flush=True)
     return 5 if summary["reason"] == "syncer_gone" else 0

@@ -24,32 +24,12 @@ from dataclasses import dataclass
 
 import torch
 
+from ddctl_agents.core.config import TrustConfig
 from ddctl_agents.core.merge import Contribution
 from ddctl_agents.core.messages import Update
-from ddctl_agents.errors import ConfigError
 
 ADAM_STEP_BOUND = 3.0
 """[ours] Largest |AdamW step| / lr per element that the drift bound allows for (see the module docstring)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TrustConfig:
-    """How far the syncer trusts a learner's numbers [ours]; every bound is derived from the job."""
-
-    max_rejections: int = 3
-    """Rejected updates after which a learner is suspended until an operator readmits it (0: never)."""
-    drift_safety: float = 4.0
-    """Margin on the largest drift the inner optimiser can make in the steps an update claims."""
-    result_bound: float = 1000.0
-    """A published parameter may not exceed this times max(1, the largest initial |parameter|)."""
-
-    def __post_init__(self) -> None:
-        if self.max_rejections < 0:
-            raise ConfigError(f"trust.max_rejections must be >= 0, got {self.max_rejections}")
-        if not 1.0 <= self.drift_safety <= 1e6:
-            raise ConfigError(f"trust.drift_safety must be in [1, 1e6], got {self.drift_safety}")
-        if not 1.0 <= self.result_bound <= 1e30:
-            raise ConfigError(f"trust.result_bound must be in [1, 1e30], got {self.result_bound}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

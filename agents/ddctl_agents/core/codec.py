@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from ddctl_agents.core import _codec_ref, _native
+from ddctl_agents.core.choices import CODECS, DEFAULT_BLOCK
 from ddctl_agents.errors import CodecError
 
 __all__ = [
@@ -57,8 +58,6 @@ __all__ = [
     "roundtrip",
 ]
 
-CODECS: tuple[str, ...] = ("fp32", "bf16", "int8", "int4", "int2", "int1")
-DEFAULT_BLOCK = 128
 MIN_BLOCK = 8
 MAX_BLOCK = 4096
 _ELEMENT_BYTES = {"fp32": 4, "bf16": 2}

@@ -14,9 +14,10 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from ddctl_agents.core.choices import STRATEGIES
 from ddctl_agents.errors import FragmentationError
 
-STRATEGIES = ("balanced", "layer", "tensor")
+__all__ = ["STRATEGIES", "Fragmentation", "TensorSpec", "fragment_tensors"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

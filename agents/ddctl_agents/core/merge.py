@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ddctl_agents.core.choices import MERGES
 from ddctl_agents.errors import MergeError
 
-MERGES = ("rda", "mean")
 DEGENERATE_COSINE = 1e-6
 """[ours] RDA falls back to the weighted mean when the mean direction's norm is
 below this (the unit directions cancel), where normalising would amplify noise."""

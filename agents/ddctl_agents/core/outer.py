@@ -12,26 +12,13 @@ compare states before and after.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import torch
 
-from ddctl_agents.errors import ConfigError, MergeError
+from ddctl_agents.core.config import OuterConfig
+from ddctl_agents.errors import MergeError
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OuterConfig:
-    """Outer Nesterov SGD hyper-parameters."""
-
-    lr: float = 0.4
-    momentum: float = 0.8
-    nesterov: bool = True
-
-    def __post_init__(self) -> None:
-        if not self.lr > 0:
-            raise ConfigError(f"outer lr must be > 0, got {self.lr}")
-        if not 0 <= self.momentum < 1:
-            raise ConfigError(f"outer momentum must be in [0, 1), got {self.momentum}")
+__all__ = ["OuterConfig", "outer_step"]
 
 
 def outer_step(

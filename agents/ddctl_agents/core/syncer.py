@@ -15,45 +15,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ddctl_agents.core import schedule, vclock
-from ddctl_agents.core.admission import Rejection, TrustConfig, UpdateLimits, admit_merge, check_update
+from ddctl_agents.core.admission import Rejection, UpdateLimits, admit_merge, check_update
+from ddctl_agents.core.config import SyncerConfig
 from ddctl_agents.core.effects import Ack, Effect, Fault, Record, Send
 from ddctl_agents.core.fragments import Fragmentation
 from ddctl_agents.core.ledger import TokenLedger
 from ddctl_agents.core.links import LearnerLinks
-from ddctl_agents.core.merge import MERGES, Contribution, merge_fragment
+from ddctl_agents.core.merge import Contribution, merge_fragment
 from ddctl_agents.core.messages import FragmentVersion, Update
-from ddctl_agents.core.outer import OuterConfig, outer_step
+from ddctl_agents.core.outer import outer_step
 from ddctl_agents.core.quarantine import Quarantine
-from ddctl_agents.core.quorum import QuorumConfig, RoundDecision, RoundView, Timing, decide_round
+from ddctl_agents.core.quorum import RoundDecision, RoundView, Timing, decide_round
 from ddctl_agents.core.rounds import RecentIds, Round, accumulate
-from ddctl_agents.errors import BadUpdate, ConfigError, ImpossibleVersion, Suspended, UnknownLearner
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SyncerConfig:
-    """Everything that shapes the syncer's decisions."""
-
-    quorum: QuorumConfig = field(default_factory=QuorumConfig)
-    outer: OuterConfig = field(default_factory=OuterConfig)
-    merge: str = "rda"
-    inner_steps: int = 24
-    """H, needed to forecast when an absent learner's update is due."""
-    max_behind: int = 1
-    """[ours] Late updates at most this many versions behind fold into the next round."""
-    trust: TrustConfig = field(default_factory=TrustConfig)
-    """What a learner's update may claim before it is refused, and when its sender is suspended."""
-
-    def __post_init__(self) -> None:
-        if self.merge not in MERGES:
-            raise ConfigError(f"merge must be one of {', '.join(MERGES)}, got {self.merge!r}")
-        if self.max_behind < 0:
-            raise ConfigError(f"max_behind must be >= 0, got {self.max_behind}")
+from ddctl_agents.errors import BadUpdate, ImpossibleVersion, Suspended, UnknownLearner
 
 
 class Synchronizer:

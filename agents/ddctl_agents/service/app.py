@@ -16,11 +16,19 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ddctl_agents.core.links import TransferMeter
-from ddctl_agents.errors import REJECTIONS, AgentError, SyncError
-from ddctl_agents.service.auth import ADMIN, Forbidden, verify_token
+from ddctl_agents.errors import (
+    REJECTIONS,
+    AgentError,
+    BadRequest,
+    ClientGone,
+    Forbidden,
+    MethodNotAllowed,
+    NotFound,
+    TooLarge,
+)
+from ddctl_agents.service.auth import ADMIN, verify_token
 from ddctl_agents.service.observability import health, metrics, status, vector_clock
 from ddctl_agents.service.requests import (
-    BadRequest,
     HeartbeatBody,
     LeaveBody,
     ReadmitBody,
@@ -40,26 +48,6 @@ STREAM_RECORD = struct.Struct("<Q")
 """Each record of the fragment stream: u64 length, then a wire frame (length 0: keep-alive)."""
 MAX_JSON = 64 * 1024
 log = logging.getLogger("ddctl.syncer")
-
-
-class HttpError(Exception):
-    def __init__(self, status: int, code: str, reason: str) -> None:
-        super().__init__(reason)
-        self.status, self.code, self.reason = status, code, reason
-
-
-class Disconnected(Exception):
-    """The client went away mid-request."""
-
-
-def _error_for(exc: Exception) -> HttpError:
-    if isinstance(exc, HttpError):
-        return exc
-    if isinstance(exc, SyncError):
-        return HttpError(exc.status, exc.code, str(exc))
-    status = getattr(exc, "status", 400)
-    code = {401: "unauthorized", 403: "forbidden"}.get(status, "bad_request")
-    return HttpError(status, code, str(exc))
 
 
 class SyncerApp:
@@ -90,18 +78,19 @@ class SyncerApp:
             return
         try:
             await self._dispatch(scope, receive, send)
-        except Disconnected:
+        except ClientGone:
             return
         except Exception as exc:  # every refusal becomes a response, never a crash
-            error = _error_for(exc) if isinstance(exc, (AgentError, HttpError)) else None
-            if error is None:
+            if isinstance(exc, AgentError):
+                status, code, reason = exc.status, exc.code, str(exc)
+            else:
                 log.exception("internal error on %s %s", scope["method"], scope["path"])
-                error = HttpError(500, "internal", f"{type(exc).__name__}: {exc}")
-            self.rt.rejections[error.status] = self.rt.rejections.get(error.status, 0) + 1
+                status, code, reason = 500, "internal", f"{type(exc).__name__}: {exc}"
+            self.rt.rejections[status] = self.rt.rejections.get(status, 0) + 1
             try:
-                await _json(send, error.status, {"error": error.code, "reason": error.reason})
+                await _json(send, status, {"error": code, "reason": reason})
             except Exception:  # the response had started or the client is gone: nothing left to tell
-                log.debug("could not answer %s on %s", error.status, scope["path"])
+                log.debug("could not answer %s on %s", status, scope["path"])
 
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         method, path = scope["method"], scope["path"]
@@ -111,8 +100,8 @@ class SyncerApp:
         if handler is None:
             allowed = sorted(m for m, p in self.routes if p == path)
             if allowed:
-                raise HttpError(405, "method_not_allowed", f"{path} allows {', '.join(allowed)}")
-            raise HttpError(404, "not_found", f"no endpoint {path}")
+                raise MethodNotAllowed(f"{path} allows {', '.join(allowed)}")
+            raise NotFound(f"no endpoint {path}")
         await handler(scope, receive, send)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
@@ -168,7 +157,7 @@ class SyncerApp:
         declared = _header(scope, b"content-length")
         expected = None if declared is None else parse_count(declared, "content-length")
         if expected is not None and expected > limit:
-            raise HttpError(413, "too_large", f"update of {declared} bytes exceeds the limit of {limit} bytes")
+            raise TooLarge(f"update of {declared} bytes exceeds the limit of {limit} bytes")
         fragment = _header(scope, b"x-ddctl-fragment")
         count = self.rt.assembly.fragmentation.count
         frag = None if fragment is None else parse_count(fragment, "header x-ddctl-fragment", maximum=count - 1)
@@ -210,7 +199,7 @@ class SyncerApp:
         try:
             fragment = parse_count(raw, "fragment", maximum=count - 1)
         except BadRequest:
-            raise HttpError(404, "not_found", f"fragment must be an integer in [0, {count}), got {raw!r:.40}") from None
+            raise NotFound(f"fragment must be an integer in [0, {count}), got {raw!r:.40}") from None
         query = parse_query(scope.get("query_string", b""))
         since = parse_count(query.get("since", "-1"), "query parameter 'since'", minimum=-1)
         item = self.rt.publisher.get(fragment)
@@ -227,10 +216,10 @@ class SyncerApp:
         raw = parse_query(scope.get("query_string", b"")).get("since", "")
         parts = raw.split(",", count) if raw else []
         if len(parts) > count:
-            raise HttpError(400, "bad_request", f"since must list {count} versions, got more")
+            raise BadRequest(f"since must list {count} versions, got more")
         since = [parse_count(x, "query parameter 'since'", minimum=-1) for x in parts] if raw else [-1] * count
         if len(since) != count:
-            raise HttpError(400, "bad_request", f"since must list {count} versions, got {len(since)}")
+            raise BadRequest(f"since must list {count} versions, got {len(since)}")
         await _read_body(receive, MAX_JSON)  # a GET's (empty) body; what receive() says next is the disconnect
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/x-ddctl-stream")]})
 
@@ -306,10 +295,10 @@ async def _read_body(receive: Receive, limit: int, on_chunk: Callable[[int, int,
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                raise Disconnected
+                raise ClientGone("the client went away")
             chunk = message.get("body", b"")
             if len(body) + len(chunk) > limit:
-                raise HttpError(413, "too_large", f"body exceeds the limit of {limit} bytes")
+                raise TooLarge(f"body exceeds the limit of {limit} bytes")
             body += chunk
             if on_chunk is not None:
                 on_chunk(len(body), len(chunk), False)

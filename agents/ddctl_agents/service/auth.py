@@ -12,27 +12,16 @@ import hashlib
 import hmac
 import re
 
-from ddctl_agents.errors import AgentError
+from ddctl_agents.errors import ConfigError, Forbidden, Unauthorized
 
 ADMIN = "admin"
 IDENTITY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-
-
-class Unauthorized(AgentError):
-    """401: no token, or one the job's secret did not sign."""
-
-    status = 401
-
-
-class Forbidden(AgentError):
-    """403: a valid token used for someone else's identity."""
-
-    status = 403
+__all__ = ["ADMIN", "Forbidden", "Unauthorized", "check_identity", "derive_token", "read_secret", "verify_token"]
 
 
 def check_identity(identity: str) -> str:
     if not IDENTITY.match(identity):
-        raise ValueError(f"identity {identity!r} must be 1-64 characters of letters, digits, '_', '.', '-'")
+        raise ConfigError(f"identity {identity!r} must be 1-64 characters of letters, digits, '_', '.', '-'")
     return identity
 
 
@@ -60,7 +49,7 @@ def read_secret(text: str) -> bytes:
     try:
         secret = bytes.fromhex(text.strip())
     except ValueError:
-        raise ValueError("job secret must be hex") from None
+        raise ConfigError("job secret must be hex") from None
     if len(secret) < 32:
-        raise ValueError(f"job secret must be at least 32 bytes, got {len(secret)}")
+        raise ConfigError(f"job secret must be at least 32 bytes, got {len(secret)}")
     return secret

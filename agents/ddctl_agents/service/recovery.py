@@ -25,7 +25,7 @@ from ddctl_agents.core.effects import Effect
 from ddctl_agents.core.messages import decode_update
 from ddctl_agents.core.syncer import Synchronizer
 from ddctl_agents.core.syncer_state import STATE_LIMITS, load, restore
-from ddctl_agents.errors import AgentError, ConfigError
+from ddctl_agents.errors import AgentError, ConfigError, Unreplayable
 from ddctl_agents.service.log_records import (
     ENTRY,
     CloseEntry,
@@ -40,14 +40,6 @@ from ddctl_agents.service.snapshots import snapshots
 from ddctl_agents.service.wal import WalRecord, append_record, read_segment, segment_path, segments
 
 QUARANTINE = "quarantine.wal"
-
-
-class Unreplayable(AgentError):
-    """A log record the live path would not have applied; ``effects`` are what the core did about it."""
-
-    def __init__(self, reason: str, effects: list[Effect] | None = None) -> None:
-        super().__init__(reason)
-        self.effects = effects or []
 
 
 def apply_record(syncer: Synchronizer, record: WalRecord) -> list[Effect]:

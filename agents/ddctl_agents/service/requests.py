@@ -17,7 +17,7 @@ from urllib.parse import parse_qs
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ddctl_agents.errors import AgentError
+from ddctl_agents.errors import BadRequest
 
 MAX_COUNT = (1 << 62) - 1
 """Steps, tokens, bytes: far above any real run, far below where float conversions overflow."""
@@ -30,12 +30,6 @@ Identity = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 Region = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{0,64}$")]
 Sentence = Annotated[str, Field(pattern=r"^[\x20-\x7e]{0,200}$")]
 """Printable ASCII only: it is written into logs and events, where a newline could forge a line."""
-
-
-class BadRequest(AgentError):
-    """400: a request field has the wrong type, is out of its bounds, or is unknown."""
-
-    status = 400
 
 
 class _Body(BaseModel):

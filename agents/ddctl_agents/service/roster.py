@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddctl_agents.core.links import LearnerLinks
-from ddctl_agents.service.requests import BadRequest, HeartbeatBody
+from ddctl_agents.errors import BadRequest
+from ddctl_agents.service.requests import HeartbeatBody
 
 log = logging.getLogger("ddctl.syncer")
 ROUND_FIELDS = ("t", "fragment", "version", "cause", "reason", "grace_s", "admitted")

@@ -27,13 +27,12 @@ from ddctl_agents.core.messages import FragmentVersion, Update, decode_update, e
 from ddctl_agents.core.syncer_state import capture
 from ddctl_agents.core.tape import TAPE_FORMAT, TapeWriter
 from ddctl_agents.core.wire import WireLimits
-from ddctl_agents.errors import UnknownLearner
+from ddctl_agents.errors import BadRequest, Forbidden, UnknownLearner
 from ddctl_agents.jsonable import to_json
-from ddctl_agents.service.auth import Forbidden
 from ddctl_agents.service.log_records import JoinEntry, LeaveEntry, ReadmitEntry, RejectEntry, UpdateEntry, entry_for
 from ddctl_agents.service.publisher import Published, Publisher
 from ddctl_agents.service.recovery import recover
-from ddctl_agents.service.requests import BadRequest, HeartbeatBody
+from ddctl_agents.service.requests import HeartbeatBody
 from ddctl_agents.service.roster import LearnerInfo, Roster
 from ddctl_agents.service.snapshots import write_snapshot
 from ddctl_agents.service.supervise import supervise

@@ -57,7 +57,7 @@ def load_job_dir(job_dir: Path) -> JobFiles:
         secret = read_secret((job_dir / "secret").read_text())
     except OSError as exc:
         raise ConfigError(f"{job_dir / 'secret'}: cannot read ({exc.strerror})") from None
-    except ValueError as exc:
+    except AgentError as exc:
         raise ConfigError(f"{job_dir}: {exc}") from None
     cert, key = job_dir / "tls" / "server.pem", job_dir / "tls" / "server.key"
     has_tls = cert.exists() and key.exists()

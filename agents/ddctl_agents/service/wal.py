@@ -20,21 +20,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from ddctl_agents.errors import AgentError
+from ddctl_agents.errors import LogError
 
 _HEAD = struct.Struct("<IQI")
 MAX_META = 1 << 20
-
-
-class WalError(AgentError):
-    """A record that could never be read back (its meta over MAX_META) is refused before it is written."""
 
 
 def record_prefix(meta: dict[str, Any], payload: bytes | bytearray | memoryview = b"") -> bytes:
     """A record's head and JSON meta; the payload follows it unchanged (not copied here)."""
     raw = json.dumps(meta, separators=(",", ":"), allow_nan=False).encode()
     if len(raw) > MAX_META:
-        raise WalError(f"log record meta of {len(raw)} bytes exceeds {MAX_META}: recovery would stop at it")
+        raise LogError(f"log record meta of {len(raw)} bytes exceeds {MAX_META}: recovery would stop at it")
     crc = zlib.crc32(payload, zlib.crc32(raw))
     return _HEAD.pack(len(raw), len(payload), crc) + raw
 

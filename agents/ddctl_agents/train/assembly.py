@@ -16,12 +16,12 @@ from ddctl_agents.core.fragments import Fragmentation, TensorSpec, fragment_tens
 from ddctl_agents.core.syncer import Synchronizer
 from ddctl_agents.errors import ConfigError
 from ddctl_agents.train.checksum import params_sha256
-from ddctl_agents.train.config import steps_per_learner
+from ddctl_agents.train.config import ModelConfig, steps_per_learner
 from ddctl_agents.train.data import BatchSampler, Corpus, load_corpus, shard, validation_batches
 from ddctl_agents.train.evaluate import evaluate_bpb
 from ddctl_agents.train.job import JobConfig
 from ddctl_agents.train.learner import Learner
-from ddctl_agents.train.model import ModelConfig, build_model, embedding_names
+from ddctl_agents.train.model import build_model, embedding_names
 from ddctl_agents.train.presets import get_preset
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddctl_agents.core import schedule
+from ddctl_agents.core.choices import CODECS, DEFAULT_BLOCK
 from ddctl_agents.errors import ConfigError
 
 
@@ -79,10 +81,80 @@ class RunBudget:
         require(1 <= self.learners <= 64, f"learners must be in [1, 64], got {self.learners}")
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelConfig:
+    """Shape of the network; every preset is one of these."""
+
+    vocab_size: int = 256
+    """Token vocabulary; 256 means raw bytes, so no tokenizer is needed."""
+    seq_len: int = 128
+    """Context length in tokens (size of the positional embedding)."""
+    d_model: int = 128
+    """Width of the residual stream."""
+    n_layer: int = 4
+    """Number of transformer blocks."""
+    n_head: int = 4
+    """Attention heads per block; must divide d_model."""
+    mlp_ratio: int = 4
+    """Hidden width of each MLP (or expert) as a multiple of d_model."""
+    n_experts: int = 0
+    """Experts per mixture-of-experts layer; 0 means a dense MLP in every block."""
+    top_k: int = 2
+    """Experts each token is routed to (MoE only)."""
+    aux_loss_coef: float = 0.01
+    """Weight of the load-balancing loss added to the training loss (MoE only)."""
+    tie_embeddings: bool = True
+    """Reuse the token embedding as the output projection (saves vocab_size x d_model)."""
+
+    def __post_init__(self) -> None:
+        require(self.vocab_size >= 2, f"vocab_size must be >= 2, got {self.vocab_size}")
+        require(self.seq_len >= 1, f"seq_len must be >= 1, got {self.seq_len}")
+        require(self.d_model >= 1, f"d_model must be >= 1, got {self.d_model}")
+        require(self.n_layer >= 1, f"n_layer must be >= 1, got {self.n_layer}")
+        require(self.n_head >= 1, f"n_head must be >= 1, got {self.n_head}")
+        require(
+            self.d_model % self.n_head == 0,
+            f"n_head must divide d_model, got n_head={self.n_head}, d_model={self.d_model}",
+        )
+        require(self.mlp_ratio >= 1, f"mlp_ratio must be >= 1, got {self.mlp_ratio}")
+        require(
+            self.n_experts == 0 or self.n_experts >= 2,
+            f"n_experts must be 0 (dense) or >= 2, got {self.n_experts}",
+        )
+        if self.n_experts:
+            require(
+                1 <= self.top_k <= self.n_experts,
+                f"top_k must be in [1, n_experts={self.n_experts}], got {self.top_k}",
+            )
+        require(self.aux_loss_coef >= 0, f"aux_loss_coef must be >= 0, got {self.aux_loss_coef}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SyncSettings:
+    """How a learner talks to the syncer."""
+
+    fragments: int = 24
+    inner_steps: int = 24
+    codec: str = "int4"
+    block: int = DEFAULT_BLOCK
+    error_feedback: bool = False
+    """[ours] Keep each fragment's quantisation residual and add it to its next outer gradient."""
+    push_before_overwrite: bool = False
+    """Ablation: when a version arrives from a round this learner had no part in, send the drift
+    it is about to overwrite first (it folds into the next round as a late update) instead of
+    discarding it. Off (the paper's plain overwrite) measured better: stale drift hurt more
+    than discarded drift (docs/benchmarks.md)."""
+
+    def __post_init__(self) -> None:
+        schedule.check_schedule(self.fragments, self.inner_steps)
+        if self.codec not in CODECS:
+            raise ConfigError(f"codec must be one of {', '.join(CODECS)}, got {self.codec!r}")
+
+
 def steps_per_learner(budget: RunBudget, inner: InnerConfig, seq_len: int) -> int:
     """Inner steps each learner takes so that all learners together see budget.tokens."""
     per_step = budget.learners * inner.batch_size * seq_len
     return max(1, budget.tokens // per_step)
 
 
-__all__ = ["ConfigError", "DataConfig", "InnerConfig", "RunBudget", "require", "steps_per_learner"]
+__all__ = ["ConfigError", "ModelConfig", "SyncSettings", "DataConfig", "InnerConfig", "RunBudget", "require", "steps_per_learner"]

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ddctl_agents.core.codec import CODECS
-from ddctl_agents.core.fragments import STRATEGIES
-from ddctl_agents.core.syncer import SyncerConfig
-from ddctl_agents.train.config import DataConfig, InnerConfig, RunBudget, require
-from ddctl_agents.train.learner import SyncSettings
+from ddctl_agents.core.choices import CODECS, DOWN_CODECS, STRATEGIES
+from ddctl_agents.core.config import SyncerConfig
+from ddctl_agents.train.config import DataConfig, InnerConfig, RunBudget, SyncSettings, require
 from ddctl_agents.train.presets import get_preset
 
 
@@ -24,7 +22,7 @@ class JobConfig:
     inner: InnerConfig = field(default_factory=InnerConfig)
     data: DataConfig = field(default_factory=DataConfig)
     budget: RunBudget = field(default_factory=RunBudget)
-    sync: SyncSettings = field(default_factory=lambda: SyncSettings(fragments=8, inner_steps=24))
+    sync: SyncSettings = field(default_factory=SyncSettings)
     syncer: SyncerConfig = field(default_factory=SyncerConfig)
     fragmentation: str = "balanced"
     down_codec: str = "bf16"
@@ -37,7 +35,7 @@ class JobConfig:
             self.fragmentation in STRATEGIES, f"fragmentation must be one of {', '.join(STRATEGIES)}, got {self.fragmentation!r}"
         )
         require(
-            self.down_codec in ("fp32", "bf16"),
+            self.down_codec in DOWN_CODECS,
             f"down codec must be fp32 or bf16 (fragments stay near-lossless), got {self.down_codec!r}",
         )
         require(self.sync.inner_steps == self.syncer.inner_steps, "sync.inner_steps and syncer.inner_steps must agree")

@@ -23,33 +23,10 @@ from ddctl_agents.core import codec as codecs
 from ddctl_agents.core import schedule, vclock
 from ddctl_agents.core.fragments import Fragmentation
 from ddctl_agents.core.messages import Adoption, FragmentVersion, Update
-from ddctl_agents.errors import ConfigError
-from ddctl_agents.train.config import InnerConfig
+from ddctl_agents.train.config import InnerConfig, SyncSettings
 from ddctl_agents.train.data import BatchSampler
 from ddctl_agents.train.model import GPT
 from ddctl_agents.train.optim import build_inner_optimizer, inner_lr, inner_step
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SyncSettings:
-    """How a learner talks to the syncer."""
-
-    fragments: int = 24
-    inner_steps: int = 24
-    codec: str = "int4"
-    block: int = codecs.DEFAULT_BLOCK
-    error_feedback: bool = False
-    """[ours] Keep each fragment's quantisation residual and add it to its next outer gradient."""
-    push_before_overwrite: bool = False
-    """Ablation: when a version arrives from a round this learner had no part in, send the drift
-    it is about to overwrite first (it folds into the next round as a late update) instead of
-    discarding it. Off (the paper's plain overwrite) measured better: stale drift hurt more
-    than discarded drift (docs/benchmarks.md)."""
-
-    def __post_init__(self) -> None:
-        schedule.check_schedule(self.fragments, self.inner_steps)
-        if self.codec not in codecs.CODECS:
-            raise ConfigError(f"codec must be one of {', '.join(codecs.CODECS)}, got {self.codec!r}")
 
 
 @dataclass(slots=True)

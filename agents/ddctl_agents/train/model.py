@@ -6,7 +6,8 @@ this file stays a description of the network.
 
 Run small on a CPU::
 
-    from ddctl_agents.train.model import ModelConfig, build_model
+    from ddctl_agents.train.model import build_model
+    from ddctl_agents.train.config import ModelConfig
     model = build_model(ModelConfig(seq_len=64, d_model=64, n_layer=2, n_head=2), seed=0)
     out = model(idx, targets)   # LMOutput(logits, loss, ce, aux)
 """
@@ -14,68 +15,19 @@ Run small on a CPU::
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ddctl_agents.train.config import require
+from ddctl_agents.train.config import ModelConfig
 
 INIT_STD = 0.02
 """GPT-2 initialisation scale for weights and embeddings."""
 
 POSITION_EMBEDDING = "wpe.weight"
 """Parameter name of the learned positional embedding (the optimiser exempts it from decay)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ModelConfig:
-    """Shape of the network; every preset is one of these."""
-
-    vocab_size: int = 256
-    """Token vocabulary; 256 means raw bytes, so no tokenizer is needed."""
-    seq_len: int = 128
-    """Context length in tokens (size of the positional embedding)."""
-    d_model: int = 128
-    """Width of the residual stream."""
-    n_layer: int = 4
-    """Number of transformer blocks."""
-    n_head: int = 4
-    """Attention heads per block; must divide d_model."""
-    mlp_ratio: int = 4
-    """Hidden width of each MLP (or expert) as a multiple of d_model."""
-    n_experts: int = 0
-    """Experts per mixture-of-experts layer; 0 means a dense MLP in every block."""
-    top_k: int = 2
-    """Experts each token is routed to (MoE only)."""
-    aux_loss_coef: float = 0.01
-    """Weight of the load-balancing loss added to the training loss (MoE only)."""
-    tie_embeddings: bool = True
-    """Reuse the token embedding as the output projection (saves vocab_size x d_model)."""
-
-    def __post_init__(self) -> None:
-        require(self.vocab_size >= 2, f"vocab_size must be >= 2, got {self.vocab_size}")
-        require(self.seq_len >= 1, f"seq_len must be >= 1, got {self.seq_len}")
-        require(self.d_model >= 1, f"d_model must be >= 1, got {self.d_model}")
-        require(self.n_layer >= 1, f"n_layer must be >= 1, got {self.n_layer}")
-        require(self.n_head >= 1, f"n_head must be >= 1, got {self.n_head}")
-        require(
-            self.d_model % self.n_head == 0,
-            f"n_head must divide d_model, got n_head={self.n_head}, d_model={self.d_model}",
-        )
-        require(self.mlp_ratio >= 1, f"mlp_ratio must be >= 1, got {self.mlp_ratio}")
-        require(
-            self.n_experts == 0 or self.n_experts >= 2,
-            f"n_experts must be 0 (dense) or >= 2, got {self.n_experts}",
-        )
-        if self.n_experts:
-            require(
-                1 <= self.top_k <= self.n_experts,
-                f"top_k must be in [1, n_experts={self.n_experts}], got {self.top_k}",
-            )
-        require(self.aux_loss_coef >= 0, f"aux_loss_coef must be >= 0, got {self.aux_loss_coef}")
 
 
 class LMOutput(NamedTuple):
@@ -280,3 +232,8 @@ __all__ = [
     "build_model",
     "embedding_names",
 ]
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Distinct parameters (a tied tensor counts once)."""
+    return sum(p.numel() for p in model.parameters())

@@ -6,10 +6,7 @@ parameter sits in the transformer blocks (about 12 * d_model**2 per block).
 
 from __future__ import annotations
 
-from torch import nn
-
-from ddctl_agents.train.config import ConfigError
-from ddctl_agents.train.model import ModelConfig
+from ddctl_agents.train.config import ConfigError, ModelConfig
 
 PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(seq_len=128, d_model=128, n_layer=5, n_head=4),
@@ -31,9 +28,4 @@ def get_preset(name: str) -> ModelConfig:
         raise ConfigError(f"preset must be one of {allowed}; got {name!r}") from None
 
 
-def count_parameters(model: nn.Module) -> int:
-    """Distinct parameters (a tied tensor counts once)."""
-    return sum(p.numel() for p in model.parameters())
-
-
-__all__ = ["PRESETS", "count_parameters", "get_preset"]
+__all__ = ["PRESETS", "get_preset"]

@@ -17,17 +17,9 @@ from typing import Any
 
 import httpx
 
-from ddctl.errors import UnreachableError
+from ddctl.errors import EngineError
 
 DEFAULT_SOCKET = "/var/run/docker.sock"
-
-
-class EngineError(UnreachableError):
-    """The Docker daemon refused a call or cannot be reached."""
-
-    def __init__(self, message: str, status: int = 0) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def socket_path() -> str:

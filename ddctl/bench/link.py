@@ -6,7 +6,7 @@ frame bytes per second of acknowledged upload (transfer, decode, fsync, ack
 included), against the shaped rate. The syncer's own bandwidth tracker
 estimate for the link is reported beside it.
 
-The client half runs inside the namespace as ``python -m ddctl.bench_link``.
+The client half runs inside the namespace as ``python -m ddctl.bench.link``.
 """
 
 from __future__ import annotations
@@ -22,25 +22,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from ddctl.bench.transport import transport_job
 from ddctl.errors import DdctlError
-from ddctl.linkshape import shaped_link
-from ddctl.local_syncer import LocalSyncer
+from ddctl.local.service import LocalSyncer
+from ddctl.providers.linkshape import shaped_link
 from ddctl_agents.agent.client import SyncerClient, retry
-from ddctl_agents.core.outer import OuterConfig
-from ddctl_agents.core.syncer import SyncerConfig
-from ddctl_agents.train.config import DataConfig, InnerConfig, RunBudget
 from ddctl_agents.train.job import JobConfig
-from ddctl_agents.train.learner import SyncSettings
 
 
 def link_job(preset: str) -> JobConfig:
-    return JobConfig(
-        inner=InnerConfig(preset=preset, batch_size=1),
-        data=DataConfig(max_bytes=1 << 20, eval_windows=4),
-        budget=RunBudget(tokens=1 << 20, learners=1),
-        sync=SyncSettings(fragments=1, inner_steps=8),
-        syncer=SyncerConfig(outer=OuterConfig(), inner_steps=8),
-    )
+    """The transport benchmark's job with one fragment: each send is the whole model."""
+    return transport_job(preset, fragments=1)
 
 
 def measure_link(rate_mbit: float = 80.0, uploads: int = 6, preset: str = "small", parallel: int = 3) -> dict[str, Any]:
@@ -56,7 +48,7 @@ def measure_link(rate_mbit: float = 80.0, uploads: int = 6, preset: str = "small
         syncer.start("--snapshot-every", "3600")
         url = syncer.url
         command = link.command(
-            sys.executable, "-m", "ddctl.bench_link", url, syncer.token("L0"), str(syncer.ca), str(uploads), str(parallel)
+            sys.executable, "-m", "ddctl.bench.link", url, syncer.token("L0"), str(syncer.ca), str(uploads), str(parallel)
         )
         done = subprocess.run(command, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         if done.returncode != 0:

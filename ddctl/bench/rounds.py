@@ -15,9 +15,10 @@ from typing import Any
 import torch
 
 from ddctl_agents.core.admission import check_result, check_update
+from ddctl_agents.core.config import SyncerConfig
 from ddctl_agents.core.fragments import TensorSpec, fragment_tensors
 from ddctl_agents.core.messages import Update, decode_update, encode_update
-from ddctl_agents.core.syncer import SyncerConfig, Synchronizer
+from ddctl_agents.core.syncer import Synchronizer
 from ddctl_agents.errors import ConfigError
 
 

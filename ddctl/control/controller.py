@@ -7,7 +7,7 @@ a learner that is gone without having finished its budget (preempted, killed,
 crashed) gets a replacement. The replacement is a new process with the same
 name, so it takes the same data shard, registers as a new incarnation,
 bootstraps the current fragments from the syncer and rejoins without anyone
-waiting for it. Runs as ``python -m ddctl.controller --run RUN`` beside the job
+waiting for it. Runs as ``python -m ddctl.control.controller --run RUN`` beside the job
 (``ddctl up`` starts it, ``ddctl down`` stops it first).
 """
 
@@ -23,9 +23,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from ddctl import providers
+from ddctl.control.state import InstanceRecord, State, run_dir
 from ddctl.errors import DdctlError
 from ddctl.providers.base import Instance, InstanceSpec, Provider
-from ddctl.state import InstanceRecord, State, run_dir
 from ddctl_agents.entrypoint import add_label_option
 
 AGENTS = ("syncer", "learner")
@@ -97,7 +97,7 @@ def _moved(r: InstanceRecord, status: str, provider_id: str) -> InstanceRecord:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ddctl.controller", description="Keep a run's learners alive.")
+    parser = argparse.ArgumentParser(prog="python -m ddctl.control.controller", description="Keep a run's learners alive.")
     parser.add_argument("--run", required=True)
     parser.add_argument("--state", type=Path, required=True, help="the state file")
     parser.add_argument("--every", type=float, default=1.0, help="seconds between reconciliations")

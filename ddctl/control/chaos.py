@@ -19,9 +19,9 @@ from dataclasses import replace
 from typing import Any
 
 from ddctl import providers
+from ddctl.control.state import State
 from ddctl.errors import DdctlError
-from ddctl.providers.docker import DockerProvider
-from ddctl.state import State
+from ddctl.providers.docker.vms import DockerProvider
 
 MAX_PARTITION_S = 3600.0
 

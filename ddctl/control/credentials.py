@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from ddctl.errors import DdctlError
+from ddctl_agents.errors import AgentError
 from ddctl_agents.jsonable import to_json
 from ddctl_agents.service.auth import ADMIN, derive_token, read_secret
 from ddctl_agents.train.job import JobConfig
@@ -102,7 +103,7 @@ def token_for(directory: Path, identity: str) -> str:
         return derive_token(secret, identity)
     except OSError as exc:
         raise DdctlError(f"{directory / 'secret'}: cannot read ({exc.strerror})") from None
-    except ValueError as exc:
+    except AgentError as exc:
         raise DdctlError(f"{directory}: {exc}") from None
 
 

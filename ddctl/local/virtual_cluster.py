@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddctl.settings import TrainConfig
+from ddctl.config.train import TrainConfig
 from ddctl_agents.core.effects import Effect, Fault, Record, Send
 from ddctl_agents.core.messages import FragmentVersion, Update, decode_fragment, decode_update, encode_fragment, encode_update
 from ddctl_agents.core.tape import TapeWriter

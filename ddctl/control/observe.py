@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ddctl import deploy
+from ddctl.control.state import InstanceRecord, State
 from ddctl.errors import DdctlError
+from ddctl.providers import deploy
 from ddctl.providers.base import Instance
-from ddctl.providers.docker import DockerProvider, known_hosts
-from ddctl.state import InstanceRecord, State
+from ddctl.providers.docker.vms import DockerProvider, known_hosts
 
 
 def _region_instances(run: str, state: State, region: str) -> list[InstanceRecord]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ddctl.credentials import token_for
+from ddctl.control.credentials import token_for
+from ddctl.control.state import State, run_dir
+from ddctl.control.up import admin_client, latest_run
 from ddctl.errors import DdctlError, UnreachableError
-from ddctl.state import State, run_dir
-from ddctl.up import admin_client, latest_run
 from ddctl_agents.agent.client import SyncerClient, Unavailable
 
 

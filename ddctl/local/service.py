@@ -13,10 +13,11 @@ import sys
 import time
 from pathlib import Path
 
-from ddctl.credentials import init_job_dir, token_for
+from ddctl.control.credentials import init_job_dir, token_for
 from ddctl.errors import DdctlError
 from ddctl_agents.agent.client import SyncerClient, Unavailable
 from ddctl_agents.train.job import JobConfig
+from ddctl_agents.waiting import wait_until
 
 
 class LocalSyncer:
@@ -65,21 +66,27 @@ class LocalSyncer:
                 [sys.executable, "-m", "ddctl_agents.service", *args], stdout=log, stderr=log, env=env
             )
         deadline = time.monotonic() + timeout_s
-        while not port_file.exists() or not port_file.read_text().strip():
+
+        def bound() -> str:
             self._alive_or_raise()
-            self._before(deadline, "bind its port")
-            time.sleep(0.05)
-        self.port = int(port_file.read_text())
+            return port_file.read_text().strip() if port_file.exists() else ""
+
+        self.port = int(
+            wait_until(bound, timeout_s=timeout_s, every_s=0.05, what="the syncer to bind its port", error=self._late)
+        )
         client = self.client()
+
+        def healthy() -> bool:
+            self._alive_or_raise()
+            try:
+                return bool(client.health())
+            except Unavailable:
+                return False
+
         try:
-            while True:
-                self._alive_or_raise()
-                try:
-                    client.health()
-                    return self
-                except Unavailable:
-                    self._before(deadline, "answer its health probe")
-                    time.sleep(0.1)
+            left = max(deadline - time.monotonic(), 0.0)
+            wait_until(healthy, timeout_s=left, what="the syncer to answer its health probe", error=self._late)
+            return self
         finally:
             client.close()
 
@@ -112,6 +119,5 @@ class LocalSyncer:
             tail = self.log_path.read_text(errors="replace")[-2000:]
             raise DdctlError(f"the syncer exited with {self.process.returncode}:\n{tail}")
 
-    def _before(self, deadline: float, what: str) -> None:
-        if time.monotonic() > deadline:
-            raise DdctlError(f"the syncer did not {what} in time; see {self.log_path}")
+    def _late(self, message: str) -> DdctlError:
+        return DdctlError(f"{message}; see {self.log_path}")

@@ -5,7 +5,7 @@ notice is posted for the calling instance, then 200 with the action and the
 time of the kill. The caller is identified by its source address, as a cloud's
 metadata service does, so the learner agent's notice watcher is the same code
 on a cloud VM and here. ``ddctl chaos preempt`` posts notices on the loopback
-admin path; nothing else may. Runs as ``python -m ddctl.metadata --run RUN``.
+admin path; nothing else may. Runs as ``python -m ddctl.providers.docker.metadata --run RUN``.
 """
 
 from __future__ import annotations
@@ -110,9 +110,11 @@ def outstanding(port: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ddctl.providers.docker import DockerProvider
+    from ddctl.providers.docker.vms import DockerProvider
 
-    parser = argparse.ArgumentParser(prog="python -m ddctl.metadata", description="Serve spot notices to a run's instances.")
+    parser = argparse.ArgumentParser(
+        prog="python -m ddctl.providers.docker.metadata", description="Serve spot notices to a run's instances."
+    )
     parser.add_argument("--run", required=True)
     parser.add_argument("--port-file", type=Path, required=True, help="write the bound port here once listening")
     add_label_option(parser)

@@ -12,7 +12,7 @@ from ddctl.cli.errors import run_guarded
 from ddctl.cli.output import print_json, stdout
 
 if TYPE_CHECKING:
-    from ddctl.state import State
+    from ddctl.control.state import State
 
 T = TypeVar("T")
 
@@ -29,10 +29,10 @@ def up(
     json_out: JsonOption = False,
 ) -> None:
     """Start the job described by the regions file; returns once it is training and leaves it running."""
-    from ddctl.plan import plan_summary
-    from ddctl.regions import load_regions
-    from ddctl.state import State
-    from ddctl.up import up_dry_run
+    from ddctl.config.regions import load_regions
+    from ddctl.control.plan import plan_summary
+    from ddctl.control.state import State
+    from ddctl.control.up import up_dry_run
 
     def body() -> dict[str, Any]:
         rf = load_regions(file)
@@ -59,8 +59,8 @@ def up(
 
 def _follow(run: str) -> None:
     """The live dashboard until Ctrl-C; leaving never touches the run."""
+    from ddctl.control.state import State
     from ddctl.dashboard.watch import watch
-    from ddctl.state import State
 
     with State() as state:
         watch(run, state, stdout())
@@ -83,8 +83,8 @@ def _print_plan(result: dict[str, Any]) -> None:
 
 def _on_run(run: str, action: Callable[[str, State], T]) -> T:
     """``action(run id, state)`` on the chosen run (default: the latest one that is up), errors as exit codes."""
-    from ddctl.state import State
-    from ddctl.up import latest_run
+    from ddctl.control.state import State
+    from ddctl.control.up import latest_run
 
     def body() -> T:
         with State() as state:
@@ -125,7 +125,7 @@ def status(
 
 def down(run: RunOption = "", json_out: JsonOption = False) -> None:
     """Stop and remove everything of the run (found by its label); safe to repeat."""
-    from ddctl.up import down as run_down
+    from ddctl.control.up import down as run_down
 
     result = _on_run(run, run_down)
     if json_out:
@@ -136,7 +136,7 @@ def down(run: RunOption = "", json_out: JsonOption = False) -> None:
 
 def logs(region: Annotated[str, typer.Argument(help="Region name.")], run: RunOption = "") -> None:
     """Print the logs of every instance in a region."""
-    from ddctl.observe import logs as run_logs
+    from ddctl.control.observe import logs as run_logs
 
     for name, text in _on_run(run, lambda r, state: run_logs(r, state, region)).items():
         typer.echo(f"==> {name} <==")
@@ -154,9 +154,9 @@ def ssh(
     import shlex
     import shutil
 
-    from ddctl import deploy
+    from ddctl.control.observe import ssh_target
     from ddctl.errors import DdctlError
-    from ddctl.observe import ssh_target
+    from ddctl.providers import deploy
 
     def connect(r: str, state: State) -> tuple[int, str, str] | list[str]:
         """The command's (status, stdout, stderr), or the OpenSSH command line of an interactive shell."""
@@ -183,7 +183,7 @@ def chaos_preempt(
     json_out: JsonOption = False,
 ) -> None:
     """Preempt one learner of a region: a notice, an early push of its pending drift, then the kill."""
-    from ddctl.chaos import preempt
+    from ddctl.control.chaos import preempt
 
     result = _on_run(run, lambda r, state: preempt(r, state, region, notice))
     if json_out:
@@ -199,7 +199,7 @@ def chaos_partition(
     json_out: JsonOption = False,
 ) -> None:
     """Cut a region's network off from the syncer, then restore it; its learners keep training and rejoin."""
-    from ddctl.chaos import partition
+    from ddctl.control.chaos import partition
 
     if not json_out:
         typer.echo(f"cutting {region} off from the syncer for {seconds:g}s (Ctrl-C restores it early)", err=True)

@@ -15,7 +15,6 @@ import asyncio
 import io
 import shlex
 import tarfile
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,15 +23,12 @@ from typing import TypeVar
 import asyncssh
 
 import ddctl_agents
-from ddctl.errors import UnreachableError
+from ddctl.errors import DeployError
+from ddctl_agents.waiting import await_until
 
 REMOTE_ROOT = "/opt/ddctl"
 BUNDLE = f"{REMOTE_ROOT}/bundle"
 T = TypeVar("T")
-
-
-class DeployError(UnreachableError):
-    """A machine could not be reached, refused our key, or the agent could not be started."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +75,8 @@ def build_bundle() -> bytes:
 
 async def _connect(target: Target, wait_s: float) -> asyncssh.SSHClientConnection:
     """Connect with the pinned host key, retrying while the machine's sshd comes up."""
-    deadline = time.monotonic() + wait_s
-    while True:
+
+    async def attempt() -> asyncssh.SSHClientConnection:
         try:
             return await asyncssh.connect(
                 target.host,
@@ -93,10 +89,13 @@ async def _connect(target: Target, wait_s: float) -> asyncssh.SSHClientConnectio
             )
         except asyncssh.HostKeyNotVerifiable as exc:
             raise DeployError(f"{target.host}: host key does not match the pinned one ({exc}); refusing to deploy") from None
-        except (OSError, asyncssh.Error) as exc:
-            if time.monotonic() > deadline:
-                raise DeployError(f"{target.host}:{target.port}: cannot connect over SSH: {exc}") from None
-            await asyncio.sleep(0.1)
+
+    def refused(message: str) -> DeployError:
+        return DeployError(f"{target.host}:{target.port}: cannot connect over SSH ({message})", host=target.host)
+
+    return await await_until(
+        attempt, timeout_s=wait_s, what="sshd to accept the run's key", retry_on=(OSError, asyncssh.Error), error=refused
+    )
 
 
 def _sync(job: Callable[[], Awaitable[T]]) -> T:
@@ -142,12 +141,15 @@ def deploy(
                     await sftp.chmod(path, 0o600)
             await _check(conn, f"tar -xzf {REMOTE_ROOT}/bundle.tar.gz -C {BUNDLE}", target)
             await _check(conn, launch, target)
-            for _ in range(100):  # the pid file appears as soon as the agent is forked
-                pid = (await conn.run(f"cat {REMOTE_ROOT}/agent.pid 2>/dev/null", check=False)).stdout
-                if str(pid).strip().isdigit():
-                    return int(str(pid))
-                await asyncio.sleep(0.02)
-            raise DeployError(f"{target.host}: the agent did not start; see {REMOTE_ROOT}/agent.log there")
+
+            async def pid() -> int:  # the pid file appears as soon as the agent is forked
+                text = str((await conn.run(f"cat {REMOTE_ROOT}/agent.pid 2>/dev/null", check=False)).stdout).strip()
+                return int(text) if text.isdigit() else 0
+
+            def missing(message: str) -> DeployError:
+                return DeployError(f"{target.host}: the agent did not start ({message}); see {REMOTE_ROOT}/agent.log there")
+
+            return await await_until(pid, timeout_s=5.0, every_s=0.02, what="the agent's pid file", error=missing)
         finally:
             conn.close()
 

@@ -16,8 +16,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from ddctl.config.train import TrainConfig, from_json
 from ddctl.errors import ReplayDivergence
-from ddctl.settings import TrainConfig, from_json
 from ddctl_agents.core.effects import Record, Send
 from ddctl_agents.core.messages import FragmentVersion, decode_fragment, decode_update, encode_fragment, encode_update
 from ddctl_agents.core.syncer import Synchronizer

@@ -18,17 +18,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ddctl import linkshape, providers
-from ddctl.credentials import init_job_dir, token_for
+from ddctl import providers
+from ddctl.config.regions import RegionsFile, job_config
+from ddctl.control.credentials import init_job_dir, token_for
+from ddctl.control.plan import learner_names
+from ddctl.control.specs import SYNCER_PORT, Topology, helper_spec, learner_spec, python, syncer_spec
+from ddctl.control.state import InstanceRecord, State, run_dir
 from ddctl.errors import DdctlError
-from ddctl.launch import SYNCER_PORT, Topology, helper_spec, learner_spec, python, syncer_spec
-from ddctl.linkshape import ShapedLink
-from ddctl.plan import learner_names
+from ddctl.providers import linkshape
 from ddctl.providers.base import Instance, InstanceSpec, Provider
-from ddctl.providers.docker_engine import engine_unavailable
-from ddctl.regions import RegionsFile, job_config
-from ddctl.state import InstanceRecord, State, run_dir
+from ddctl.providers.docker.engine import engine_unavailable
+from ddctl.providers.linkshape import ShapedLink
 from ddctl_agents.agent.client import SyncerClient, Unavailable
+from ddctl_agents.waiting import wait_until
 
 STOP_ORDER = {"controller": 0, "learner": 1, "syncer": 2, "metadata": 3}
 """The controller first (it would replace what we stop), learners before the syncer they push to."""
@@ -62,7 +64,11 @@ def up_dry_run(
         runtime = python()
         if kind == "docker":
             port_file = root / "metadata.port"
-            _launch(state, helpers, helper_spec(run, "metadata", rf.syncer, "ddctl.metadata", "--port-file", str(port_file)))
+            _launch(
+                state,
+                helpers,
+                helper_spec(run, "metadata", rf.syncer, "ddctl.providers.docker.metadata", "--port-file", str(port_file)),
+            )
             topology = replace(topology, metadata_port=_wait_port(port_file, root / "logs" / "metadata.log"))
             runtime = provider.image.python  # type: ignore[attr-defined]
         syncer = syncer_spec(run, topology, runtime)
@@ -75,7 +81,7 @@ def up_dry_run(
         _launch(state, provider, *specs, status="deploying")
         first_round = _wait_first_round(root, url, timeout_s)
         state.set_run_state(run, "training")
-        _launch(state, helpers, helper_spec(run, "controller", rf.syncer, "ddctl.controller", "--state", str(state.path)))
+        _launch(state, helpers, helper_spec(run, "controller", rf.syncer, "ddctl.control.controller", "--state", str(state.path)))
     except BaseException:
         down(run, state)
         raise
@@ -140,12 +146,14 @@ def _launch(state: State, provider: Provider, *specs: InstanceSpec, status: str 
 
 
 def _wait_port(port_file: Path, log: Path, timeout_s: float = 120.0) -> int:
-    deadline = time.monotonic() + timeout_s
-    while not port_file.exists() or not port_file.read_text().strip():
-        if time.monotonic() > deadline:
-            raise DdctlError(f"no port in {port_file} after {timeout_s:.0f}s; see {log}")
-        time.sleep(0.05)
-    return int(port_file.read_text())
+    def port() -> str:
+        return port_file.read_text().strip() if port_file.exists() else ""
+
+    return int(
+        wait_until(
+            port, timeout_s=timeout_s, every_s=0.05, what=f"a port in {port_file}", error=lambda m: DdctlError(f"{m}; see {log}")
+        )
+    )
 
 
 def admin_client(root: Path, url: str | None = None, timeout_s: float = 30.0) -> SyncerClient:
@@ -156,18 +164,22 @@ def admin_client(root: Path, url: str | None = None, timeout_s: float = 30.0) ->
 
 def _wait_first_round(root: Path, url: str, timeout_s: float) -> dict[str, Any]:
     client = admin_client(root, url)
-    deadline = time.monotonic() + timeout_s
+
+    def merged() -> dict[str, Any] | None:
+        try:
+            status = client.status()
+        except Unavailable:
+            return None
+        return {"rounds": status["rounds"], "live": status["live"]} if status["rounds"] >= 1 else None
+
     try:
-        while True:
-            try:
-                status = client.status()
-                if status["rounds"] >= 1:
-                    return {"rounds": status["rounds"], "live": status["live"]}
-            except Unavailable:
-                pass
-            if time.monotonic() > deadline:
-                raise DdctlError(f"no round merged within {timeout_s:.0f}s; logs in {root / 'logs'}")
-            time.sleep(0.2)
+        return wait_until(
+            merged,
+            timeout_s=timeout_s,
+            every_s=0.2,
+            what="the first merged round",
+            error=lambda m: DdctlError(f"{m}; logs in {root / 'logs'}"),
+        )
     finally:
         client.close()
 

@@ -20,36 +20,32 @@ from typing import Any
 
 import torch
 
-from ddctl.local_syncer import LocalSyncer
+from ddctl.config.job import build_job
+from ddctl.local.service import LocalSyncer
 from ddctl_agents.agent.client import SyncerClient
 from ddctl_agents.core.messages import Update, decode_fragment, encode_update
-from ddctl_agents.core.outer import OuterConfig
-from ddctl_agents.core.syncer import SyncerConfig
 from ddctl_agents.errors import ConfigError
-from ddctl_agents.train.config import DataConfig, InnerConfig, RunBudget
 from ddctl_agents.train.job import JobConfig
-from ddctl_agents.train.learner import SyncSettings
+from ddctl_agents.waiting import wait_until
 
 PROTOCOLS = ("h2", "h1")
 
 
 def transport_job(preset: str, fragments: int) -> JobConfig:
-    return JobConfig(
-        inner=InnerConfig(preset=preset, batch_size=1),
-        data=DataConfig(max_bytes=1 << 20, eval_windows=4),
-        budget=RunBudget(tokens=1 << 20, learners=1),
-        sync=SyncSettings(fragments=fragments, inner_steps=8),
-        syncer=SyncerConfig(outer=OuterConfig(), inner_steps=8),
-    )
+    """One learner's worth of job for timing uploads: a model of ``preset``, little data, H = 8."""
+    knobs = {"preset": preset, "batch_size": 1, "max_bytes": 1 << 20, "eval_windows": 4, "tokens": 1 << 20, "learners": 1}
+    return build_job({**knobs, "fragments": fragments, "inner_steps": 8})
 
 
 def _wait_for_merge(client: SyncerClient, url: str, base: int, timeout_s: float = 60.0) -> None:
     """Let the round the upload opened close before the next timing, so that merge never overlaps it."""
-    deadline = time.monotonic() + timeout_s
-    while int(client.http.get(f"{url}/v1/vclock").json()["versions"][0]) <= base:
-        if time.monotonic() > deadline:
-            raise ConfigError("the benchmark round did not close")
-        time.sleep(0.02)
+    wait_until(
+        lambda: int(client.http.get(f"{url}/v1/vclock").json()["versions"][0]) > base,
+        timeout_s=timeout_s,
+        every_s=0.02,
+        what="the benchmark round to close",
+        error=ConfigError,
+    )
 
 
 def measure_transport(repeats: int = 5, preset: str = "base", fragments: int = 8, tls: bool = True) -> dict[str, Any]:

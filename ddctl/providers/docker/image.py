@@ -22,7 +22,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddctl.providers.docker_engine import Engine
+from ddctl.providers.docker.engine import Engine
 
 REPO = "ddctl-vm"
 PREBUILT_ENV = "DDCTL_DOCKER_IMAGE"

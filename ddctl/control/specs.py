@@ -13,13 +13,13 @@ import ipaddress
 import sys
 from dataclasses import dataclass, field
 
-from ddctl.credentials import token_for
-from ddctl.deploy import REMOTE_ROOT
-from ddctl.linkshape import ShapedLink
-from ddctl.metadata import NOTICE_PATH
+from ddctl.config.regions import Region
+from ddctl.control.credentials import token_for
+from ddctl.control.state import run_dir
 from ddctl.providers.base import InstanceSpec
-from ddctl.regions import Region
-from ddctl.state import run_dir
+from ddctl.providers.deploy import REMOTE_ROOT
+from ddctl.providers.docker.metadata import NOTICE_PATH
+from ddctl.providers.linkshape import ShapedLink
 
 SYNCER_PORT = 8443
 """The syncer's port inside a Docker VM (each VM has its own network stack)."""

@@ -8,6 +8,7 @@ evaluated on the numbers of this run, never on remembered ones.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 from collections.abc import Callable
@@ -15,29 +16,18 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from ddctl.settings import ClusterConfig, TrainConfig
-from ddctl_agents.core.outer import OuterConfig
-from ddctl_agents.core.quorum import QuorumConfig
-from ddctl_agents.core.syncer import SyncerConfig
-from ddctl_agents.train.config import ConfigError, RunBudget
-from ddctl_agents.train.learner import SyncSettings
+from ddctl.config.job import build_job
+from ddctl.config.train import ClusterConfig, TrainConfig
+from ddctl_agents.errors import ConfigError
 
 HETEROGENEOUS = (1.0, 1.0, 0.6, 0.6)
 """Two fast and two slow learners (the paper's heterogeneous-hardware setting, halved)."""
 
 
-def _decoupled(tokens: int, learners: int = 4, **knobs: Any) -> TrainConfig:
-    sync = SyncSettings(
-        fragments=knobs.pop("fragments", 24),
-        inner_steps=24,
-        codec=knobs.pop("codec", "int4"),
-        push_before_overwrite=knobs.pop("push_before_overwrite", False),
-    )
-    quorum = QuorumConfig(quorum=1, grace=knobs.pop("grace", True))
-    outer = OuterConfig(lr=knobs.pop("outer_lr", OuterConfig().lr), momentum=knobs.pop("outer_momentum", OuterConfig().momentum))
-    syncer = SyncerConfig(quorum=quorum, outer=outer, merge=knobs.pop("merge", "rda"), inner_steps=24)
-    cluster = ClusterConfig(speeds=knobs.pop("speeds", ()))
-    return TrainConfig(budget=RunBudget(tokens=tokens, learners=learners), sync=sync, syncer=syncer, cluster=cluster, **knobs)
+def _decoupled(tokens: int, learners: int = 4, speeds: tuple[float, ...] = (), **knobs: Any) -> TrainConfig:
+    """The job's defaults (the same as ``ddctl train``'s) with the run's knobs."""
+    config = build_job({"tokens": tokens, "learners": learners, **knobs}, base=TrainConfig())
+    return dataclasses.replace(config, cluster=ClusterConfig(speeds=speeds))
 
 
 RUNS: dict[str, Callable[[int], TrainConfig]] = {
@@ -65,11 +55,11 @@ RUNS: dict[str, Callable[[int], TrainConfig]] = {
 def run_one(name: str, tokens: int) -> dict[str, Any]:
     config = RUNS[name](tokens)
     if name.startswith("dp_"):
-        from ddctl.baseline import run_data_parallel
+        from ddctl.local.baseline import run_data_parallel
 
         result = run_data_parallel(config.inner, config.data, config.budget, threads_per_rank=1)
     else:
-        from ddctl.training import train_decoupled
+        from ddctl.local.training import train_decoupled
 
         result = train_decoupled(config)
     keep = ("val_bpb", "tokens", "bytes_up", "bytes_down", "wall_s", "rounds", "ledger", "learners")

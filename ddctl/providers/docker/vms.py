@@ -6,7 +6,7 @@ region's link and a replacement syncer comes back at the same address, with its
 state on a "persistent disk" (a bind mount from the run directory). A container
 boots sshd with a host key ddctl made for it (pinned; its public half is a
 container label) and the run's client key; the agent is deployed over SSH by
-:mod:`ddctl.deploy`, exactly as on a cloud VM. When the agent ends the container
+:mod:`ddctl.providers.deploy`, exactly as on a cloud VM. When the agent ends the container
 powers off, so ``alive`` means "the agent runs". Links are shaped with tc tbf
 in the container's network namespace (uplink) and on the host end of its veth
 (downlink). Labels carry the run, the name, the region and the host key, so
@@ -21,12 +21,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ddctl import deploy, linkshape, metadata
-from ddctl.errors import DdctlError
+from ddctl.control.state import run_dir
+from ddctl.errors import DdctlError, EngineError
+from ddctl.providers import deploy, linkshape
 from ddctl.providers.base import NAME_LABEL, RUN_LABEL, Instance, InstanceSpec, PreemptionNotice
-from ddctl.providers.docker_engine import Engine, EngineError, tar_of
-from ddctl.providers.vm_image import VmImage, ensure_image
-from ddctl.state import run_dir
+from ddctl.providers.docker import metadata
+from ddctl.providers.docker.engine import Engine, tar_of
+from ddctl.providers.docker.image import VmImage, ensure_image
+from ddctl_agents.waiting import wait_until
 
 REGION_LABEL = "ddctl-region"
 ROLE_LABEL = "ddctl-role"
@@ -34,6 +36,8 @@ HOST_KEY_LABEL = "ddctl-host-key"
 SYNCER_HOST = 250
 """The syncer's address on every region network (.250; learners are handed .2-.127)."""
 SUBNET_POOL = ipaddress.IPv4Network("10.213.0.0/16")
+POOL_OVERLAP = 403
+"""The Engine API's status for a subnet that overlaps another network's (libnetwork's ForbiddenError)."""
 
 
 def network_name(run: str, region: str) -> str:
@@ -83,7 +87,7 @@ class DockerProvider:
                         ip_range=str(ipaddress.IPv4Network(f"{subnet[0]}/25")),
                     )
                 except EngineError as exc:
-                    if "overlap" in str(exc):
+                    if exc.status == POOL_OVERLAP:
                         continue  # someone took it since we looked
                     raise
                 made[region] = subnet
@@ -197,13 +201,14 @@ class DockerProvider:
         return None
 
     def _wait_stopped(self, instance: Instance, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def stopped() -> bool:
             info = self.engine.inspect(instance.provider_id)
-            if info is None or not info["State"]["Running"]:
-                return True
-            time.sleep(0.1)
-        return False
+            return info is None or not info["State"]["Running"]
+
+        try:
+            return wait_until(stopped, timeout_s=timeout_s, what=f"{instance.name} to stop")
+        except TimeoutError:
+            return False
 
     def terminate(self, instance: Instance, grace_s: float = 10.0) -> None:
         """SIGTERM the agent (it pushes and leaves, then powers off), wait, then remove the container."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ddctl.regions import LOCAL_PROVIDERS, Region, RegionsFile
+from ddctl.config.regions import LOCAL_PROVIDERS, Region, RegionsFile
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -6,7 +6,7 @@ steals time from training or stretches the sync window. Throughputs are
 reported against ``memcpy`` (``dst.copy_(src)``) measured in the same run on
 the same buffer, so numbers from different machines compare as ratios.
 
-Run it small: ``python -c "from ddctl.bench_codec import measure_codecs as m; print(m(2**20))"``.
+Run it small: ``python -c "from ddctl.bench.codec import measure_codecs as m; print(m(2**20))"``.
 """
 
 from __future__ import annotations

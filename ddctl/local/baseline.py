@@ -7,7 +7,7 @@ budget; a DDP comm hook counts the bytes a ring all-reduce moves.
 
 Run small (a few seconds on a laptop CPU)::
 
-    from ddctl.baseline import run_data_parallel
+    from ddctl.local.baseline import run_data_parallel
     from ddctl_agents.train.config import DataConfig, InnerConfig, RunBudget
     budget = RunBudget(tokens=40_000, learners=2)
     run_data_parallel(InnerConfig(), DataConfig(max_bytes=1 << 20), budget)

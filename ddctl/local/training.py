@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ddctl.settings import TrainConfig, to_json
-from ddctl.virtual_cluster import Progress, VirtualCluster
+from ddctl.config.train import TrainConfig, to_json
+from ddctl.local.virtual_cluster import Progress, VirtualCluster
 from ddctl_agents.core.tape import TAPE_FORMAT, TapeWriter
 from ddctl_agents.train.assembly import Assembly
 from ddctl_agents.train.checksum import params_sha256

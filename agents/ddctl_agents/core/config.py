@@ -1,0 +1,70 @@
+"""What shapes the synchronizer's decisions, as typed configs validated on creation (torch-free).
+
+The outer optimiser, the trust bounds and the syncer's own knobs live here so
+that every process of a job, and ``ddctl --help``, can build a JobConfig without
+importing torch. The quorum's knobs sit beside their decision in ``quorum.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ddctl_agents.core.choices import MERGES
+from ddctl_agents.core.quorum import QuorumConfig
+from ddctl_agents.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OuterConfig:
+    """Outer Nesterov SGD hyper-parameters."""
+
+    lr: float = 0.4
+    momentum: float = 0.8
+    nesterov: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ConfigError(f"outer lr must be > 0, got {self.lr}")
+        if not 0 <= self.momentum < 1:
+            raise ConfigError(f"outer momentum must be in [0, 1), got {self.momentum}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrustConfig:
+    """How far the syncer trusts a learner's numbers [ours]; every bound is derived from the job."""
+
+    max_rejections: int = 3
+    """Rejected updates after which a learner is suspended until an operator readmits it (0: never)."""
+    drift_safety: float = 4.0
+    """Margin on the largest drift the inner optimiser can make in the steps an update claims."""
+    result_bound: float = 1000.0
+    """A published parameter may not exceed this times max(1, the largest initial |parameter|)."""
+
+    def __post_init__(self) -> None:
+        if self.max_rejections < 0:
+            raise ConfigError(f"trust.max_rejections must be >= 0, got {self.max_rejections}")
+        if not 1.0 <= self.drift_safety <= 1e6:
+            raise ConfigError(f"trust.drift_safety must be in [1, 1e6], got {self.drift_safety}")
+        if not 1.0 <= self.result_bound <= 1e30:
+            raise ConfigError(f"trust.result_bound must be in [1, 1e30], got {self.result_bound}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SyncerConfig:
+    """Everything that shapes the syncer's decisions."""
+
+    quorum: QuorumConfig = field(default_factory=QuorumConfig)
+    outer: OuterConfig = field(default_factory=OuterConfig)
+    merge: str = "rda"
+    inner_steps: int = 24
+    """H, needed to forecast when an absent learner's update is due."""
+    max_behind: int = 1
+    """[ours] Late updates at most this many versions behind fold into the next round."""
+    trust: TrustConfig = field(default_factory=TrustConfig)
+    """What a learner's update may claim before it is refused, and when its sender is suspended."""
+
+    def __post_init__(self) -> None:
+        if self.merge not in MERGES:
+            raise ConfigError(f"merge must be one of {', '.join(MERGES)}, got {self.merge!r}")
+        if self.max_behind < 0:
+            raise ConfigError(f"max_behind must be >= 0, got {self.max_behind}")

@@ -1,0 +1,1 @@
+"""``ddctl bench``: codec, quality, transport, round and link measurements, each against its baseline in the same run."""

@@ -1,0 +1,236 @@
+"""regions.yaml: which regions a job runs in, how they are linked, and the training knobs.
+
+The file is read into pydantic models (no unknown keys, strict types, bounds)
+and the first problem is reported as ``FILE: KEY.PATH: what is wrong; allowed:
+...`` with a did-you-mean for typos, so a bad file never reaches a provider.
+The ``training:`` section holds the knobs of :mod:`ddctl.config.job` and is
+checked by building the job from it, so a value the job refuses is reported
+against its key too. The loaded value is typed and frozen.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import typing
+from functools import cache
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ddctl.config.job import KnobError, build_job, knobs_model
+from ddctl.errors import RegionsError
+from ddctl_agents.errors import AgentError
+from ddctl_agents.train.job import JobConfig
+
+Provider = Literal["aws", "gcp", "docker", "process"]
+PROVIDERS: tuple[str, ...] = typing.get_args(Provider)
+LOCAL_PROVIDERS = ("docker", "process")
+CLOUD_PROVIDERS = ("aws", "gcp")
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,39}$", description="letters, digits, '-' or '_' (a name)")]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class LinkProfile(_Model):
+    """The WAN link a local region emulates."""
+
+    up_mbps: Annotated[float, Field(gt=0, description="a number > 0")]
+    down_mbps: Annotated[float, Field(gt=0, description="a number > 0")]
+    latency_ms: Annotated[float, Field(ge=0, description="a number >= 0")] = 0.0
+
+
+class PreemptionProfile(_Model):
+    """How often a local region's learners are preempted, and with how much notice."""
+
+    mean_between_s: Annotated[float, Field(gt=0, description="a number > 0")]
+    notice_s: Annotated[float, Field(ge=0, description="a number >= 0")]
+
+
+class Region(_Model):
+    name: Name
+    provider: Annotated[Provider, Field(description=" | ".join(PROVIDERS))]
+    learners: Annotated[int, Field(ge=1, description="an integer >= 1")] = 1
+    cloud_region: Annotated[str, Field(description="a cloud region such as us-east-1")] = ""
+    fallback_regions: Annotated[
+        tuple[str, ...], Field(description="cloud regions to try, in order, when cloud_region has no capacity")
+    ] = ()
+    zones: Annotated[tuple[str, ...], Field(description="an ordered list of zones to try")] = ()
+    instance_type: Annotated[str, Field(description="an instance type such as g5.xlarge")] = ""
+    accelerator: Annotated[str, Field(description="an accelerator such as nvidia-l4")] = ""
+    spot: Annotated[bool, Field(description="true or false")] = True
+    price_cap: Annotated[float | None, Field(gt=0, description="USD per instance-hour, a number > 0")] = None
+    """USD per instance-hour we are willing to pay (spot bids above it are refused)."""
+    link: Annotated[LinkProfile | None, Field(description="{up_mbps, down_mbps, latency_ms}")] = None
+    preemption: Annotated[PreemptionProfile | None, Field(description="{mean_between_s, notice_s}")] = None
+
+
+class RegionsFile(_Model):
+    path: Annotated[Path, Field(exclude=True)] = Path("regions.yaml")
+    run: Annotated[Name, Field(description="a name for the run (its resources carry it)")] = "ddctl"
+    syncer: Annotated[str, Field(description="the name of one of the regions")]
+    training: Annotated[dict[str, Any], Field(description="the training knobs")] = Field(default_factory=dict)
+    regions: Annotated[tuple[Region, ...], Field(min_length=1, description="a list of regions")]
+
+    @property
+    def learners(self) -> int:
+        return sum(r.learners for r in self.regions)
+
+    def region(self, name: str) -> Region:
+        for region in self.regions:
+            if region.name == name:
+                return region
+        raise RegionsError(f"{self.path}: no region named {name!r}; regions: {', '.join(r.name for r in self.regions)}")
+
+
+def job_config(rf: RegionsFile) -> JobConfig:
+    """The JobConfig every process of this job agrees on: the training knobs, one learner slot per instance."""
+    try:
+        return build_job({**rf.training, "learners": rf.learners})
+    except KnobError as exc:
+        raise RegionsError(f"{rf.path}: training.{exc.knob}: {exc.problem}", path=rf.path, key=f"training.{exc.knob}") from None
+    except AgentError as exc:
+        raise RegionsError(f"{rf.path}: training: {exc}", path=rf.path, key="training") from None
+
+
+def load_regions(path: Path) -> RegionsFile:
+    """Read and validate ``path``; any problem is a RegionsError naming file, key and what is allowed."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise RegionsError(f"{path}: cannot read ({exc.strerror})", path=path) from None
+    except yaml.YAMLError as exc:
+        raise RegionsError(f"{path}: not valid YAML ({exc})", path=path) from None
+    return parse_regions(raw, path)
+
+
+def parse_regions(raw: Any, path: Path) -> RegionsFile:
+    if not isinstance(raw, dict):
+        raise RegionsError(f"{path}: the file: must be a mapping of keys {', '.join(_keys(RegionsFile))}", path=path)
+    try:
+        text = json.dumps(raw)  # validated as JSON: YAML lists become tuples, strict types still hold
+    except (TypeError, ValueError) as exc:
+        raise RegionsError(f"{path}: holds a value that is not plain data ({exc})", path=path) from None
+    try:
+        rf = RegionsFile.model_validate_json(text).model_copy(update={"path": path})
+    except ValidationError as exc:
+        raise _explain(exc, path, ()) from None
+    try:
+        _training_model().model_validate_json(json.dumps(rf.training))
+    except ValidationError as exc:
+        raise _explain(exc, path, ("training",)) from None
+    _check_consistency(rf)
+    job_config(rf)  # a value the job refuses is reported against its key now, not when the job starts
+    return rf
+
+
+@cache
+def _training_model() -> type[BaseModel]:
+    """The knobs regions.yaml may set: all but ``learners``, which the regions' learner counts decide."""
+    from pydantic import create_model
+
+    fields = {k: (f.annotation, None) for k, f in knobs_model().model_fields.items() if k != "learners"}
+    model: type[BaseModel] = create_model("training", __config__=ConfigDict(extra="forbid", strict=True), **fields)  # type: ignore[call-overload]
+    return model
+
+
+def _check_consistency(rf: RegionsFile) -> None:
+    names = [r.name for r in rf.regions]
+    for name in names:
+        if names.count(name) > 1:
+            raise RegionsError(
+                f"{rf.path}: regions: name {name!r} is used twice; names must be unique", path=rf.path, key="regions"
+            )
+    if rf.syncer not in names:
+        raise RegionsError(
+            f"{rf.path}: syncer: {rf.syncer!r} is not a region here; allowed: {', '.join(names)}", path=rf.path, key="syncer"
+        )
+    for i, region in enumerate(rf.regions):
+        where = f"regions[{i}]"
+        if region.provider in CLOUD_PROVIDERS and not region.cloud_region:
+            raise RegionsError(
+                f"{rf.path}: {where}.cloud_region: required for provider {region.provider!r}", path=rf.path, key=where
+            )
+        if region.link is not None and region.provider not in LOCAL_PROVIDERS:
+            raise RegionsError(
+                f"{rf.path}: {where}.link: only local regions emulate links; allowed with: {', '.join(LOCAL_PROVIDERS)}",
+                path=rf.path,
+                key=f"{where}.link",
+            )
+        if region.fallback_regions and region.provider not in CLOUD_PROVIDERS:
+            raise RegionsError(f"{rf.path}: {where}.fallback_regions: only cloud regions fail over", path=rf.path, key=where)
+
+
+def _explain(exc: ValidationError, path: Path, prefix: tuple[str, ...]) -> RegionsError:
+    """The first validation error as ``FILE: key.path: problem; allowed: ...``."""
+    error = exc.errors()[0]
+    loc = (*prefix, *error["loc"])
+    key = _dotted(loc)
+    owner, field = _owner(loc)
+    allowed = _allowed(owner, field)
+    kind, value = error["type"], error.get("input")
+    if kind == "extra_forbidden":
+        close = difflib.get_close_matches(str(loc[-1]), _keys(owner), n=1) if owner else []
+        hint = f"; did you mean {close[0]!r}?" if close else ";"
+        problem, allowed = f"unknown key{hint}", ", ".join(_keys(owner)) if owner else ""
+        return RegionsError(f"{path}: {key}: {problem} allowed: {allowed}", path=path, key=key)
+    if kind == "missing":
+        problem = "required"
+    elif kind == "literal_error":
+        problem = f"unknown {field} {value!r}"
+    elif kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        sign = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}[kind]
+        limit = next(iter(error.get("ctx", {}).values()), "?")
+        problem = f"must be {sign} {limit}"
+    elif kind.endswith("_type") or kind.endswith("_parsing"):
+        problem = f"must be {kind.removesuffix('_type').removesuffix('_parsing')}, got {value!r}"
+    else:
+        problem = str(error["msg"]).removeprefix("Value error, ")
+    suffix = f"; allowed: {allowed}" if allowed else ""
+    return RegionsError(f"{path}: {key}: {problem}{suffix}", path=path, key=key)
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "the file"
+
+
+def _owner(loc: tuple[Any, ...]) -> tuple[type[BaseModel] | None, str]:
+    """The model that owns the last key of ``loc``, and that key."""
+    model: type[BaseModel] | None = RegionsFile
+    names = [p for p in loc if not isinstance(p, int)]
+    for part in names[:-1]:
+        if model is None:
+            return None, str(names[-1])
+        if part == "training":
+            model = _training_model()
+            continue
+        info = model.model_fields.get(str(part))
+        model = _model_in(info.annotation) if info is not None else None
+    return model, str(names[-1]) if names else ""
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside an annotation such as ``tuple[Region, ...]`` or ``LinkProfile | None``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        inner = _model_in(arg)
+        if inner is not None:
+            return inner
+    return None
+
+
+def _allowed(model: type[BaseModel] | None, field: str) -> str:
+    info = model.model_fields.get(field) if model is not None else None
+    return (info.description or "") if info is not None else ""
+
+
+def _keys(model: type[BaseModel] | None) -> list[str]:
+    return [k for k, f in model.model_fields.items() if not f.exclude] if model is not None else []
