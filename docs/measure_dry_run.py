@@ -21,7 +21,7 @@ import yaml
 from typer.testing import CliRunner
 
 from ddctl.cli.app import app
-from ddctl.control.state import run_dir
+from ddctl.control.rundir import run_dir
 from ddctl.control.up import admin_client
 
 RUNNER = CliRunner()
@@ -41,7 +41,7 @@ def regions(provider: str) -> dict[str, Any]:
 
 
 def learners(root: Path) -> dict[str, dict[str, Any]]:
-    client = admin_client(root)
+    client = admin_client(root.name)
     try:
         return {entry["id"]: entry for entry in client.status()["learners"]}
     finally:

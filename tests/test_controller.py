@@ -1,4 +1,4 @@
-"""The controller's decisions: what to restart, in which order, on which port."""
+"""The controller's shell against the fake provider: replacements, failover with a fault plan, and the reasons it records."""
 
 from __future__ import annotations
 
@@ -6,26 +6,17 @@ import json
 import time
 from pathlib import Path
 
-from ddctl.control.controller import finished, same_port, to_replace
-from ddctl.control.state import InstanceRecord
+import pytest
 
+from ddctl.control.controller import Controller, finished
+from ddctl.control.state import InstanceRecord, State
+from ddctl.providers.base import InstanceSpec
+from ddctl.providers.fake import FakeProvider, Fault
 
-def record(name: str, role: str, state: str = "running") -> InstanceRecord:
-    return InstanceRecord("r", name, "eu", "process", role, state, "1", time.time(), {"log": "l"})
-
-
-def test_gone_learners_are_replaced_unless_they_finished_and_the_syncer_comes_first() -> None:
-    desired = [
-        record("L0", "learner"),  # its summary says finished (this pass)
-        record("L1", "learner"),  # preempted
-        record("L2", "learner"),  # killed: no summary
-        record("L3", "learner"),  # alive
-        record("L4", "learner", state="finished"),  # finished in an earlier pass: its VM is gone
-        record("syncer", "syncer"),
-        record("controller", "controller"),
-    ]
-    chosen = [r.name for r in to_replace(desired, alive={"L3", "controller"}, done={"L0"})]
-    assert chosen == ["syncer", "L1", "L2"]
+RUN = "r"
+ZONES = [{"provider": "fake", "cloud_region": "eu", "zone": z} for z in ("eu-a", "eu-b")] + [
+    {"provider": "fake", "cloud_region": "us", "zone": ""}
+]
 
 
 def test_only_a_summary_that_says_finished_means_finished() -> None:
@@ -35,9 +26,117 @@ def test_only_a_summary_that_says_finished_means_finished() -> None:
     assert not finished(b"{trunc")  # torn by a kill mid-write
 
 
-def test_a_restarted_syncer_binds_the_port_its_learners_know(tmp_path: Path) -> None:
-    port = tmp_path / "syncer.port"
-    port.write_text("43123\n")
-    argv = ["python", "-m", "ddctl_agents.service", "--bind", "0.0.0.0:0", "--job-dir", "j"]
-    assert same_port(argv, port) == ["python", "-m", "ddctl_agents.service", "--bind", "0.0.0.0:43123", "--job-dir", "j"]
-    assert same_port(argv, tmp_path / "missing") == argv
+@pytest.fixture
+def world(tmp_path: Path) -> tuple[State, FakeProvider, Controller]:
+    state = State(tmp_path / "state.sqlite3")
+    state.create_run(RUN, "regions.yaml", str(tmp_path / "job"), {})
+    state.set_run_state(RUN, "training")
+    fake = FakeProvider()
+    for name, role in (("syncer", "syncer"), ("L0", "learner"), ("L1", "learner")):
+        spec = InstanceSpec(
+            run=RUN, name=name, region="eu", role=role, argv=("agent",), log=tmp_path / f"{name}.log", summary="/s.json"
+        )
+        started = fake.create(spec)
+        state.put_instance(
+            InstanceRecord(
+                RUN,
+                name,
+                "eu",
+                "fake",
+                role,
+                "running",
+                started.provider_id,
+                time.time(),
+                {"spec": spec.to_json(), "placements": ZONES},
+            )
+        )
+    fake.calls.clear()
+    return state, fake, Controller(RUN, state, owners={"fake": fake})
+
+
+def events(state: State) -> list[dict]:
+    return [e for e in state.events(RUN, 100) if e.get("kind") not in ("instance", "run-training")]
+
+
+def test_nothing_is_done_while_everything_runs(world: tuple[State, FakeProvider, Controller]) -> None:
+    state, fake, controller = world
+    assert controller.once(now=0.0) == [] and fake.calls == []
+
+
+def test_an_ended_learner_is_retired_and_replaced_a_finished_one_is_not_and_the_syncer_goes_first(
+    world: tuple[State, FakeProvider, Controller],
+) -> None:
+    state, fake, controller = world
+    fake.end(RUN, "L0")  # preempted: no summary
+    fake.end(RUN, "L1", summary=json.dumps({"reason": "finished"}).encode())
+    fake.end(RUN, "syncer")
+    actions = controller.once(now=0.0)
+    assert [(a.kind, a.name) for a in actions] == [
+        ("retire", "syncer"),
+        ("replace", "syncer"),
+        ("retire", "L0"),
+        ("replace", "L0"),
+        ("retire", "L1"),
+    ]
+    assert [c for c in fake.calls if c[0] == "create"] == [("create", "syncer@eu/eu-a"), ("create", "L0@eu/eu-a")]
+    records = {r.name: r for r in state.instances(RUN)}
+    assert records["L1"].state == "finished" and records["L0"].state == "rejoining"
+    replaced = [e for e in events(state) if e["kind"] == "replaced"]
+    assert [e["instance"] for e in replaced] == ["syncer", "L0"] and all(
+        "ended before its work was done" in e["reason"] for e in replaced
+    )
+    assert controller.once(now=1.0) == []  # converged: L1 stays finished, nothing to do
+
+
+def test_failover_walks_zones_then_regions_with_every_step_in_the_event_log(
+    world: tuple[State, FakeProvider, Controller],
+) -> None:
+    state, fake, controller = world
+    fake.faults = [
+        Fault(kind="capacity", scope="zone", code="InsufficientInstanceCapacity", cloud_region="eu", zone="eu-a"),
+        Fault(kind="capacity", scope="zone", code="ZONE_RESOURCE_POOL_EXHAUSTED", cloud_region="eu", zone="eu-b"),
+    ]
+    fake.end(RUN, "L0")
+    for now in (0.0, 1.0, 2.0):
+        controller.once(now=now)
+    assert [c[1] for c in fake.calls if c[0] == "create"] == ["L0@eu/eu-a", "L0@eu/eu-b", "L0@us/-"]
+    failed = [e for e in events(state) if e["kind"] == "provision-failed"]
+    assert [(e["error"], e["code"]) for e in failed] == [
+        ("capacity", "InsufficientInstanceCapacity"),
+        ("capacity", "ZONE_RESOURCE_POOL_EXHAUSTED"),
+    ]
+    replaced = next(e for e in events(state) if e["kind"] == "replaced")
+    assert "eu/eu-a, eu/eu-b blocked, trying us" in replaced["reason"]
+    record = next(r for r in state.instances(RUN) if r.name == "L0")
+    assert record.detail["spec"]["cloud_region"] == "us"  # where it runs now is recorded
+
+
+def test_a_quota_blocks_its_region_credentials_stop_the_cloud_and_the_reason_is_logged_once(
+    world: tuple[State, FakeProvider, Controller],
+) -> None:
+    state, fake, controller = world
+    fake.faults = [
+        Fault(kind="quota", scope="region", code="VcpuLimitExceeded", cloud_region="eu"),
+        Fault(kind="credentials", scope="cloud", code="AuthFailure", cloud_region="us"),
+    ]
+    fake.end(RUN, "L0")
+    for now in (0.0, 1.0, 2.0, 3.0, 4.0):
+        controller.once(now=now)
+    assert [c[1] for c in fake.calls if c[0] == "create"] == ["L0@eu/eu-a", "L0@us/-"]  # eu-b is in the quota'd region
+    gave_up = [e for e in events(state) if e["kind"] == "give_up"]
+    assert len(gave_up) == 1 and "credentials (AuthFailure)" in gave_up[0]["reason"]  # said once, not every second
+
+
+def test_transient_errors_back_off_and_then_succeed(world: tuple[State, FakeProvider, Controller]) -> None:
+    state, fake, controller = world
+    fake.faults = [Fault(kind="transient", scope="zone", code="RequestLimitExceeded", times=2)]
+    fake.end(RUN, "L0")
+    controller.once(now=0.0)
+    retry_at = controller.memory.retry_at["L0"]
+    controller.once(now=0.5)  # still backing off: no new attempt
+    assert len([c for c in fake.calls if c[0] == "create"]) == 1 and 1.0 <= retry_at <= 2.0
+    controller.once(now=retry_at)
+    controller.once(now=controller.memory.retry_at["L0"])
+    assert [c[1] for c in fake.calls if c[0] == "create"] == ["L0@eu/eu-a"] * 3  # same place: it was not the zone's fault
+    assert next(r for r in state.instances(RUN) if r.name == "L0").state == "rejoining"
+    assert any(e["kind"] == "wait" and "transient" in e["reason"] for e in events(state))

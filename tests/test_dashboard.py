@@ -114,7 +114,8 @@ def test_watch_without_a_terminal_prints_plain_snapshots_while_the_syncer_is_dea
 
     from ddctl.config.regions import job_config, load_regions
     from ddctl.control.credentials import init_job_dir
-    from ddctl.control.state import State, run_dir
+    from ddctl.control.rundir import run_dir
+    from ddctl.control.state import State
     from ddctl.dashboard.watch import watch
 
     monkeypatch.setenv("DDCTL_HOME", str(tmp_path / "home"))

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ddctl.control.state import InstanceRecord, State, data_dir
+from ddctl.control.rundir import data_dir
+from ddctl.control.state import InstanceRecord, State
 
 
 def instance(run: str, name: str, state: str = "running") -> InstanceRecord:

@@ -43,7 +43,8 @@ def test_plan_creates_nothing_and_prices_local_regions_at_zero(regions_file: Pat
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
     assert [i["role"] for i in plan["instances"]] == ["syncer", "learner", "learner", "learner"]
-    assert [i["learner"] for i in plan["instances"] if i["learner"]] == ["L0", "L1", "L2"]
+    assert [i["name"] for i in plan["instances"]] == ["syncer", "L0", "L1", "L2"]  # the names up gives them
+    assert {i["action"] for i in plan["instances"]} == {"create"}  # nothing runs yet: up would create them all
     assert plan["max_dollars_per_hour"] == 0.0
     assert not (regions_file.parent / "home" / "runs").exists()
 
@@ -58,14 +59,14 @@ def test_without_a_docker_engine_the_dry_run_says_so_and_uses_processes(
     regions_file: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     from ddctl.config.regions import load_regions
-    from ddctl.control.up import choose_kind
+    from ddctl.control.up import kinds_for
 
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
     said: list[str] = []
-    assert choose_kind(load_regions(regions_file), said.append) == "process"
+    assert set(kinds_for(load_regions(regions_file), True, said.append).values()) == {"process"}
     assert said == []  # an all-process file never looks for an engine
     regions_file.write_text(yaml.safe_dump({**REGIONS, "regions": [{"name": "east", "provider": "docker"}]}))
-    assert choose_kind(load_regions(regions_file), said.append) == "process"
+    assert kinds_for(load_regions(regions_file), True, said.append) == {"east": "process"}
     assert said == [
         f"no Docker engine: {tmp_path}/no-docker.sock does not exist (start dockerd, or install Debian's docker.io); "
         "every region runs as local processes instead"
@@ -117,16 +118,22 @@ def test_shaped_regions_measure_the_bandwidths_they_were_given(tmp_path: Path, m
     path.write_text(yaml.safe_dump(regions))
     run = dry_run_up(path)["run"]
     try:
+        seen: list[dict[str, float]] = []
 
-        def uplinks() -> dict[str, float] | None:
+        def settled() -> dict[str, float] | None:  # the EWMA's first samples on a busy 2-core machine are noisy
             status = json.loads(runner.invoke(app, ["status", "--json"]).stdout)
             measured = {r["name"]: r["learners"][0]["up_mbps"] for r in status["regions"]}
-            return measured if all(measured.values()) else None
+            if not all(measured.values()):
+                return None
+            seen.append(measured)
+            within = all(0.5 * rate <= measured[name] <= 2.0 * rate for name, rate in rates.items())
+            return measured if within else None
 
-        measured = wait_until(uplinks, timeout_s=120, every_s=1, what="every region's uplink to be measured")
+        try:
+            measured = wait_until(settled, timeout_s=120, every_s=1, what="every uplink to measure within 2x of its rate")
+        except TimeoutError:
+            pytest.fail(f"uplinks never measured within 2x of {rates}: {seen[-3:]}")
         assert measured["fast"] > measured["mid"] > measured["slow"], measured
-        for name, rate in rates.items():  # small (0.6 MB) updates on a busy 2-core machine: within 2x
-            assert 0.5 * rate <= measured[name] <= 2.0 * rate, (name, measured)
     finally:
         down = runner.invoke(app, ["down", "--run", run, "--json"])
     assert down.exit_code == 0, down.output
@@ -141,7 +148,7 @@ def test_a_preempted_learner_pushes_early_and_its_replacement_rejoins(regions_fi
     try:
         before = _syncer_view(run)
         for args, words in (
-            (["west", "--for", "5"], "local processes share this machine's network"),
+            (["west", "--for", "5"], "share this machine's network"),
             (["west", "--for", "0"], "--for must be in (0, 3600]"),
             (["nowhere", "--for", "5"], "regions with learners: east, west"),
         ):
@@ -176,11 +183,9 @@ def test_a_preempted_learner_pushes_early_and_its_replacement_rejoins(regions_fi
 
 
 def _syncer_view(run: str) -> dict[str, dict]:
-    from ddctl.control.state import run_dir
     from ddctl.control.up import admin_client
 
-    root = run_dir(run)
-    client = admin_client(root)
+    client = admin_client(run)
     try:
         return {entry["id"]: entry for entry in client.status()["learners"]}
     finally:

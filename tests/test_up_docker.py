@@ -70,18 +70,24 @@ def test_docker_regions_train_shaped_survive_a_preemption_and_leave_nothing(
         assert len(engine.networks({RUN_LABEL: run})) == 3
 
         # every learner trains, and the links measure as they were shaped
-        def measured() -> dict[str, dict[str, float]] | None:
+        seen: list[dict[str, dict[str, float]]] = []
+
+        def measured() -> dict[str, dict[str, float]] | None:  # the EWMA's first samples on a busy machine are noisy
             status = _status()
             rows = {r["name"]: r["learners"][0] for r in status["regions"]}
-            if all(row["up_mbps"] and row["down_mbps"] and row["step"] > 0 for row in rows.values()):
-                return {name: {"up": row["up_mbps"], "down": row["down_mbps"]} for name, row in rows.items()}
-            return None
+            if not all(row["up_mbps"] and row["down_mbps"] and row["step"] > 0 for row in rows.values()):
+                return None
+            links = {name: {"up": row["up_mbps"], "down": row["down_mbps"]} for name, row in rows.items()}
+            seen.append(links)
+            within = all(0.5 * rate <= links[name]["up"] <= 2.0 * rate for name, rate in RATES.items())
+            return links if within else None
 
-        links = wait_until(measured, timeout_s=120, every_s=0.5, what="every learner trains and reports both directions")
+        try:  # 0.6 MB updates on a busy 2-core machine: uplinks within 2x
+            links = wait_until(measured, timeout_s=180, every_s=0.5, what="every uplink to measure within 2x of its rate")
+        except TimeoutError:
+            pytest.fail(f"uplinks never measured within 2x of {RATES}: {seen[-3:]}")
         for direction in ("up", "down"):
             assert links["fast"][direction] > links["mid"][direction] > links["slow"][direction], links
-        for name, rate in RATES.items():  # 0.6 MB updates on a busy 2-core machine: within 2x
-            assert 0.5 * rate <= links[name]["up"] <= 2.0 * rate, (name, links)
 
         # the machine is reachable over SSH with the run's key, and its link is shaped inside it
         shell = runner.invoke(app, ["ssh", "mid", "--", "tc", "qdisc", "show", "dev", "eth0"])
@@ -90,7 +96,7 @@ def test_docker_regions_train_shaped_survive_a_preemption_and_leave_nothing(
         logs = runner.invoke(app, ["logs", "mid"])  # a running VM's log, read over SSH
         assert logs.exit_code == 0 and "==> L1 <==" in logs.output, logs.output
         [mid] = [i for i in DockerProvider().list_run(run) if i.name == "L1"]
-        target = DockerProvider().target(mid)
+        target = DockerProvider().ssh_target(mid)
         wrong = deploy.Target(target.host, deploy.new_keypair()[1], target.client_key)
         with pytest.raises(UnreachableError, match="does not match the pinned one"):
             deploy.run_command(wrong, "true")

@@ -24,24 +24,24 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object.
 def up(
     file: RegionsOption = Path("regions.yaml"),
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Play every region on this machine.")] = False,
-    plan_only: Annotated[bool, typer.Option("--plan", help="Print what would be created and its $/h; create nothing.")] = False,
+    plan_only: Annotated[bool, typer.Option("--plan", help="Print what up would do and its $/h; change nothing.")] = False,
     follow: Annotated[bool, typer.Option("--follow", help="Stay attached and show the run's status until Ctrl-C.")] = False,
     json_out: JsonOption = False,
 ) -> None:
-    """Start the job described by the regions file; returns once it is training and leaves it running."""
+    """Bring the run of the regions file up, or converge it if it runs (nothing twice); returns once it trains."""
     from ddctl.config.regions import load_regions
-    from ddctl.control.plan import plan_summary
     from ddctl.control.state import State
-    from ddctl.control.up import up_dry_run
+    from ddctl.control.up import plan_actions, up
+
+    def say(text: str) -> None:
+        typer.echo(text, err=True)
 
     def body() -> dict[str, Any]:
         rf = load_regions(file)
         if plan_only:
-            return plan_summary(rf, rf.run)
-        if not dry_run:
-            raise typer.BadParameter("cloud regions (aws, gcp) are not built yet; use --dry-run or --plan")
+            return plan_actions(rf, dry_run=dry_run, say=say)
         with State() as state:
-            return up_dry_run(rf, state, say=lambda text: typer.echo(text, err=True))
+            return up(rf, state, dry_run=dry_run, say=say)
 
     result = run_guarded(body)
     if json_out:
@@ -49,8 +49,9 @@ def up(
     elif plan_only:
         _print_plan(result)
     else:
+        changed = ", ".join(f"{c['action']} {c['instance']}" for c in result["changed"]) or "nothing to change"
         typer.echo(
-            f"run {result['run']} is training ({result['provider']} regions): first round merged after "
+            f"run {result['run']} is training ({result['provider']} regions; {changed}): first round merged after "
             f"{result['seconds_to_first_round']}s; follow it with `ddctl status`, stop it with `ddctl down`"
         )
     if follow and not plan_only:
@@ -71,14 +72,16 @@ def _print_plan(result: dict[str, Any]) -> None:
     from rich.table import Table
 
     table = Table(title=f"plan for {result['run']}: {result['learners']} learners, syncer in {result['syncer_region']}")
-    for col in ("instance", "region", "provider", "role", "type", "spot", "max $/h"):
+    for col in ("instance", "region", "provider", "role", "type", "spot", "max $/h", "up would"):
         table.add_column(col)
     for i in result["instances"]:
         price = "-" if i["max_dollars_per_hour"] is None else f"{i['max_dollars_per_hour']:.2f}"
-        table.add_row(i["name"], i["region"], i["provider"], i["role"], i["instance_type"] or "-", str(i["spot"]), price)
+        table.add_row(
+            i["name"], i["region"], i["provider"], i["role"], i["instance_type"] or "-", str(i["spot"]), price, i["action"]
+        )
     stdout().print(table)
     unpriced = f" (no price cap in: {', '.join(result['unpriced'])})" if result["unpriced"] else ""
-    typer.echo(f"at most ${result['max_dollars_per_hour']:.2f}/h{unpriced}; nothing was created")
+    typer.echo(f"at most ${result['max_dollars_per_hour']:.2f}/h{unpriced}; nothing was changed")
 
 
 def _on_run(run: str, action: Callable[[str, State], T]) -> T:
@@ -125,7 +128,7 @@ def status(
 
 def down(run: RunOption = "", json_out: JsonOption = False) -> None:
     """Stop and remove everything of the run (found by its label); safe to repeat."""
-    from ddctl.control.up import down as run_down
+    from ddctl.control.down import down as run_down
 
     result = _on_run(run, run_down)
     if json_out:
@@ -201,9 +204,11 @@ def chaos_partition(
     """Cut a region's network off from the syncer, then restore it; its learners keep training and rejoin."""
     from ddctl.control.chaos import partition
 
-    if not json_out:
-        typer.echo(f"cutting {region} off from the syncer for {seconds:g}s (Ctrl-C restores it early)", err=True)
-    result = _on_run(run, lambda r, state: partition(r, state, region, seconds))
+    def cut() -> None:
+        if not json_out:
+            typer.echo(f"{region} is cut off from the syncer for {seconds:g}s (Ctrl-C restores it early)", err=True)
+
+    result = _on_run(run, lambda r, state: partition(r, state, region, seconds, cut))
     if json_out:
         print_json(result)
     else:

@@ -15,13 +15,13 @@ keep merging. The link is restored even if the command is interrupted.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from ddctl import providers
 from ddctl.control.state import State
 from ddctl.errors import DdctlError
-from ddctl.providers.docker.vms import DockerProvider
 
 MAX_PARTITION_S = 3600.0
 
@@ -55,7 +55,7 @@ def preempt(run: str, state: State, region: str, notice_s: float = 30.0) -> dict
     }
 
 
-def partition(run: str, state: State, region: str, seconds: float) -> dict[str, Any]:
+def partition(run: str, state: State, region: str, seconds: float, on_cut: Callable[[], None] = lambda: None) -> dict[str, Any]:
     """Cut ``region`` off from the syncer for ``seconds``, then restore it (always, even on Ctrl-C)."""
     if not 0 < seconds <= MAX_PARTITION_S:
         raise DdctlError(f"--for must be in (0, {MAX_PARTITION_S:.0f}] seconds, got {seconds}")
@@ -64,19 +64,15 @@ def partition(run: str, state: State, region: str, seconds: float) -> dict[str, 
     if not here:
         regions = sorted({i.region for i in records})
         raise DdctlError(f"run {run} has no learners in region {region!r}; regions with learners: {', '.join(regions)}")
-    if here[0].provider != "docker":
-        raise DdctlError(
-            f"region {region} runs on provider {here[0].provider}: a partition cuts a Docker region's network from the "
-            "syncer, and local processes share this machine's network"
-        )
-    docker = DockerProvider()
-    docker.cut_region(run, region)
+    provider = providers.get(here[0].provider)
+    provider.cut_link(run, region)
     cut_at = time.time()
     state.event(run, "partition", region=region, seconds=seconds)
+    on_cut()
     try:
         time.sleep(seconds)
     finally:
-        docker.heal_region(run, region)
+        provider.heal_link(run, region)
         healed_at = time.time()
         state.event(run, "partition-healed", region=region, seconds=round(healed_at - cut_at, 2))
     return {"run": run, "region": region, "seconds": round(healed_at - cut_at, 2), "cut_at": cut_at, "healed_at": healed_at}

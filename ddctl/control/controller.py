@@ -1,33 +1,39 @@
-"""The controller: keeps a run's observed instances equal to the desired ones.
+"""The controller: keeps a run's observed instances equal to the desired ones, with failover.
 
-Every second it compares the instances the run should have (the state file)
-with those alive under the run's label (the provider). A syncer that died is
-started again on the same port, where it recovers from its snapshot and log;
-a learner that is gone without having finished its budget (preempted, killed,
-crashed) gets a replacement. The replacement is a new process with the same
-name, so it takes the same data shard, registers as a new incarnation,
-bootstraps the current fragments from the syncer and rejoins without anyone
-waiting for it. Runs as ``python -m ddctl.control.controller --run RUN`` beside the job
-(``ddctl up`` starts it, ``ddctl down`` stops it first).
+Every second it observes (each provider's labelled instances, each ended
+learner's exit summary), asks ``reconcile`` what to do, does it, and records
+every action with its reason in the run's event log (which the dashboard
+shows). A syncer that died is started again where it was, on the port its
+learners know, and recovers from its snapshot and log; a learner that is gone
+without having finished its budget gets a replacement with the same name (the
+same data shard) that rejoins as a new incarnation. When a provider refuses,
+its classified error is remembered (``reconcile.remember``): the next pass
+tries the next zone or region, waits out a quota, stops a cloud whose
+credentials fail, or backs off a transient error. Runs as ``python -m
+ddctl.control.controller --run RUN`` beside the job.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import signal
 import sys
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ddctl import providers
-from ddctl.control.state import InstanceRecord, State, run_dir
+from ddctl.control.launch import launch
+from ddctl.control.reconcile import Action, Desired, Memory, Observed, Placement, reconcile, remember
+from ddctl.control.state import InstanceRecord, State
 from ddctl.errors import DdctlError
 from ddctl.providers.base import Instance, InstanceSpec, Provider
-from ddctl_agents.entrypoint import add_label_option
+from ddctl_agents.entrypoint import add_label_option, configure_logging
 
+log = logging.getLogger(__name__)
 AGENTS = ("syncer", "learner")
 
 
@@ -39,61 +45,91 @@ def finished(summary: bytes | None) -> bool:
         return False
 
 
-def to_replace(desired: list[InstanceRecord], alive: set[str], done: set[str]) -> list[InstanceRecord]:
-    """The syncer if it is gone, and learners that should run, are not alive and did not finish."""
-    out = [
-        r
-        for r in desired
-        if r.role in AGENTS and r.name not in alive and r.state != "finished" and not (r.role == "learner" and r.name in done)
-    ]
-    return sorted(out, key=lambda r: r.role != "syncer")  # the syncer first: learners need it
+@dataclass
+class Controller:
+    """One run's reconcile loop; ``owners`` maps a provider kind to the provider (injectable for tests)."""
+
+    run: str
+    state: State
+    owners: dict[str, Provider] = field(default_factory=dict)
+    memory: Memory = field(default_factory=Memory)
+    said: dict[str, str] = field(default_factory=dict)
+    """The last reason recorded per instance: a wait is logged when its reason changes, not every second."""
+
+    def provider(self, kind: str) -> Provider:
+        if kind not in self.owners:
+            self.owners[kind] = providers.get(kind)
+        return self.owners[kind]
+
+    def once(self, now: float | None = None) -> list[Action]:
+        """One pass: observe, decide, act, record; returns the actions taken."""
+        now = time.time() if now is None else now
+        records = {r.name: r for r in self.state.instances(self.run) if r.role in AGENTS}
+        listed: dict[str, Instance] = {}
+        for kind in sorted({r.provider for r in records.values()}):
+            listed.update({i.name: i for i in self.provider(kind).list_run(self.run) if i.name in records})
+        desired, observed = [], []
+        for name, r in records.items():
+            desired.append(Desired(name=name, role=r.role, placements=_placements(r), done=r.state == "finished"))
+            instance = listed.get(name)
+            if instance is not None:
+                observed.append(Observed(name=name, alive=instance.alive, finished=self._finished(r, instance)))
+        actions = reconcile(desired, observed, now, self.memory)
+        done = {o.name for o in observed if o.finished}
+        for action in actions:
+            self._act(action, records[action.name], listed.get(action.name), now, action.name in done)
+        return actions
+
+    def _finished(self, r: InstanceRecord, instance: Instance) -> bool:
+        spec = InstanceSpec.from_json(r.detail["spec"])
+        return (
+            not instance.alive
+            and r.role == "learner"
+            and bool(spec.summary)
+            and finished(self.provider(r.provider).read_file(instance, spec.summary))
+        )
+
+    def _act(self, action: Action, r: InstanceRecord, instance: Instance | None, now: float, done: bool) -> None:
+        provider = self.provider(r.provider)
+        spec = InstanceSpec.from_json(r.detail["spec"])
+        if action.kind == "retire" and instance is not None:
+            if done:
+                self.state.put_instance(replace(r, state="finished", updated=now))
+            provider.retire(instance, spec.log)
+        elif action.kind in ("create", "replace"):
+            self._start(action, r, spec, provider, now)
+        elif action.kind in ("wait", "give_up") and self.said.get(r.name) != action.reason:
+            self.said[r.name] = action.reason
+            self.state.event(self.run, action.kind, instance=r.name, region=r.region, reason=action.reason)
+            log.warning("%s: %s", action.kind, action.reason)
+
+    def _start(self, action: Action, r: InstanceRecord, spec: InstanceSpec, provider: Provider, now: float) -> None:
+        if action.placement is not None:
+            spec = replace(spec, cloud_region=action.placement.cloud_region, zone=action.placement.zone)
+        try:
+            started = launch(provider, spec)
+        except Exception as exc:  # noqa: BLE001 - a provider's refusal, classified, is what failover decides on
+            error = provider.classify(exc)
+            self.memory = remember(self.memory, action, error, now)
+            self.state.event(
+                self.run, "provision-failed", instance=r.name, region=r.region, error=error.kind, code=error.code,
+                reason=f"{action.reason}: {error}",
+            )  # fmt: skip
+            log.error("%s could not start at %s: %s (%s)", r.name, action.placement, error, error.kind)
+            return
+        self.memory = remember(self.memory, action, None, now)
+        detail = {**r.detail, "spec": spec.to_json()}
+        self.state.put_instance(replace(r, state="rejoining", provider_id=started.provider_id, updated=now, detail=detail))
+        self.state.event(
+            self.run, "replaced", instance=r.name, region=r.region, provider_id=started.provider_id, reason=action.reason
+        )
+        self.said.pop(r.name, None)
+        log.info("%s %s: %s", action.kind, r.name, action.reason)
 
 
-def same_port(argv: list[str], port_file: Path) -> list[str]:
-    """A restarted syncer binds the port its learners already know (it recovers from its state dir)."""
-    out = list(argv)
-    if "--bind" in out and port_file.exists():
-        i = out.index("--bind") + 1
-        out[i] = f"{out[i].rpartition(':')[0]}:{int(port_file.read_text())}"
-    return out
-
-
-def reconcile_once(run: str, state: State, cache: dict[str, Provider] | None = None) -> list[str]:
-    """One pass: retire ended instances (collecting their logs), replace those that must run again."""
-    record = state.run(run)
-    if record is None or record.state != "training":
-        return []
-    cache = {} if cache is None else cache
-    replaced = []
-    for kind in sorted({r.provider for r in state.instances(run) if r.role in AGENTS}):
-        provider = cache.setdefault(kind, providers.get(kind))
-        desired = [r for r in state.instances(run) if r.provider == kind]
-        listed = {i.name: i for i in provider.list_run(run)}
-        alive = {name for name, i in listed.items() if i.alive}
-        done = set()
-        for r in desired:
-            if r.role not in AGENTS or r.name in alive or r.state == "finished":
-                continue
-            spec = InstanceSpec.from_json(r.detail["spec"])
-            ended = listed.get(r.name, Instance(name=r.name, provider_id="", run=run, alive=False))
-            if r.role == "learner" and spec.summary and finished(provider.read_file(ended, spec.summary)):
-                done.add(r.name)
-                state.put_instance(_moved(r, "finished", r.provider_id))
-            if ended.provider_id:
-                provider.retire(ended, spec.log)
-        for r in to_replace(desired, alive, done):
-            spec = InstanceSpec.from_json(r.detail["spec"])
-            if r.role == "syncer" and kind == "process":
-                spec = replace(spec, argv=tuple(same_port(list(spec.argv), run_dir(run) / "syncer.port")))
-            started = provider.create(spec)
-            state.put_instance(_moved(r, "rejoining", started.provider_id))
-            state.event(run, "replaced", instance=r.name, region=r.region, provider_id=started.provider_id)
-            replaced.append(r.name)
-    return replaced
-
-
-def _moved(r: InstanceRecord, status: str, provider_id: str) -> InstanceRecord:
-    return replace(r, state=status, provider_id=provider_id, updated=time.time())
+def _placements(r: InstanceRecord) -> tuple[Placement, ...]:
+    recorded = r.detail.get("placements") or [{"provider": r.provider, "cloud_region": r.region, "zone": ""}]
+    return tuple(Placement(**p) for p in recorded)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,22 +139,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=float, default=1.0, help="seconds between reconciliations")
     add_label_option(parser)
     args = parser.parse_args(argv)
+    configure_logging()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    cache: dict[str, Provider] = {}
     with State(args.state) as state:
+        controller = Controller(args.run, state)
         while not stop.wait(args.every):
             record = state.run(args.run)
-            if record is None or record.state not in ("training",):
+            if record is None or record.state != "training":
+                log.info("run %s is %s: the controller stops", args.run, record.state if record else "gone")
                 break
             try:
-                replaced = reconcile_once(args.run, state, cache)
+                controller.once()
             except DdctlError as exc:  # a provider hiccup (the engine restarting, a VM slow to boot): try again
-                print(f"{time.strftime('%H:%M:%S')} reconcile failed: {exc}", flush=True)
+                log.error("reconcile failed: %s", exc)
                 state.event(args.run, "error", where="controller", message=str(exc))
-                continue
-            for name in replaced:
-                print(f"{time.strftime('%H:%M:%S')} replaced {name}", flush=True)
     return 0
 
 

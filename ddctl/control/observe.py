@@ -1,14 +1,15 @@
-"""``ddctl logs`` and ``ssh``: looking into a running job's machines from the laptop."""
+"""``ddctl logs`` and ``ssh``: looking into a running job's machines from the laptop, on any provider."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from ddctl import providers
+from ddctl.control.rundir import RunDir
 from ddctl.control.state import InstanceRecord, State
 from ddctl.errors import DdctlError
 from ddctl.providers import deploy
 from ddctl.providers.base import Instance
-from ddctl.providers.docker.vms import DockerProvider, known_hosts
 
 
 def _region_instances(run: str, state: State, region: str) -> list[InstanceRecord]:
@@ -19,22 +20,27 @@ def _region_instances(run: str, state: State, region: str) -> list[InstanceRecor
     return chosen
 
 
-def _running_vms(run: str) -> tuple[DockerProvider, dict[str, Instance]]:
-    """The Docker provider and the run's running VMs by name (one listing for every instance asked about)."""
-    docker = DockerProvider()
-    return docker, {i.name: i for i in docker.list_run(run) if i.alive}
+def _running(run: str, records: list[InstanceRecord]) -> dict[str, tuple[str, Instance]]:
+    """The records' running instances by name, with their provider kind (one listing per provider)."""
+    out: dict[str, tuple[str, Instance]] = {}
+    for kind in sorted({r.provider for r in records}):
+        out.update({i.name: (kind, i) for i in providers.get(kind).list_run(run) if i.alive})
+    return out
 
 
 def logs(run: str, state: State, region: str) -> dict[str, str]:
-    """Each instance's log: what this machine collected, and for a running VM its current log over SSH."""
+    """Each instance's log: what this machine collected, and for a running machine its current log over SSH."""
     records = _region_instances(run, state, region)
-    docker, running = _running_vms(run) if any(r.provider == "docker" for r in records) else (None, {})
+    running = _running(run, records)
     out = {}
     for record in records:
         log = Path(record.detail["log"])
         text = log.read_text(errors="replace") if log.exists() else ""
-        if docker is not None and record.provider == "docker" and record.name in running:
-            text += deploy.read_text(docker.target(running[record.name]), f"{deploy.REMOTE_ROOT}/agent.log")
+        if record.name in running:
+            kind, instance = running[record.name]
+            target = providers.get(kind).ssh_target(instance)
+            if target is not None:
+                text += deploy.read_text(target, f"{deploy.REMOTE_ROOT}/agent.log")
         out[record.name] = text
     return out
 
@@ -47,13 +53,15 @@ def ssh_target(run: str, state: State, region: str, instance: str = "") -> tuple
         if not records:
             raise DdctlError(f"region {region} of {run} has no instance {instance!r}")
     records.sort(key=lambda r: r.role != "learner")
-    if records[0].provider != "docker":
-        raise DdctlError(
-            f"region {region} runs as local processes (provider {records[0].provider}); there is no machine to "
-            f"ssh into. Its logs: ddctl logs {region}"
-        )
-    docker, running = _running_vms(run)
+    running = _running(run, records)
     for record in records:
         if record.name in running:
-            return docker.target(running[record.name]), known_hosts(run)
+            kind, found = running[record.name]
+            target = providers.get(kind).ssh_target(found)
+            if target is None:
+                raise DdctlError(
+                    f"region {region} runs as local processes (provider {kind}); there is no machine to ssh into. "
+                    f"Its logs: ddctl logs {region}"
+                )
+            return target, RunDir(run).known_hosts
     raise DdctlError(f"no instance of {region} is running right now (a replacement may be starting)")

@@ -1,11 +1,19 @@
-"""What ``ddctl up`` would create for a regions file, and what it may cost: pure, no side effects."""
+"""What a run is made of, and what it may cost: the one description ``up`` creates and ``up --plan`` shows (pure).
+
+Names are the run's own: ``syncer`` and ``L0``..``L{M-1}`` (each learner name is a
+data shard), handed out region by region in file order; providers add the run
+to their labels. Each instance carries its placements, the order failover tries:
+its region's zones, then its fallback regions.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from ddctl.config.regions import LOCAL_PROVIDERS, Region, RegionsFile
+from ddctl.config.regions import Region, RegionsFile
+from ddctl.control.reconcile import Action, Desired, Placement
+from ddctl.providers import KINDS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -14,11 +22,11 @@ class PlannedInstance:
     region: str
     provider: str
     role: str
-    learner: str | None
     instance_type: str
     spot: bool
     max_dollars_per_hour: float | None
     """0 for local regions; the region's price cap for clouds; None when no cap bounds it."""
+    placements: tuple[Placement, ...]
 
 
 def learner_names(rf: RegionsFile) -> dict[str, list[str]]:
@@ -31,38 +39,55 @@ def learner_names(rf: RegionsFile) -> dict[str, list[str]]:
     return names
 
 
-def price(region: Region) -> float | None:
-    """USD per instance-hour: 0 for local regions, the price cap for clouds, None when nothing bounds it."""
-    return 0.0 if region.provider in LOCAL_PROVIDERS else region.price_cap
+def price(region: Region, kind: str | None = None) -> float | None:
+    """USD per instance-hour: 0 for regions played on this machine, the price cap for clouds, None when unbounded."""
+    chosen = KINDS.get(kind or region.provider)
+    return 0.0 if chosen is not None and chosen.local else region.price_cap
 
 
-def plan(rf: RegionsFile, run: str) -> list[PlannedInstance]:
+def placements(region: Region, kind: str) -> tuple[Placement, ...]:
+    """Where an instance of ``region`` may run, in failover order: its zones, then its fallback regions."""
+    home = region.cloud_region or region.name
+    zones = region.zones or ("",)
+    return (
+        *(Placement(provider=kind, cloud_region=home, zone=z) for z in zones),
+        *(Placement(provider=kind, cloud_region=r) for r in region.fallback_regions),
+    )
+
+
+def plan(rf: RegionsFile, kinds: dict[str, str]) -> list[PlannedInstance]:
+    """The syncer (in ``rf.syncer``) and every learner; ``kinds`` is each region's provider (a dry run's local one)."""
     out = []
     names = learner_names(rf)
     for region in rf.regions:
-        roles: list[tuple[str, str | None]] = [("syncer", None)] if region.name == rf.syncer else []
-        roles += [("learner", learner) for learner in names[region.name]]
-        for role, learner in roles:
+        roles = ["syncer"] if region.name == rf.syncer else []
+        for role, name in [(r, "syncer") for r in roles] + [("learner", n) for n in names[region.name]]:
             out.append(
                 PlannedInstance(
-                    name=f"{run}-{learner or 'syncer'}",
+                    name=name,
                     region=region.name,
-                    provider=region.provider,
+                    provider=kinds[region.name],
                     role=role,
-                    learner=learner,
                     instance_type=region.instance_type,
                     spot=region.spot,
-                    max_dollars_per_hour=price(region),
+                    max_dollars_per_hour=price(region, kinds[region.name]),
+                    placements=placements(region, kinds[region.name]),
                 )
             )
-    return out
+    return sorted(out, key=lambda i: (i.role != "syncer", i.name))
 
 
-def plan_summary(rf: RegionsFile, run: str) -> dict[str, Any]:
-    instances = plan(rf, run)
+def desired(instances: list[PlannedInstance]) -> list[Desired]:
+    return [Desired(name=i.name, role=i.role, placements=i.placements) for i in instances]
+
+
+def plan_summary(rf: RegionsFile, kinds: dict[str, str], actions: list[Action] | None = None) -> dict[str, Any]:
+    """The plan as ``up --plan`` prints it; with ``actions``, what ``up`` would do about each instance now."""
+    instances = plan(rf, kinds)
     known = [i.max_dollars_per_hour for i in instances if i.max_dollars_per_hour is not None]
+    todo = {a.name: a for a in actions or [] if a.kind in ("create", "replace", "wait", "give_up")}
     return {
-        "run": run,
+        "run": rf.run,
         "syncer_region": rf.syncer,
         "learners": rf.learners,
         "instances": [
@@ -71,10 +96,11 @@ def plan_summary(rf: RegionsFile, run: str) -> dict[str, Any]:
                 "region": i.region,
                 "provider": i.provider,
                 "role": i.role,
-                "learner": i.learner,
                 "instance_type": i.instance_type,
                 "spot": i.spot,
                 "max_dollars_per_hour": i.max_dollars_per_hour,
+                "action": todo[i.name].kind if i.name in todo else "keep",
+                "reason": todo[i.name].reason if i.name in todo else "running",
             }
             for i in instances
         ],

@@ -10,7 +10,6 @@ change is one transaction, so a crash never leaves half a record.
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -18,6 +17,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ddctl.control.rundir import data_dir
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -52,18 +53,6 @@ CREATE INDEX IF NOT EXISTS events_by_run ON events (run, id);
 
 
 INSTANCE_COLUMNS = "run, name, region, provider, role, state, provider_id, updated, detail"
-
-
-def data_dir() -> Path:
-    if os.environ.get("DDCTL_HOME"):
-        return Path(os.environ["DDCTL_HOME"])
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "ddctl"
-
-
-def run_dir(run: str) -> Path:
-    """Where a run keeps its job directory, keys, logs and summaries on this machine."""
-    return data_dir() / "runs" / run
 
 
 @dataclass(frozen=True, slots=True)

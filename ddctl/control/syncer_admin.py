@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from ddctl.control.credentials import token_for
-from ddctl.control.state import State, run_dir
+from ddctl.control.state import State
 from ddctl.control.up import admin_client, latest_run
 from ddctl.errors import DdctlError, UnreachableError
 from ddctl_agents.agent.client import SyncerClient, Unavailable
@@ -32,6 +32,6 @@ def _client(run: str, url: str, job_dir: Path | None) -> SyncerClient:
     with State() as state:
         chosen = latest_run(state, run or None)
     try:
-        return admin_client(run_dir(chosen))
+        return admin_client(chosen)
     except OSError as exc:
         raise DdctlError(f"run {chosen} has no syncer address yet ({exc}); is it up?") from None

@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
-from ddctl.control.state import State, run_dir
+from ddctl.control.state import State
 from ddctl.control.up import admin_client
 from ddctl.dashboard.render import render
 from ddctl.dashboard.snapshot import RegionInfo, RunRecords, SyncerView, build
@@ -54,9 +54,8 @@ def region_info(path: str) -> dict[str, RegionInfo]:
 
 def ask_syncer(run: str, timeout_s: float = 3.0) -> SyncerView:
     """One status request; an unreachable syncer is an answer too (with the reason)."""
-    root = run_dir(run)
     try:
-        client = admin_client(root, timeout_s=timeout_s)
+        client = admin_client(run, timeout_s=timeout_s)
     except OSError as exc:
         return SyncerView(None, None, f"no syncer address for {run}: {exc}")
     try:

@@ -1,21 +1,66 @@
-"""Providers: where instances run (local processes, Docker "VMs"; clouds next)."""
+"""Providers: where instances run. One registry; each provider lives in its own module or folder.
+
+A new provider adds its module and one line to ``KINDS``, and nothing outside
+``providers/``: the control plane speaks only the contract of ``base.py``.
+Modules are imported on demand, so ``ddctl --help`` never loads a cloud SDK and
+Docker is needed only when it is used.
+"""
 
 from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
 
 from ddctl.errors import DdctlError
 from ddctl.providers.base import Provider
 
-LOCAL_KINDS = ("process", "docker")
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    name: str
+    factory: str
+    """``module:Class`` of the provider."""
+    local: bool
+    """It plays regions on this machine (a dry run's providers); clouds are not."""
+
+
+KINDS: dict[str, Kind] = {
+    "process": Kind("process", "ddctl.providers.process:ProcessProvider", local=True),
+    "docker": Kind("docker", "ddctl.providers.docker.vms:DockerProvider", local=True),
+    "fake": Kind("fake", "ddctl.providers.fake:FakeProvider", local=True),
+}
+PLANNED = ("aws", "gcp")
+"""Accepted in regions.yaml; ``up`` says they are not built yet."""
+LOCAL_KINDS = tuple(k for k, kind in KINDS.items() if kind.local and k != "fake")
 
 
 def get(kind: str) -> Provider:
-    """The provider for ``kind``; imported on demand (Docker needs a daemon only when it is used)."""
-    if kind == "process":
-        from ddctl.providers.process import ProcessProvider
+    """The provider for ``kind``."""
+    if kind not in KINDS:
+        built = ", ".join(k for k in KINDS if k != "fake")
+        raise DdctlError(f"provider {kind!r} is not built yet; built: {built}")
+    module, _, name = KINDS[kind].factory.partition(":")
+    provider: Provider = getattr(importlib.import_module(module), name)()
+    return provider
 
-        return ProcessProvider()
+
+def unavailable(kind: str) -> str | None:
+    """Why ``kind`` cannot be used on this machine now, or None (Docker needs an engine that answers)."""
     if kind == "docker":
-        from ddctl.providers.docker.vms import DockerProvider
+        from ddctl.providers.docker.engine import engine_unavailable
 
-        return DockerProvider()
-    raise DdctlError(f"provider {kind!r} is not built yet; built: {', '.join(LOCAL_KINDS)}")
+        return engine_unavailable()
+    return None
+
+
+def dry_run_kind(requested: set[str]) -> tuple[str, str | None]:
+    """The one local provider a dry run plays these regions with, and a note when it is not what was asked.
+
+    Every region runs on the same local provider (their networks must reach each other): Docker VMs
+    when an engine answers and any region asked for something else than ``process``, else processes."""
+    if requested <= {"process"}:
+        return "process", None
+    why = unavailable("docker")
+    if why:
+        return "process", f"{why}; every region runs as local processes instead"
+    return "docker", None

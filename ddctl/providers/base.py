@@ -1,20 +1,66 @@
-"""The provider interface every region kind implements.
+"""The provider contract: the lifecycle verbs every region kind implements, and the records they trade.
 
-A provider creates instances that carry the run's label, lists them by that
-label (the label, not local state, is the truth), terminates them, preempts
-them with a notice, and cleans up what a run leaves besides instances
-(networks, namespaces). An instance runs one agent; when the agent ends the
-instance is no longer alive, which is what the controller watches.
+In SkyPilot's spirit, a provider is a short list of verbs behind one registry
+(``ddctl.providers.get``), with typed records at the boundary and its SDK
+imported lazily:
+
+- ``bootstrap(run, regions)``: what a region needs before instances (networks,
+  security groups, key material, a metadata endpoint), idempotent; answers a
+  ``RegionInfo`` per region: the interpreter on its machines, where its learners
+  reach the syncer, its notice URL, how files reach its machines.
+- ``create(spec)``: provision one instance and return once it can be reached.
+  A machine with an SSH target gets its agent from the shared deploy
+  (``control/launch.py``); a provider without one (local processes) runs the
+  spec's command itself.
+- ``list_run(run)``, ``terminate(instance)``, ``ssh_target(instance)``,
+  ``preempt(instance, notice_s)`` (chaos), ``notices(run)``, ``read_file``,
+  ``retire`` (collect the log, remove), ``cleanup(run)`` (what is left besides
+  instances), ``cut_link`` / ``heal_link`` (chaos partitions, where the
+  provider can), and ``classify(error) -> ProvisionError`` so that failover can
+  decide without reading messages.
+
+Labels (tags) are the truth: every instance carries the run and its name, so a
+run is found and removed with the local state gone.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ddctl.errors import ProvisionError
+
+if TYPE_CHECKING:
+    from ddctl.config.regions import Region
+    from ddctl.providers.deploy import Target
 
 RUN_LABEL = "ddctl-run"
 NAME_LABEL = "ddctl-name"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RegionInfo:
+    """What ``bootstrap`` made of one region, and what every instance there must be told."""
+
+    region: str
+    provider: str
+    python: str
+    """The interpreter on the region's machines."""
+    remote: bool
+    """Machines of their own: the agent's files are copied in and paths are theirs (``deploy.REMOTE_ROOT``)."""
+    syncer_host: str
+    """The address this region's learners reach the syncer at (it also goes in the syncer's certificate)."""
+    syncer_bind: str = "0.0.0.0"
+    """Where the syncer listens when it runs in this region."""
+    syncer_port: int = 0
+    """The syncer's port when it runs in this region (0: a free port of this machine is chosen)."""
+    notice_url: str | None = None
+    """Learners poll it for spot notices; None: a notice arrives as SIGTERM."""
+    command_prefix: tuple[str, ...] = ()
+    """Prepended to a local instance's command (the shaped network namespace it runs in)."""
+    shaped: tuple[float, float] | None = None
+    """(up, down) Mbit/s the region's links are shaped to, where they are."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -38,6 +84,10 @@ class InstanceSpec:
     """(up, down) Mbit/s this instance's link is shaped to, where the provider shapes links."""
     summary: str = ""
     """Where the agent writes its exit summary, as the instance sees it."""
+    zone: str = ""
+    """Where to place it: a zone of ``cloud_region`` (empty: the provider's choice); set by failover."""
+    cloud_region: str = ""
+    """The cloud region to place it in (empty: the region's own); set by failover."""
 
     @property
     def label(self) -> str:
@@ -67,6 +117,9 @@ class Instance:
     provider_id: str
     run: str
     alive: bool
+    address: str = ""
+    """Where it is reached (a container's or VM's address; empty for a local process)."""
+    zone: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,8 +130,16 @@ class PreemptionNotice:
 
 class Provider(Protocol):
     kind: str
+    power_off: str
+    """The command a machine runs when its agent ends, so that "alive" means "the agent runs"."""
 
-    def create(self, spec: InstanceSpec) -> Instance: ...
+    def bootstrap(self, run: str, regions: list[Region]) -> dict[str, RegionInfo]:
+        """Make what the regions need before instances (idempotent); what each region's instances must know."""
+        ...
+
+    def create(self, spec: InstanceSpec) -> Instance:
+        """Provision one instance; return once it can be reached (over SSH, or running for a local process)."""
+        ...
 
     def list_run(self, run: str) -> list[Instance]:
         """Every instance labelled with ``run``; ``alive`` is False once its agent has ended."""
@@ -86,6 +147,10 @@ class Provider(Protocol):
 
     def terminate(self, instance: Instance, grace_s: float = 10.0) -> None:
         """Ask the agent to leave (SIGTERM), wait up to ``grace_s``, then remove the instance."""
+        ...
+
+    def ssh_target(self, instance: Instance) -> Target | None:
+        """How to reach a running machine over SSH (pinned host key); None where there is no machine."""
         ...
 
     def preempt(self, instance: Instance, notice_s: float) -> None:
@@ -103,5 +168,15 @@ class Provider(Protocol):
         ...
 
     def cleanup(self, run: str) -> list[str]:
-        """Remove what the run left besides instances (networks, namespaces); returns their names."""
+        """Remove what the run left besides instances (networks, namespaces, helpers); returns their names."""
+        ...
+
+    def cut_link(self, run: str, region: str) -> None:
+        """Cut ``region`` off from the syncer (a chaos partition); DdctlError where the provider cannot."""
+        ...
+
+    def heal_link(self, run: str, region: str) -> None: ...
+
+    def classify(self, error: Exception) -> ProvisionError:
+        """``error`` (the SDK's, the engine's) as a ProvisionError whose kind and scope failover acts on."""
         ...

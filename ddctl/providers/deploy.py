@@ -17,6 +17,7 @@ import shlex
 import tarfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import TypeVar
 
@@ -64,6 +65,7 @@ def known_hosts_line(target: Target) -> str:
     return f"{host} {target.host_key}"
 
 
+@cache
 def build_bundle() -> bytes:
     """The agent bundle: ``ddctl_agents`` as a gzipped tar (sources and the compiled kernels, no caches)."""
     package = Path(ddctl_agents.__file__).parent

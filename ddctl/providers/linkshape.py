@@ -66,10 +66,9 @@ def create_link(name: str, up_mbit: float, down_mbit: float | None = None) -> Sh
     why = available()
     if why:
         raise DdctlError(why)
+    link = _addresses(name, up_mbit, down_mbit)
     tag = zlib.crc32(name.encode())
     host_if, peer_if = f"dh{tag:08x}", f"dp{tag:08x}"
-    subnet = f"10.{200 + tag % 50}.{(tag >> 8) % 256}"
-    link = ShapedLink(name, f"{subnet}.1", f"{subnet}.2", up_mbit, down_mbit)
     _run("ip", "netns", "add", name)
     try:
         _run("ip", "link", "add", host_if, "type", "veth", "peer", "name", peer_if)
@@ -86,6 +85,19 @@ def create_link(name: str, up_mbit: float, down_mbit: float | None = None) -> Sh
         destroy_link(name)
         raise
     return link
+
+
+def ensure_link(name: str, up_mbit: float, down_mbit: float | None = None) -> ShapedLink:
+    """``create_link`` unless the namespace exists already (its addresses follow from its name)."""
+    if name in namespaces(name):
+        return _addresses(name, up_mbit, down_mbit)
+    return create_link(name, up_mbit, down_mbit)
+
+
+def _addresses(name: str, up_mbit: float, down_mbit: float | None) -> ShapedLink:
+    tag = zlib.crc32(name.encode())
+    subnet = f"10.{200 + tag % 50}.{(tag >> 8) % 256}"
+    return ShapedLink(name, f"{subnet}.1", f"{subnet}.2", up_mbit, down_mbit)
 
 
 def destroy_link(name: str) -> None:

@@ -2,8 +2,11 @@
 
 The label (``--label ddctl-run=RUN --label ddctl-name=NAME``) is what ``list_run``
 finds by scanning ``/proc``, so a run is found and removed even when the local
-state file is gone. Preemption is SIGTERM (the agent pushes its pending drift
-and leaves) followed by SIGKILL once the notice runs out.
+state file is gone. A region with a link profile runs in a network namespace
+whose veth pair is shaped with tc (``bootstrap``); its learners reach the syncer
+at the host end. There is no machine to SSH into: ``create`` runs the agent
+itself. Preemption is SIGTERM (the agent pushes its pending drift and leaves)
+followed by SIGKILL once the notice runs out.
 """
 
 from __future__ import annotations
@@ -12,12 +15,17 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ddctl.errors import DdctlError
+from ddctl.errors import DdctlError, ProvisionError
 from ddctl.providers import linkshape
-from ddctl.providers.base import NAME_LABEL, RUN_LABEL, Instance, InstanceSpec, PreemptionNotice
+from ddctl.providers.base import NAME_LABEL, RUN_LABEL, Instance, InstanceSpec, PreemptionNotice, RegionInfo
 from ddctl_agents.waiting import wait_until
+
+if TYPE_CHECKING:
+    from ddctl.config.regions import Region
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -52,6 +60,30 @@ def _alive(pid: int) -> bool:
 
 class ProcessProvider:
     kind = "process"
+    power_off = ""  # the process is the machine: when the agent ends, so does it
+
+    def bootstrap(self, run: str, regions: list[Region]) -> dict[str, RegionInfo]:
+        """A shaped namespace per region with a link profile (when this machine can shape links)."""
+        shaping = linkshape.available() is None
+        links = {
+            r.name: linkshape.ensure_link(namespace(run, r.name), r.link.up_mbps, r.link.down_mbps)
+            for r in regions
+            if r.link is not None and shaping
+        }
+        bind = "0.0.0.0" if links else "127.0.0.1"  # a namespace reaches the syncer at its veth's host end
+        return {
+            r.name: RegionInfo(
+                region=r.name,
+                provider=self.kind,
+                python=sys.executable,
+                remote=False,
+                syncer_host=links[r.name].host_ip if r.name in links else "127.0.0.1",
+                syncer_bind=bind,
+                command_prefix=tuple(links[r.name].command()) if r.name in links else (),
+                shaped=(r.link.up_mbps, r.link.down_mbps) if r.name in links and r.link else None,
+            )
+            for r in regions
+        }
 
     def create(self, spec: InstanceSpec) -> Instance:
         """Start the agent detached (``setsid -f``: its own session, re-parented to init, outliving ddctl)."""
@@ -102,6 +134,9 @@ class ProcessProvider:
     def notices(self, run: str) -> list[PreemptionNotice]:
         return []  # the notice is the signal itself: nothing is outstanding between notice and exit
 
+    def ssh_target(self, instance: Instance) -> None:
+        return None  # a local process: there is no machine to log into
+
     def read_file(self, instance: Instance, path: str) -> bytes | None:
         try:
             return Path(path).read_bytes()  # a local process sees this machine's files
@@ -115,10 +150,33 @@ class ProcessProvider:
         """The run's shaped network namespaces."""
         if linkshape.available() is not None:
             return []
-        removed = linkshape.namespaces(f"ddctl-{run}-")
+        removed = linkshape.namespaces(namespace(run, ""))
         for name in removed:
             linkshape.destroy_link(name)
         return removed
+
+    def cut_link(self, run: str, region: str) -> None:
+        raise self._no_partition(region)
+
+    def heal_link(self, run: str, region: str) -> None:
+        raise self._no_partition(region)
+
+    def classify(self, error: Exception) -> ProvisionError:
+        """Local processes have no capacity or quota: an error starting one is this machine's (transient)."""
+        if isinstance(error, ProvisionError):
+            return error
+        return ProvisionError(str(error), kind="transient", scope="zone", code=type(error).__name__, provider=self.kind)
+
+    def _no_partition(self, region: str) -> DdctlError:
+        return DdctlError(
+            f"region {region} runs as local processes, which share this machine's network: it cannot be cut off "
+            "(partitions need Docker regions)"
+        )
+
+
+def namespace(run: str, region: str) -> str:
+    """The network namespace of a run's region (its name is how ``cleanup`` finds it)."""
+    return f"ddctl-{run}-{region}"
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

@@ -135,6 +135,14 @@ class Engine:
         self._call("POST", f"/networks/{network}/disconnect", json={"Container": container, "Force": True})
 
     # containers
+    def container_at(self, labels: dict[str, str], address: str) -> str | None:
+        """The id of the labelled container that owns ``address`` (how the metadata endpoint knows its caller)."""
+        for c in self.containers(labels):
+            for net in (c.get("NetworkSettings") or {}).get("Networks", {}).values():
+                if net.get("IPAddress") == address:
+                    return str(c["Id"])
+        return None
+
     def create_container(self, name: str, config: dict[str, Any]) -> str:
         return str(self._call("POST", "/containers/create", params={"name": name}, json=config).json()["Id"])
 

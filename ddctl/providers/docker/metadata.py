@@ -23,7 +23,9 @@ from typing import Any
 import httpx
 
 from ddctl.errors import DdctlError
+from ddctl.providers.base import RUN_LABEL
 from ddctl_agents.entrypoint import add_label_option
+from ddctl_agents.waiting import wait_until
 
 NOTICE_PATH = "/latest/meta-data/spot/instance-action"
 ADMIN_PATH = "/admin/notices"
@@ -109,8 +111,43 @@ def outstanding(port: int) -> dict[str, float]:
         return {}
 
 
+def seconds_left(port: int) -> dict[str, float]:
+    """Instance id -> seconds until its announced kill (0 once it has passed)."""
+    now = time.time()
+    return {ident: max(at - now, 0.0) for ident, at in outstanding(port).items()}
+
+
+def ensure_endpoint(run: str, port_file: Path, log: Path) -> int:
+    """The run's endpoint, started (a labelled local process) unless it runs already; returns its port."""
+    from ddctl.providers.base import InstanceSpec
+    from ddctl.providers.process import ProcessProvider
+
+    helpers = ProcessProvider()
+    if not any(i.name == "metadata" for i in helpers.list_run(run)):
+        port_file.unlink(missing_ok=True)
+        argv = (sys.executable, "-m", "ddctl.providers.docker.metadata", "--run", run, "--port-file", str(port_file))
+        helpers.create(InstanceSpec(run=run, name="metadata", region="", role="metadata", argv=argv, log=log))
+
+    def port() -> str:
+        return port_file.read_text().strip() if port_file.exists() else ""
+
+    late = lambda message: DdctlError(f"{message}; see {log}")  # noqa: E731
+    return int(wait_until(port, timeout_s=60, every_s=0.05, what="the metadata endpoint's port", error=late))
+
+
+def stop_endpoint(run: str) -> list[str]:
+    """Stop the run's endpoint if it runs; returns what was stopped."""
+    from ddctl.providers.process import ProcessProvider
+
+    helpers = ProcessProvider()
+    stopped = [i for i in helpers.list_run(run) if i.name == "metadata"]
+    for instance in stopped:
+        helpers.terminate(instance, grace_s=5.0)
+    return [f"metadata endpoint of {run}" for _ in stopped]
+
+
 def main(argv: list[str] | None = None) -> int:
-    from ddctl.providers.docker.vms import DockerProvider
+    from ddctl.providers.docker.engine import Engine
 
     parser = argparse.ArgumentParser(
         prog="python -m ddctl.providers.docker.metadata", description="Serve spot notices to a run's instances."
@@ -119,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port-file", type=Path, required=True, help="write the bound port here once listening")
     add_label_option(parser)
     args = parser.parse_args(argv)
-    provider = DockerProvider()
-    notices = Notices(lambda address: provider.instance_at(args.run, address))
+    engine = Engine()
+    notices = Notices(lambda address: engine.container_at({RUN_LABEL: args.run}, address))
     server = ThreadingHTTPServer(("0.0.0.0", 0), make_handler(notices))
     tmp = args.port_file.with_suffix(".tmp")
     tmp.write_text(str(server.server_address[1]))

@@ -1,40 +1,47 @@
 """The ``docker`` provider: every instance a container that behaves like a small VM.
 
-Each region is a bridge network of its own; the syncer's container joins every
-region's network at a fixed address (.250), so learners reach it across their
-region's link and a replacement syncer comes back at the same address, with its
-state on a "persistent disk" (a bind mount from the run directory). A container
-boots sshd with a host key ddctl made for it (pinned; its public half is a
-container label) and the run's client key; the agent is deployed over SSH by
-:mod:`ddctl.providers.deploy`, exactly as on a cloud VM. When the agent ends the container
-powers off, so ``alive`` means "the agent runs". Links are shaped with tc tbf
-in the container's network namespace (uplink) and on the host end of its veth
-(downlink). Labels carry the run, the name, the region and the host key, so
-everything is found again with the state file gone.
+``bootstrap`` gives each region a bridge network of its own and starts the
+run's instance-metadata endpoint (spot notices). The syncer's container joins
+every region's network at a fixed address (.250), so learners reach it across
+their region's link and a replacement syncer comes back at the same address,
+with its state on a "persistent disk" (a bind mount from the run directory).
+``create`` boots a container with sshd, a host key ddctl made for it (pinned;
+its public half is a container label) and the run's client key, shapes its link
+(tc tbf on its eth0 for the uplink, on the host end of its veth for the
+downlink), and returns once sshd answers: the agent is deployed over SSH by the
+shared deploy, exactly as on a cloud VM. When the agent ends the container
+powers off, so ``alive`` means "the agent runs". Labels carry the run, the
+name, the region and the host key, so everything is found again with the state
+file gone.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ipaddress
-import time
+import socket
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ddctl.control.state import run_dir
-from ddctl.errors import DdctlError, EngineError
+from ddctl.control.rundir import RunDir
+from ddctl.errors import DdctlError, EngineError, ProvisionError
 from ddctl.providers import deploy, linkshape
-from ddctl.providers.base import NAME_LABEL, RUN_LABEL, Instance, InstanceSpec, PreemptionNotice
+from ddctl.providers.base import NAME_LABEL, RUN_LABEL, Instance, InstanceSpec, PreemptionNotice, RegionInfo
 from ddctl.providers.docker import metadata
 from ddctl.providers.docker.engine import Engine, tar_of
 from ddctl.providers.docker.image import VmImage, ensure_image
 from ddctl_agents.waiting import wait_until
+
+if TYPE_CHECKING:
+    from ddctl.config.regions import Region
 
 REGION_LABEL = "ddctl-region"
 ROLE_LABEL = "ddctl-role"
 HOST_KEY_LABEL = "ddctl-host-key"
 SYNCER_HOST = 250
 """The syncer's address on every region network (.250; learners are handed .2-.127)."""
+SYNCER_PORT = 8443
+"""The syncer's port inside its VM (each VM has its own network stack)."""
 SUBNET_POOL = ipaddress.IPv4Network("10.213.0.0/16")
 POOL_OVERLAP = 403
 """The Engine API's status for a subnet that overlaps another network's (libnetwork's ForbiddenError)."""
@@ -48,21 +55,13 @@ def container_name(run: str, name: str) -> str:
     return f"ddctl-{run}-{name}"
 
 
-def client_key(run: str) -> Path:
-    return run_dir(run) / "ssh" / "id_ed25519"
-
-
-def known_hosts(run: str) -> Path:
-    return run_dir(run) / "ssh" / "known_hosts"
-
-
 class DockerProvider:
     kind = "docker"
+    power_off = "kill 1"  # pid 1 is the container's sshd: the "VM" stops
 
     def __init__(self) -> None:
         self.engine = Engine()
         self._image: VmImage | None = None
-        self._bundle: bytes | None = None
 
     @property
     def image(self) -> VmImage:
@@ -70,9 +69,36 @@ class DockerProvider:
             self._image = ensure_image(self.engine)
         return self._image
 
-    # networks
-    def create_networks(self, run: str, regions: list[str]) -> dict[str, ipaddress.IPv4Network]:
-        """One labelled bridge network per region, on a free /24 of 10.213.0.0/16; returns their subnets."""
+    # -- regions ------------------------------------------------------------------------------
+    def bootstrap(self, run: str, regions: list[Region]) -> dict[str, RegionInfo]:
+        """A network per region (kept if it exists) and the run's metadata endpoint; idempotent."""
+        subnets = self.subnets(run)
+        missing = [r.name for r in regions if r.name not in subnets]
+        subnets.update(self._create_networks(run, missing))
+        port = metadata.ensure_endpoint(run, RunDir(run).metadata_port, RunDir(run).log("metadata"))
+        shaping = linkshape.available() is None
+        return {
+            r.name: RegionInfo(
+                region=r.name,
+                provider=self.kind,
+                python=self.image.python,
+                remote=True,
+                syncer_host=str(subnets[r.name][SYNCER_HOST]),
+                syncer_port=SYNCER_PORT,
+                notice_url=f"http://{subnets[r.name][1]}:{port}{metadata.NOTICE_PATH}",
+                shaped=(r.link.up_mbps, r.link.down_mbps) if r.link is not None and shaping else None,
+            )
+            for r in regions
+        }
+
+    def subnets(self, run: str) -> dict[str, ipaddress.IPv4Network]:
+        return {
+            n["Labels"][REGION_LABEL]: ipaddress.IPv4Network(n["IPAM"]["Config"][0]["Subnet"])
+            for n in self.engine.networks({RUN_LABEL: run})
+        }
+
+    def _create_networks(self, run: str, regions: list[str]) -> dict[str, ipaddress.IPv4Network]:
+        """One labelled bridge network per region, on a free /24 of 10.213.0.0/16."""
         taken = {ipaddress.IPv4Network(s) for s in self.engine.all_subnets() if ":" not in s}
         free = (net for net in SUBNET_POOL.subnets(new_prefix=24) if not any(net.overlaps(t) for t in taken))
         made: dict[str, ipaddress.IPv4Network] = {}
@@ -93,34 +119,23 @@ class DockerProvider:
                 made[region] = subnet
                 break
             else:
-                raise DdctlError(f"no free /24 left in {SUBNET_POOL} for region {region}")
+                raise ProvisionError(
+                    f"no free /24 left in {SUBNET_POOL} for region {region}", kind="quota", scope="cloud", provider=self.kind
+                )
         return made
 
-    def subnets(self, run: str) -> dict[str, ipaddress.IPv4Network]:
-        return {
-            n["Labels"][REGION_LABEL]: ipaddress.IPv4Network(n["IPAM"]["Config"][0]["Subnet"])
-            for n in self.engine.networks({RUN_LABEL: run})
-        }
-
-    @staticmethod
-    def syncer_ip(subnet: ipaddress.IPv4Network) -> str:
-        return str(subnet[SYNCER_HOST])
-
-    @staticmethod
-    def gateway_ip(subnet: ipaddress.IPv4Network) -> str:
-        return str(subnet[1])
-
-    # instances
+    # -- instances ----------------------------------------------------------------------------
     def create(self, spec: InstanceSpec) -> Instance:
-        """Boot the container, shape its link, deploy the agent over SSH and start it."""
+        """Boot the container with sshd and the pinned keys, shape its link; return once sshd answers."""
         subnets = self.subnets(spec.run)
         if spec.region not in subnets:
-            raise DdctlError(f"run {spec.run} has no network for region {spec.region}; create_networks first")
+            raise DdctlError(f"run {spec.run} has no network for region {spec.region}; bootstrap it first")
+        rundir = RunDir(spec.run)
         host_private, host_public = deploy.new_keypair()
-        client_public = deploy.ensure_client_key(client_key(spec.run))
+        client_public = deploy.ensure_client_key(rundir.ssh_key)
         network = network_name(spec.run, spec.region)
         is_syncer = spec.role == "syncer"
-        endpoint = {"IPAMConfig": {"IPv4Address": self.syncer_ip(subnets[spec.region])}} if is_syncer else {}
+        endpoint = {"IPAMConfig": {"IPv4Address": str(subnets[spec.region][SYNCER_HOST])}} if is_syncer else {}
         for local in spec.disks.values():
             Path(local).mkdir(parents=True, exist_ok=True)
         name = container_name(spec.run, spec.name)
@@ -154,26 +169,19 @@ class DockerProvider:
             if is_syncer:  # reachable from every region, at the same address after a restart
                 for region, subnet in subnets.items():
                     if region != spec.region:
-                        self.engine.connect(network_name(spec.run, region), ident, self.syncer_ip(subnet))
+                        self.engine.connect(network_name(spec.run, region), ident, str(subnet[SYNCER_HOST]))
             self.engine.start(ident)
             info = self.engine.inspect(ident) or {}
             address = info["NetworkSettings"]["Networks"][network]["IPAddress"]
-            if spec.link is not None:
+            if spec.link is not None and linkshape.available() is None:
                 linkshape.shape_netns_of(int(info["State"]["Pid"]), *spec.link)
-            target = deploy.Target(address, host_public, client_key(spec.run))
-            with known_hosts(spec.run).open("a") as pinned:
-                pinned.write(deploy.known_hosts_line(target) + "\n")
-            files = {remote: Path(local).read_bytes() for remote, local in spec.files.items()}
-            deploy.deploy(target, self.bundle(), files, list(spec.argv), env=spec.env, on_exit="kill 1")
+            with rundir.known_hosts.open("a") as pinned:
+                pinned.write(deploy.known_hosts_line(deploy.Target(address, host_public, rundir.ssh_key)) + "\n")
+            wait_until(lambda: _answers(address, 22), timeout_s=30, every_s=0.05, what=f"sshd of {spec.name}")
         except BaseException:
             self.engine.remove(ident)
             raise
-        return Instance(name=spec.name, provider_id=ident, run=spec.run, alive=True)
-
-    def bundle(self) -> bytes:
-        if self._bundle is None:
-            self._bundle = deploy.build_bundle()
-        return self._bundle
+        return Instance(name=spec.name, provider_id=ident, run=spec.run, alive=True, address=address)
 
     def list_run(self, run: str) -> list[Instance]:
         found = [
@@ -182,7 +190,7 @@ class DockerProvider:
         ]
         return sorted(found, key=lambda i: i.name)
 
-    def target(self, instance: Instance) -> deploy.Target:
+    def ssh_target(self, instance: Instance) -> deploy.Target:
         """How to reach a running instance over SSH (its address and pinned host key come from Docker)."""
         info = self.engine.inspect(instance.provider_id)
         if info is None or not info["State"]["Running"]:
@@ -190,15 +198,7 @@ class DockerProvider:
         labels = info["Config"]["Labels"]
         network = network_name(instance.run, labels[REGION_LABEL])
         address = info["NetworkSettings"]["Networks"][network]["IPAddress"]
-        return deploy.Target(address, labels[HOST_KEY_LABEL], client_key(instance.run))
-
-    def instance_at(self, run: str, address: str) -> str | None:
-        """The id of the run's container that owns ``address`` (how the metadata endpoint knows its caller)."""
-        for c in self.engine.containers({RUN_LABEL: run}):
-            for net in (c.get("NetworkSettings") or {}).get("Networks", {}).values():
-                if net.get("IPAddress") == address:
-                    return str(c["Id"])
-        return None
+        return deploy.Target(address, labels[HOST_KEY_LABEL], RunDir(instance.run).ssh_key)
 
     def _wait_stopped(self, instance: Instance, timeout_s: float) -> bool:
         def stopped() -> bool:
@@ -216,11 +216,11 @@ class DockerProvider:
             with contextlib.suppress(EngineError):  # it may have stopped between the listing and now
                 self.engine.exec_detached(instance.provider_id, ["sh", "-c", f"kill -TERM $(cat {deploy.REMOTE_ROOT}/agent.pid)"])
             self._wait_stopped(instance, grace_s)
-        self.retire(instance, run_dir(instance.run) / "logs" / f"{instance.name}.log")
+        self.retire(instance, RunDir(instance.run).log(instance.name))
 
     def preempt(self, instance: Instance, notice_s: float) -> None:
         """Post the notice to the metadata endpoint; kill the container when it runs out (if still up)."""
-        port_file = run_dir(instance.run) / "metadata.port"
+        port_file = RunDir(instance.run).metadata_port
         if not port_file.exists():
             raise DdctlError(f"run {instance.run} has no metadata endpoint ({port_file} is missing)")
         metadata.post_notice(int(port_file.read_text()), instance.provider_id, notice_s)
@@ -228,34 +228,15 @@ class DockerProvider:
             self.engine.kill(instance.provider_id)
 
     def notices(self, run: str) -> list[PreemptionNotice]:
-        port_file = run_dir(run) / "metadata.port"
+        port_file = RunDir(run).metadata_port
         if not port_file.exists():
             return []
         names = {i.provider_id: i.name for i in self.list_run(run)}
-        now = time.time()
         return [
-            PreemptionNotice(instance=names.get(ident, ident), seconds_left=max(at - now, 0.0))
-            for ident, at in metadata.outstanding(int(port_file.read_text())).items()
+            PreemptionNotice(instance=names[ident], seconds_left=left)
+            for ident, left in metadata.seconds_left(int(port_file.read_text())).items()
             if ident in names
         ]
-
-    def cut_region(self, run: str, region: str) -> None:
-        """Disconnect the syncer's container from ``region``'s network: that region's learners lose the syncer."""
-        syncer = self._syncer(run)
-        if syncer["Labels"][REGION_LABEL] == region:
-            raise DdctlError(f"{region} is the syncer's own region; partition another one")
-        self.engine.disconnect(network_name(run, region), syncer["Id"])
-
-    def heal_region(self, run: str, region: str) -> None:
-        """Reconnect the syncer to ``region`` at its usual address (.250), so learners find it where it was."""
-        subnet = self.subnets(run)[region]
-        self.engine.connect(network_name(run, region), self._syncer(run)["Id"], self.syncer_ip(subnet))
-
-    def _syncer(self, run: str) -> dict[str, Any]:
-        running = [c for c in self.engine.containers({RUN_LABEL: run, ROLE_LABEL: "syncer"}) if c["State"] == "running"]
-        if not running:
-            raise DdctlError(f"run {run} has no running syncer container")
-        return running[0]
 
     def read_file(self, instance: Instance, path: str) -> bytes | None:
         return self.engine.get_file(instance.provider_id, path) if instance.provider_id else None
@@ -270,9 +251,47 @@ class DockerProvider:
         self.engine.remove(instance.provider_id)
 
     def cleanup(self, run: str) -> list[str]:
-        """The run's networks (once its containers are gone)."""
-        removed = []
+        """The run's metadata endpoint and networks (once its containers are gone)."""
+        removed = metadata.stop_endpoint(run)
         for net in self.engine.networks({RUN_LABEL: run}):
             self.engine.remove_network(net["Id"])
             removed.append(net["Name"])
         return removed
+
+    # -- chaos and errors ---------------------------------------------------------------------
+    def cut_link(self, run: str, region: str) -> None:
+        """Disconnect the syncer's container from ``region``'s network: that region's learners lose the syncer."""
+        syncer = self._syncer(run)
+        if syncer["Labels"][REGION_LABEL] == region:
+            raise DdctlError(f"{region} is the syncer's own region; partition another one")
+        self.engine.disconnect(network_name(run, region), syncer["Id"])
+
+    def heal_link(self, run: str, region: str) -> None:
+        """Reconnect the syncer to ``region`` at its usual address (.250), so learners find it where it was."""
+        subnet = self.subnets(run)[region]
+        self.engine.connect(network_name(run, region), self._syncer(run)["Id"], str(subnet[SYNCER_HOST]))
+
+    def classify(self, error: Exception) -> ProvisionError:
+        """The engine's refusals: 409/403 are this machine's limits (quota), the rest transient."""
+        if isinstance(error, ProvisionError):
+            return error
+        status = error.status if isinstance(error, EngineError) else 0
+        code = str(status or type(error).__name__)
+        if status in (403, 409):
+            return ProvisionError(str(error), kind="quota", scope="cloud", code=code, provider=self.kind)
+        return ProvisionError(str(error), kind="transient", scope="cloud", code=code, provider=self.kind)
+
+    def _syncer(self, run: str) -> dict[str, Any]:
+        running = [c for c in self.engine.containers({RUN_LABEL: run, ROLE_LABEL: "syncer"}) if c["State"] == "running"]
+        if not running:
+            raise DdctlError(f"run {run} has no running syncer container")
+        return running[0]
+
+
+def _answers(host: str, port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+        return True
+    return False
+
+
+__all__ = ["SYNCER_PORT", "DockerProvider", "container_name", "network_name"]

@@ -1,0 +1,29 @@
+"""Start an instance on any provider: provision it, then (on a machine of its own) deploy its agent.
+
+The one place the shared deploy runs: a provider whose instance has an SSH
+target gets the agent bundle, the instance's files and its command over
+asyncssh, with pinned host keys; a provider without one (local processes) ran
+the command in ``create``. A deploy that fails leaves no half-started machine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ddctl.providers import deploy
+from ddctl.providers.base import Instance, InstanceSpec, Provider
+
+
+def launch(provider: Provider, spec: InstanceSpec) -> Instance:
+    """``provider.create(spec)``, then the agent over SSH where there is a machine to deploy to."""
+    instance = provider.create(spec)
+    target = provider.ssh_target(instance)
+    if target is None:
+        return instance
+    try:
+        files = {remote: Path(local).read_bytes() for remote, local in spec.files.items()}
+        deploy.deploy(target, deploy.build_bundle(), files, list(spec.argv), env=spec.env, on_exit=provider.power_off)
+    except BaseException:
+        provider.terminate(instance, grace_s=0.0)
+        raise
+    return instance

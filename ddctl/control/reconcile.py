@@ -1,0 +1,196 @@
+"""Desired against observed: what to create, replace, retire or terminate, each with its reason (pure).
+
+One decision drives ``up`` (desired = the plan), ``down`` (desired = nothing),
+the controller (desired = the run's recorded instances) and ``up --plan``.
+Failover lives here and knows no provider: each instance has an ordered list of
+placements (its region's zones, then its fallback regions); a provider's
+``ProvisionError`` is folded into ``Memory`` by ``remember``: capacity blocks
+its zone (or region) for a while, quota its scope, credentials stop that cloud
+for good, a transient error retries with capped, jittered backoff. Time comes
+in as ``now``; jitter is a hash, so a decision is a function of its inputs.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from ddctl.errors import ProvisionError, ProvisionScope
+
+ActionKind = Literal["create", "replace", "retire", "terminate", "wait", "give_up"]
+ORDER = {"syncer": 0, "learner": 1}
+"""Who is started first: learners need the syncer."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Placement:
+    provider: str
+    cloud_region: str
+    zone: str = ""
+
+    def blocked_by(self, block: Block) -> bool:
+        keys = {"cloud": self.provider, "region": f"{self.provider}:{self.cloud_region}"}
+        keys["zone"] = f"{keys['region']}/{self.zone}" if self.zone else keys["region"]
+        return keys[block.scope] == block.where
+
+    def where(self, scope: ProvisionScope) -> str:
+        region = f"{self.provider}:{self.cloud_region}"
+        return {"cloud": self.provider, "region": region, "zone": f"{region}/{self.zone}" if self.zone else region}[scope]
+
+    def __str__(self) -> str:
+        return f"{self.cloud_region}/{self.zone}" if self.zone else self.cloud_region
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Desired:
+    name: str
+    role: str
+    placements: tuple[Placement, ...]
+    """Where it may run, in the order failover tries them."""
+    done: bool = False
+    """Its work is finished (a learner's budget): it is never replaced."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Observed:
+    name: str
+    alive: bool
+    finished: bool = False
+    """Its exit summary says its budget was done."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Block:
+    scope: ProvisionScope
+    where: str
+    until: float
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FailoverConfig:
+    """How long each kind of refusal keeps a placement out [ours]."""
+
+    capacity_block_s: float = 600.0
+    """A zone (or region) without capacity is tried again after this long."""
+    quota_block_s: float = 1800.0
+    backoff_first_s: float = 2.0
+    backoff_max_s: float = 120.0
+    max_config_errors: int = 3
+    """A request its provider calls wrong this many times is given up."""
+
+
+DEFAULT = FailoverConfig()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Memory:
+    """What failover remembers between passes; ``remember`` returns a new one."""
+
+    blocks: tuple[Block, ...] = ()
+    failures: Mapping[str, int] = field(default_factory=dict)
+    """Consecutive failed attempts per instance."""
+    retry_at: Mapping[str, float] = field(default_factory=dict)
+    config_errors: Mapping[str, int] = field(default_factory=dict)
+
+    def active(self, now: float) -> tuple[Block, ...]:
+        return tuple(b for b in self.blocks if b.until > now)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Action:
+    kind: ActionKind
+    name: str
+    reason: str
+    placement: Placement | None = None
+
+
+def reconcile(
+    desired: Sequence[Desired],
+    observed: Sequence[Observed],
+    now: float,
+    memory: Memory | None = None,
+    config: FailoverConfig | None = None,
+) -> list[Action]:
+    """The actions that bring ``observed`` to ``desired``, syncer first, each with why."""
+    memory = memory or Memory()
+    seen = {o.name: o for o in observed}
+    wanted = {d.name for d in desired}
+    actions = [
+        Action(kind="terminate", name=o.name, reason=f"{o.name} is not part of the run's plan")
+        for o in sorted(observed, key=lambda o: o.name)
+        if o.name not in wanted
+    ]
+    for d in sorted(desired, key=lambda d: (ORDER.get(d.role, 2), d.name)):
+        o = seen.get(d.name)
+        if o is not None and o.alive:
+            continue
+        if d.done or (o is not None and o.finished):
+            if o is not None:
+                actions.append(Action(kind="retire", name=d.name, reason=f"{d.name} finished its work; collecting its log"))
+            continue
+        if o is not None:
+            actions.append(Action(kind="retire", name=d.name, reason=f"{d.name}'s agent ended; collecting its log"))
+        actions.append(_start(d, o is not None, now, memory, config or DEFAULT))
+    return actions
+
+
+def _start(d: Desired, existed: bool, now: float, memory: Memory, config: FailoverConfig) -> Action:
+    verb: ActionKind = "replace" if existed else "create"
+    why = f"{d.name} ended before its work was done" if existed else f"{d.name} is in the plan and not running"
+    if memory.config_errors.get(d.name, 0) >= config.max_config_errors:
+        refused = f"{d.name}: its request was refused as invalid {config.max_config_errors} times"
+        return Action(kind="give_up", name=d.name, reason=refused)
+    retry = memory.retry_at.get(d.name, 0.0)
+    if retry > now:
+        return Action(kind="wait", name=d.name, reason=f"{why}; retrying in {retry - now:.0f}s after transient errors")
+    blocks = memory.active(now)
+    for placement in d.placements:
+        blocking = [b for b in blocks if placement.blocked_by(b)]
+        if not blocking:
+            failed = [str(p) for p in d.placements[: d.placements.index(placement)]]
+            moved = f"; {', '.join(failed)} blocked, trying {placement}" if failed else ""
+            return Action(kind=verb, name=d.name, reason=f"{why}{moved}", placement=placement)
+    forever = [b for b in blocks if b.until == float("inf")]
+    if forever and all(any(p.blocked_by(b) for b in forever) for p in d.placements):
+        return Action(kind="give_up", name=d.name, reason=f"{d.name}: no placement can work: {forever[0].reason}")
+    soonest = min((b.until for b in blocks if any(p.blocked_by(b) for p in d.placements)), default=now)
+    reasons = "; ".join(sorted({b.reason for b in blocks if any(p.blocked_by(b) for p in d.placements)}))
+    blocked = f"{why}; every placement is blocked ({reasons}); next try in {soonest - now:.0f}s"
+    return Action(kind="wait", name=d.name, reason=blocked)
+
+
+def remember(
+    memory: Memory, action: Action, error: ProvisionError | None, now: float, config: FailoverConfig | None = None
+) -> Memory:
+    """Fold the outcome of a create/replace into what failover knows."""
+    config, name = config or DEFAULT, action.name
+    if error is None:
+        return replace(
+            memory,
+            failures={k: v for k, v in memory.failures.items() if k != name},
+            retry_at={k: v for k, v in memory.retry_at.items() if k != name},
+        )
+    placement = action.placement
+    reason = f"{error.kind} ({error.code or 'refused'}) in {error.where or placement}"
+    if error.kind == "transient":
+        failures = {**memory.failures, name: memory.failures.get(name, 0) + 1}
+        return replace(memory, failures=failures, retry_at={**memory.retry_at, name: now + backoff(name, failures[name], config)})
+    if error.kind == "config":
+        return replace(memory, config_errors={**memory.config_errors, name: memory.config_errors.get(name, 0) + 1})
+    if placement is None:
+        return memory
+    scope: ProvisionScope = "cloud" if error.kind == "credentials" else error.scope
+    hold = {"capacity": config.capacity_block_s, "quota": config.quota_block_s}.get(error.kind, float("inf"))
+    block = Block(scope=scope, where=placement.where(scope), until=now + hold, reason=reason)
+    return replace(memory, blocks=(*memory.active(now), block))
+
+
+def backoff(name: str, failures: int, config: FailoverConfig | None = None) -> float:
+    """Capped exponential backoff with a jitter of 50-100%, from a hash of the name and the attempt."""
+    config = config or DEFAULT
+    base = min(config.backoff_first_s * 2 ** (failures - 1), config.backoff_max_s)
+    jitter = 0.5 + (zlib.crc32(f"{name}:{failures}".encode()) % 1000) / 2000
+    return float(base * jitter)
