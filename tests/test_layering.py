@@ -38,3 +38,52 @@ def test_the_core_does_no_io() -> None:
 def test_modules_stay_small() -> None:
     for path in list((ROOT / "ddctl").rglob("*.py")) + list((ROOT / "agents").rglob("*.py")):
         assert len(path.read_text().splitlines()) <= 500, f"{path} is over 500 lines"
+
+
+PROVIDER_KINDS = {"aws", "gcp", "docker", "process", "fake"}
+
+
+def test_no_code_outside_providers_branches_on_a_provider_kind() -> None:
+    """A new provider adds a folder and nothing else: no comparison with a kind, no import of one provider."""
+    for path in (ROOT / "ddctl").rglob("*.py"):
+        if "providers" in path.relative_to(ROOT / "ddctl").parts:
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare):
+                constants = {c.value for c in ast.walk(node) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+                assert not constants & PROVIDER_KINDS, f"{path}:{node.lineno} branches on a provider kind"
+            if isinstance(node, ast.ImportFrom) and node.module:
+                kind = node.module.removeprefix("ddctl.providers.").split(".")[0]
+                assert not (node.module.startswith("ddctl.providers.") and kind in PROVIDER_KINDS), (
+                    f"{path}:{node.lineno} imports the {kind} provider; use ddctl.providers.get"
+                )
+
+
+def test_the_laptop_side_imports_no_cycle_between_modules() -> None:
+    """ddctl's modules form no import cycle (module-level imports; lazy ones inside functions do not count)."""
+    graph: dict[str, set[str]] = {}
+    for path in (ROOT / "ddctl").rglob("*.py"):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        top = ast.parse(path.read_text()).body
+        deps = set()
+        for node in top:
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ddctl"):
+                deps.add(node.module)
+                deps |= {f"{node.module}.{a.name}" for a in node.names}
+        graph[name] = deps
+    for start in graph:
+        seen, stack = set(), [(start, (start,))]
+        while stack:
+            node, trail = stack.pop()
+            for dep in graph.get(node, ()):
+                if dep == start:
+                    raise AssertionError(" -> ".join((*trail, dep)))
+                if dep in graph and dep not in seen:
+                    seen.add(dep)
+                    stack.append((dep, (*trail, dep)))
+
+
+def test_modules_stay_under_400_lines() -> None:
+    for path in list((ROOT / "ddctl").rglob("*.py")) + list((ROOT / "agents").rglob("*.py")):
+        assert len(path.read_text().splitlines()) <= 420, f"{path} is over ~400 lines"

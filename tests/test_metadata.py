@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from ddctl.errors import DdctlError
-from ddctl.providers.docker.metadata import ADMIN_PATH, NOTICE_PATH, Notices, make_handler, outstanding, post_notice
-from ddctl_agents.agent.notice import Stop, is_notice, watch
+from ddctl.providers.docker.metadata import ADMIN_PATH, NOTICE_PATH, TOKEN_PATH, Notices, make_handler, outstanding, post_notice
+from ddctl_agents.agent.notice import NoticeClient, Stop, is_notice, watch
 
 
 @pytest.fixture
@@ -26,15 +26,22 @@ def endpoint() -> Iterator[tuple[int, dict[str, str]]]:
     server.server_close()
 
 
+def imds_token(port: int) -> dict[str, str]:
+    got = httpx.put(f"http://127.0.0.1:{port}{TOKEN_PATH}", headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"})
+    assert got.status_code == 200 and got.text
+    return {"X-aws-ec2-metadata-token": got.text}
+
+
 def test_a_notice_is_served_only_to_the_instance_it_was_posted_for(endpoint: tuple[int, dict[str, str]]) -> None:
     port, callers = endpoint
     url = f"http://127.0.0.1:{port}{NOTICE_PATH}"
     callers["127.0.0.1"] = "vm-a"
-    assert httpx.get(url).status_code == 404  # AWS's answer while there is no notice
+    token = imds_token(port)
+    assert httpx.get(url, headers=token).status_code == 404  # AWS's answer while there is no notice
     post_notice(port, "vm-b", 30)
-    assert httpx.get(url).status_code == 404  # someone else's notice
+    assert httpx.get(url, headers=token).status_code == 404  # someone else's notice
     post_notice(port, "vm-a", 30)
-    answer = httpx.get(url)
+    answer = httpx.get(url, headers=token)
     assert answer.status_code == 200 and answer.json()["action"] == "terminate"
     assert 25 < answer.json()["seconds_left"] <= 30
     assert set(outstanding(port)) == {"vm-a", "vm-b"}
@@ -66,3 +73,53 @@ def test_notice_answers_of_each_cloud() -> None:
     stop.trigger("sigterm")
     stop.trigger("preemption_notice")
     assert stop.reason == "sigterm"  # the first reason wins
+
+
+def test_imdsv2_is_enforced_as_on_ec2_and_a_token_is_renewed_after_a_401(endpoint: tuple[int, dict[str, str]]) -> None:
+    port, callers = endpoint
+    callers["127.0.0.1"] = "vm-a"
+    url = f"http://127.0.0.1:{port}{NOTICE_PATH}"
+    post_notice(port, "vm-a", 30)
+    assert httpx.get(url).status_code == 401  # no token: a plain GET never sees the notice
+    assert httpx.get(url, headers={"X-aws-ec2-metadata-token": "forged"}).status_code == 401
+    assert httpx.put(f"http://127.0.0.1:{port}{TOKEN_PATH}").status_code == 400  # the TTL header is required
+    with httpx.Client(timeout=2) as http:
+        client = NoticeClient(url, http)
+        assert client.poll().status_code == 200
+        client.token = "expired-or-from-a-restarted-endpoint"
+        assert client.poll().status_code == 200 and client.token != "expired-or-from-a-restarted-endpoint"
+
+
+@pytest.fixture
+def gcp() -> Iterator[tuple[int, list[str]]]:
+    """GCE's metadata server for ``instance/preempted``: FALSE until told, and only with Metadata-Flavor."""
+    from http.server import BaseHTTPRequestHandler
+
+    answer = ["FALSE"]
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            ok = self.path == "/computeMetadata/v1/instance/preempted" and self.headers.get("Metadata-Flavor") == "Google"
+            body = answer[0].encode() if ok else b"Missing Metadata-Flavor:Google header"
+            self.send_response(200 if ok else 403)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1], answer
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_watcher_reads_gcps_preempted_flag(gcp: tuple[int, list[str]]) -> None:
+    port, answer = gcp
+    stop = Stop()
+    watch(f"http://127.0.0.1:{port}/computeMetadata/v1/instance/preempted", stop, every_s=0.05)
+    assert not stop.wait(0.3)  # FALSE is not a notice
+    answer[0] = "TRUE"
+    assert stop.wait(5) and stop.reason == "preemption_notice"

@@ -8,10 +8,12 @@ import math
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from ddctl_agents.service import runtime as runtime_module
 from ddctl_agents.service import supervise as supervision
-from ddctl_agents.service.observability import health, metrics, status
+from ddctl_agents.service.metrics import metrics
+from ddctl_agents.service.observability import health, status
 from ddctl_agents.service.runtime import ServiceSettings, SyncerRuntime
 from ddctl_agents.train.assembly import Assembly
 from tests.builders import small_run
@@ -102,6 +104,10 @@ def test_status_and_metrics_never_carry_a_non_finite_number(tmp_path: Path, asse
     learner = page["learners"][0]  # type: ignore[index]
     assert learner["up_mbps"] is None and learner["rtt_ms"] is None and learner["tokens_per_s"] is None
     assert "inf" not in text.lower() and "nan" not in text.lower() and "Infinity" not in raw
+    families = {f.name: f for f in text_string_to_metric_families(text)}  # prometheus-client's own parser reads it
+    assert families["ddctl_learners_live"].samples[0].value == 1.0
+    assert families["ddctl_link_bytes_per_second"].samples == []  # both directions are inf here: left out
+    assert families["ddctl_rounds"].type == "counter" and families["ddctl_rounds"].samples[0].name == "ddctl_rounds_total"
 
 
 def test_a_link_sample_beyond_any_link_is_ignored() -> None:

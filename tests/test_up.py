@@ -211,3 +211,30 @@ def test_the_controller_restarts_a_killed_syncer_on_its_port(regions_file: Path)
     finally:
         down = runner.invoke(app, ["down", "--run", run, "--json"])
     assert down.exit_code == 0, down.output
+
+
+@pytest.mark.slow
+def test_up_twice_is_one_run_and_ctrl_c_during_up_leaves_nothing_behind(regions_file: Path) -> None:
+    import subprocess
+    import sys
+
+    from ddctl.control.state import State
+
+    first = dry_run_up(regions_file)
+    second = dry_run_up(regions_file)  # converges: nothing to create, nothing twice
+    assert second["run"] == first["run"] == "dry" and second["changed"] == []
+    with State() as state:
+        assert [r.id for r in state.runs() if r.state != "down"] == ["dry"]
+    assert sorted(i.name for i in ProcessProvider().list_run("dry")) == ["L0", "L1", "L2", "controller", "syncer"]
+    assert runner.invoke(app, ["down", "--run", "dry"]).exit_code == 0
+    command = [sys.executable, "-c", "from ddctl.cli.app import main; main()", "up", "-f", str(regions_file), "--dry-run"]
+    interrupted = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    started = lambda: any(i.name == "syncer" for i in ProcessProvider().list_run("dry"))  # noqa: E731
+    wait_until(started, timeout_s=60, what="up to start the syncer")
+    interrupted.send_signal(signal.SIGINT)  # Ctrl-C while up waits for learners and the first round
+    _, err = interrupted.communicate(timeout=60)
+    assert interrupted.returncode == 130 and "interrupted" in err, err
+    assert ProcessProvider().list_run("dry") == []  # up removed what it had made
+    assert linkshape.namespaces("ddctl-dry-") == []
+    again = runner.invoke(app, ["down", "--run", "dry", "--json"])
+    assert again.exit_code == 0 and json.loads(again.stdout)["stopped"] == []

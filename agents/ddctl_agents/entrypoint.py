@@ -14,5 +14,5 @@ def add_label_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def configure_logging() -> None:
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+def configure_logging(level: int = logging.WARNING) -> None:
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=float, default=1.0, help="seconds between reconciliations")
     add_label_option(parser)
     args = parser.parse_args(argv)
-    configure_logging()
+    configure_logging(logging.INFO)  # every action, with its reason, goes to the controller's log
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with State(args.state) as state:

@@ -27,7 +27,7 @@ from typing import Any
 from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable, retry
 from ddctl_agents.core.messages import FragmentVersion, Update, decode_fragment, encode_update
 
-log = logging.getLogger("ddctl.learner")
+log = logging.getLogger(__name__)
 SUSPENDED_RETRY_S = 10.0
 """How often a suspended learner asks again whether it has been readmitted."""
 

@@ -3,19 +3,30 @@
 A preempted spot VM gets a warning (AWS: 2 minutes, GCP: 30 s) on its
 metadata endpoint before it is killed. Polling it once a second and ending
 training the moment it answers lets the learner push its pending outer
-gradients while the instance still exists. The same watcher serves AWS
-(``/latest/meta-data/spot/instance-action``: 404 until a notice), GCP
-(``instance/preempted``: ``TRUE``/``FALSE``) and ddctl's local endpoint.
+gradients while the instance still exists. Two protocols, told apart by the URL:
+
+- AWS (``/latest/meta-data/spot/instance-action``, 404 until a notice), with
+  IMDSv2, the default for new instances: a session token from ``PUT
+  /latest/api/token`` goes with every request, else every answer is 401 and a
+  real notice would be missed. The token is renewed before it expires, and at
+  once after a 401. ddctl's local endpoint (Docker regions) speaks the same.
+- GCP (``/computeMetadata/v1/instance/preempted``, ``TRUE``/``FALSE``), with the
+  ``Metadata-Flavor: Google`` header it requires.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+from urllib.parse import urlsplit
 
 import httpx
 
-log = logging.getLogger("ddctl.notice")
+log = logging.getLogger(__name__)
+TOKEN_PATH = "/latest/api/token"
+TOKEN_TTL_S = 21_600
+"""IMDSv2 session tokens live up to 6 hours; ours are renewed a minute before they expire."""
 
 
 class Stop(threading.Event):
@@ -32,18 +43,52 @@ class Stop(threading.Event):
 
 
 def is_notice(status: int, body: str) -> bool:
-    """200 with anything but GCP's ``FALSE`` is a notice; 404 (AWS: none yet) and errors are not."""
+    """200 with anything but GCP's ``FALSE`` is a notice; 404 (AWS: none yet), 401 and errors are not."""
     return status == 200 and body.strip().upper() != "FALSE"
+
+
+def is_gcp(url: str) -> bool:
+    return urlsplit(url).path.startswith("/computeMetadata/")
+
+
+class NoticeClient:
+    """One poll of the notice URL, with the protocol's headers (and, for AWS, a live IMDSv2 token)."""
+
+    def __init__(self, url: str, http: httpx.Client, clock: object = time.monotonic) -> None:
+        self.url, self.http, self.clock = url, http, clock
+        parts = urlsplit(url)
+        self.token_url = f"{parts.scheme}://{parts.netloc}{TOKEN_PATH}"
+        self.token: str | None = None
+        self.token_until = 0.0
+
+    def poll(self) -> httpx.Response:
+        if is_gcp(self.url):
+            return self.http.get(self.url, headers={"Metadata-Flavor": "Google"})
+        answer = self.http.get(self.url, headers=self._token_header())
+        if answer.status_code == 401:  # the token expired or the endpoint restarted: one fresh token, once
+            self.token = None
+            answer = self.http.get(self.url, headers=self._token_header())
+        return answer
+
+    def _token_header(self) -> dict[str, str]:
+        now = self.clock()  # type: ignore[operator]
+        if self.token is None or now >= self.token_until:
+            got = self.http.put(self.token_url, headers={"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL_S)})
+            if got.status_code != 200:
+                return {}  # IMDSv1 only (no token service): ask without one
+            self.token, self.token_until = got.text.strip(), now + TOKEN_TTL_S - 60
+        return {"X-aws-ec2-metadata-token": self.token}
 
 
 def watch(url: str, stop: Stop, every_s: float = 1.0) -> threading.Thread:
     """Poll ``url`` until ``stop`` is set; a notice sets it with reason ``preemption_notice``."""
 
     def loop() -> None:
-        with httpx.Client(timeout=2.0, headers={"Metadata-Flavor": "Google"}) as client:
+        with httpx.Client(timeout=2.0) as http:
+            client = NoticeClient(url, http)
             while not stop.wait(every_s):
                 try:
-                    response = client.get(url)
+                    response = client.poll()
                 except httpx.HTTPError:
                     continue  # the endpoint being away is not a notice
                 if is_notice(response.status_code, response.text):

@@ -33,7 +33,7 @@ from ddctl_agents.jsonable import from_json
 from ddctl_agents.train.assembly import Assembly, learner_index
 from ddctl_agents.train.job import JobConfig
 
-log = logging.getLogger("ddctl.learner")
+log = logging.getLogger(__name__)
 REPORT_EVERY = 10
 """Read the loss (a host sync on accelerators) once every this many steps."""
 

@@ -27,7 +27,8 @@ from ddctl_agents.errors import (
     TooLarge,
 )
 from ddctl_agents.service.auth import ADMIN, verify_token
-from ddctl_agents.service.observability import health, metrics, status, vector_clock
+from ddctl_agents.service.metrics import metrics
+from ddctl_agents.service.observability import health, status, vector_clock
 from ddctl_agents.service.requests import (
     HeartbeatBody,
     LeaveBody,
@@ -47,7 +48,7 @@ Send = Callable[[Message], Awaitable[None]]
 STREAM_RECORD = struct.Struct("<Q")
 """Each record of the fragment stream: u64 length, then a wire frame (length 0: keep-alive)."""
 MAX_JSON = 64 * 1024
-log = logging.getLogger("ddctl.syncer")
+log = logging.getLogger(__name__)
 
 
 class SyncerApp:

@@ -18,7 +18,7 @@ from ddctl_agents.core.links import LearnerLinks
 from ddctl_agents.errors import BadRequest
 from ddctl_agents.service.requests import HeartbeatBody
 
-log = logging.getLogger("ddctl.syncer")
+log = logging.getLogger(__name__)
 ROUND_FIELDS = ("t", "fragment", "version", "cause", "reason", "grace_s", "admitted")
 MAX_REGIONS = 256
 """Distinct region names the service keeps link estimates for; a learner cannot make it keep more."""

@@ -40,7 +40,7 @@ from ddctl_agents.service.wal import Wal
 from ddctl_agents.train.assembly import Assembly
 
 T = TypeVar("T")
-log = logging.getLogger("ddctl.syncer")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

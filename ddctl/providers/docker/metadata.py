@@ -1,8 +1,10 @@
 """A local instance-metadata endpoint that serves spot interruption notices to Docker "VMs".
 
-It answers like AWS's ``/latest/meta-data/spot/instance-action``: 404 until a
-notice is posted for the calling instance, then 200 with the action and the
-time of the kill. The caller is identified by its source address, as a cloud's
+It answers like AWS's ``/latest/meta-data/spot/instance-action`` with IMDSv2
+required (the default for new instances): a request without a session token
+from ``PUT /latest/api/token`` gets 401, so a watcher that forgot the token
+fails here as it would on EC2; with one, 404 until a notice is posted for the
+calling instance, then 200 with the action and the time of the kill. The caller is identified by its source address, as a cloud's
 metadata service does, so the learner agent's notice watcher is the same code
 on a cloud VM and here. ``ddctl chaos preempt`` posts notices on the loopback
 admin path; nothing else may. Runs as ``python -m ddctl.providers.docker.metadata --run RUN``.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import sys
 import threading
 import time
@@ -28,6 +31,7 @@ from ddctl_agents.entrypoint import add_label_option
 from ddctl_agents.waiting import wait_until
 
 NOTICE_PATH = "/latest/meta-data/spot/instance-action"
+TOKEN_PATH = "/latest/api/token"
 ADMIN_PATH = "/admin/notices"
 
 
@@ -54,7 +58,27 @@ class Notices:
             return dict(self._by_instance)
 
 
-def make_handler(notices: Notices) -> type[BaseHTTPRequestHandler]:
+class Tokens:
+    """IMDSv2 session tokens this endpoint issued (random, kept for the endpoint's life)."""
+
+    def __init__(self) -> None:
+        self._issued: set[str] = set()
+        self._lock = threading.Lock()
+
+    def issue(self) -> str:
+        token = secrets.token_urlsafe(24)
+        with self._lock:
+            self._issued.add(token)
+        return token
+
+    def valid(self, token: str) -> bool:
+        with self._lock:
+            return token in self._issued
+
+
+def make_handler(notices: Notices, tokens: Tokens | None = None) -> type[BaseHTTPRequestHandler]:
+    issued = tokens or Tokens()
+
     class Handler(BaseHTTPRequestHandler):
         def _send(self, code: int, body: dict[str, Any] | None = None) -> None:
             data = json.dumps(body).encode() if body is not None else b""
@@ -64,8 +88,20 @@ def make_handler(notices: Notices) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
+        def do_PUT(self) -> None:  # noqa: N802
+            if self.path != TOKEN_PATH or not self.headers.get("X-aws-ec2-metadata-token-ttl-seconds", "").isdigit():
+                self._send(400, {"error": "PUT /latest/api/token with X-aws-ec2-metadata-token-ttl-seconds"})
+                return
+            data = issued.issue().encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
         def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
-            if self.path == NOTICE_PATH:
+            if self.path == NOTICE_PATH and not issued.valid(self.headers.get("X-aws-ec2-metadata-token", "")):
+                self._send(401)  # IMDSv2 required: no (valid) session token, no answer
+            elif self.path == NOTICE_PATH:
                 kill_at = notices.for_address(self.client_address[0])
                 if kill_at is None:
                     self._send(404)

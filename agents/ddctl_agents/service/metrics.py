@@ -1,0 +1,90 @@
+"""``/metrics``: the syncer's state in the Prometheus text format, through prometheus-client.
+
+A custom collector builds every family from one consistent view of the runtime
+(taken on the core thread, like ``status``), so the numbers agree with the
+status page; prometheus-client writes the exposition format and escapes labels.
+Non-finite samples are left out: a scrape never carries NaN or Inf.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from ddctl_agents.service.runtime import SyncerRuntime
+
+Samples = Iterable[tuple[dict[str, str], float | int | None]]
+
+
+def metrics(rt: SyncerRuntime) -> str:
+    """Prometheus text exposition format (0.0.4) of ``rt`` now."""
+    families = list(_families(rt))
+
+    class _Snapshot:
+        def collect(self) -> Iterator[Metric]:
+            return iter(families)
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshot())
+    return generate_latest(registry).decode()
+
+
+def _family(kind: str, name: str, help_text: str, samples: Samples) -> Metric:
+    rows = [(labels, value) for labels, value in samples if value is not None and math.isfinite(value)]
+    names = sorted({k for labels, _ in rows for k in labels})
+    family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(f"ddctl_{name}", help_text, labels=names)
+    for labels, value in rows:
+        family.add_metric([labels.get(k, "") for k in names], float(value))
+    return family
+
+
+def _families(rt: SyncerRuntime) -> Iterator[Metric]:
+    s = rt.syncer
+    yield _family("counter", "rounds", "Rounds merged since the job started.", [({}, s.rounds_closed)])
+    yield _family(
+        "gauge",
+        "fragment_version",
+        "Current version of each fragment.",
+        [({"fragment": str(p)}, v) for p, v in enumerate(s.versions)],
+    )
+    yield _family("gauge", "learners_live", "Learners currently counted toward quorum.", [({}, len(s.live))])
+    ledger = [({"bucket": k}, v) for k, v in s.ledger.as_dict().items()]
+    yield _family("gauge", "ledger_fragment_tokens", "Token ledger in fragment-tokens, by bucket.", ledger)
+    degraded = rt.degraded()
+    faults = [({"fragment": str(p)}, n) for p, n in enumerate(s.faults)]
+    yield _family("counter", "fragment_faults", "Unexpected errors in a fragment's rounds.", faults)
+    marks = [({"fragment": str(p)}, int(p in degraded)) for p in range(s.fragmentation.count)]
+    yield _family("gauge", "fragment_degraded", "1 while a fragment's last round failed or its version could not be sent.", marks)
+    standings = sorted(s.quarantine.standings.items())
+    rejected = [({"learner": m}, st.rejections) for m, st in standings]
+    yield _family("counter", "learner_rejections", "Updates refused for their content, per learner, since admitted.", rejected)
+    suspended = [({"learner": m}, int(st.suspended is not None)) for m, st in standings]
+    yield _family("gauge", "learner_suspended", "1 while a learner is suspended until an operator readmits it.", suspended)
+    failures = [({"task": name}, n) for name, n in sorted(rt.task_failures.items())]
+    yield _family("counter", "task_failures", "Failures of the service's long-lived tasks (each was restarted).", failures)
+    rates, rtts = [], []
+    for name, links in sorted(s.links.items()):
+        region = rt.roster.region_of(name)
+        for direction, link in (("up", links.up), ("down", links.down)):
+            rates.append(({"learner": name, "region": region, "direction": direction}, link.bytes_per_s))
+        rtts.append(({"learner": name, "region": region}, links.up.rtt_s))
+    yield _family("gauge", "link_bytes_per_second", "EWMA throughput measured from real transfers.", rates)
+    yield _family("gauge", "link_rtt_seconds", "EWMA round-trip time reported by learners.", rtts)
+    regional = [
+        ({"region": name, "direction": d}, link.bytes_per_s)
+        for name, links in sorted(rt.roster.regions.items())
+        for d, link in (("up", links.up), ("down", links.down))
+    ]
+    yield _family("gauge", "region_bytes_per_second", "EWMA throughput per region.", regional)
+    yield _family("counter", "bytes_received", "Update bytes accepted.", [({}, rt.bytes_up)])
+    yield _family("counter", "bytes_sent", "Fragment bytes streamed to learners.", [({}, rt.bytes_down)])
+    refused = [({"code": str(k)}, v) for k, v in sorted(rt.rejections.items())]
+    yield _family("counter", "http_rejections", "Requests refused, by status.", refused)
+    yield _family("counter", "snapshots", "Durable snapshots written.", [({}, rt.snapshots["taken"])])
+    if rt.val_bpb:
+        yield _family("gauge", "val_bpb", "Validation bits per byte of the global model.", [({}, rt.val_bpb[-1][2])])
