@@ -32,7 +32,7 @@ def run_records(run: str, state: State) -> RunRecords:
         raise DdctlError(f"no run {run!r} in {state.path}")
     return RunRecords(
         run=run,
-        provider=str(record.detail.get("provider", "?")),
+        provider=",".join(sorted(set((record.detail.get("kinds") or {}).values()))) or str(record.detail.get("provider", "?")),
         instances=state.instances(run),
         events=state.events(run, EVENTS_READ),
         regions=region_info(record.regions_file),

@@ -14,6 +14,7 @@ the syncer comes up with everything else. An unreadable snapshot is moved into
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +41,7 @@ from ddctl_agents.service.snapshots import snapshots
 from ddctl_agents.service.wal import WalRecord, append_record, read_segment, segment_path, segments
 
 QUARANTINE = "quarantine.wal"
+log = logging.getLogger(__name__)
 
 
 def apply_record(syncer: Synchronizer, record: WalRecord) -> list[Effect]:
@@ -105,6 +107,13 @@ def recover(
                     state_dir / QUARANTINE, {**record.meta, "set_aside": reason, "at": f"{number}:{index}"}, record.payload
                 )
                 quarantined += 1
+    if quarantined or set_aside:
+        log.error(
+            "recovery set aside %d log records and %d snapshots (quarantine.wal, quarantine/ in %s)",
+            quarantined,
+            len(set_aside),
+            state_dir,
+        )
     return syncer, {
         "snapshot": meta["snapshot"],
         "wal_segment": meta["wal_segment"],

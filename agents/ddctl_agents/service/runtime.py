@@ -125,13 +125,6 @@ class SyncerRuntime:
         for learner, incarnation in self.syncer.live.items():
             self.roster.info[learner] = LearnerInfo(incarnation=incarnation, last_seen=now, joined_at=now, state="recovered")
         self.roster.event(now, "recovered", **self.recovered)
-        if self.recovered["quarantined"] or self.recovered["snapshots_set_aside"]:
-            log.error(
-                "recovery set aside %d log records and %d snapshots (see quarantine.wal and quarantine/ in %s)",
-                self.recovered["quarantined"],
-                len(self.recovered["snapshots_set_aside"]),
-                self.settings.state_dir,
-            )
 
     def _open_tape(self, tape_bytes: int) -> None:
         path = self.settings.state_dir / "tape.jsonl"
@@ -360,8 +353,7 @@ class SyncerRuntime:
                     await self._publish(message)
             delay = 0.5 if wake is None else min(max(wake - self.clock(), 0.0), 0.5)
             self._kick.clear()
-            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that lands as the
-            # kick arrives, and stop() then waited forever for this loop (1 run in ~20 of the recovery test)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel landing with the kick (stop() hung)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay):
                     await self._kick.wait()
