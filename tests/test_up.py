@@ -226,6 +226,8 @@ def test_up_twice_is_one_run_and_ctrl_c_during_up_leaves_nothing_behind(regions_
     with State() as state:
         assert [r.id for r in state.runs() if r.state != "down"] == ["dry"]
     assert sorted(i.name for i in ProcessProvider().list_run("dry")) == ["L0", "L1", "L2", "controller", "syncer"]
+    planned = json.loads(runner.invoke(app, ["up", "-f", str(regions_file), "--dry-run", "--plan", "--json"]).stdout)
+    assert {i["name"]: i["action"] for i in planned["instances"]} == dict.fromkeys(("syncer", "L0", "L1", "L2"), "keep")
     assert runner.invoke(app, ["down", "--run", "dry"]).exit_code == 0
     command = [sys.executable, "-c", "from ddctl.cli.app import main; main()", "up", "-f", str(regions_file), "--dry-run"]
     interrupted = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
