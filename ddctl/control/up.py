@@ -62,13 +62,14 @@ def up(rf: RegionsFile, state: State, *, dry_run: bool, timeout_s: float = 300.0
             _archive(run, state)
         owners = {kind: providers.get(kind) for kind in set(kinds.values())}
         infos = _bootstrap(rf, kinds, owners, say)
-        if fresh:
+        if fresh:  # the job (its secret, CA and certificate) is made once; a converging up keeps it
             hosts = sorted({"127.0.0.1", "localhost", *(info.syncer_host for info in infos.values())})
             init_job_dir(rundir.job, job, run, hosts)
             port = syncer_port(infos[rf.syncer])
             state.create_run(run, str(rf.path), str(rundir.job), {"kinds": kinds, "learners": rf.learners, "port": port})
             rundir.syncer_url.write_text(f"https://{infos[rf.syncer].syncer_host}:{port}")
-        port = int((state.run(run) or record).detail["port"])  # type: ignore[union-attr]
+        else:
+            port = int(record.detail["port"])  # type: ignore[union-attr]  # not fresh: the record exists
         planned = plan(rf, kinds)
         specs = {i.name: _spec(run, i, infos, rf, port) for i in planned}
         actions = reconcile(desired(planned), observe(run, set(kinds.values())), time.time())
