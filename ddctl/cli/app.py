@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ddctl.cli import bench, replay, runs, simulate, syncer, train
+from ddctl.cli import access, bench, chaos, replay, runs, simulate, syncer, train
 
 app = typer.Typer(
     name="ddctl",
@@ -19,12 +19,12 @@ app.command("simulate")(simulate.simulate)
 app.command("up")(runs.up)
 app.command("status")(runs.status)
 app.command("down")(runs.down)
-app.command("logs")(runs.logs)
-app.command("ssh")(runs.ssh)
-chaos = typer.Typer(help="Inject failures into a running job.", no_args_is_help=True)
-chaos.command("preempt")(runs.chaos_preempt)
-chaos.command("partition")(runs.chaos_partition)
-app.add_typer(chaos, name="chaos")
+app.command("logs")(access.logs)
+app.command("ssh")(access.ssh)
+chaos_app = typer.Typer(help="Inject failures into a running job.", no_args_is_help=True)
+chaos_app.command("preempt")(chaos.preempt)
+chaos_app.command("partition")(chaos.partition)
+app.add_typer(chaos_app, name="chaos")
 app.add_typer(bench.app, name="bench")
 app.add_typer(syncer.syncer_app, name="syncer")
 app.add_typer(syncer.learner_app, name="learner")
