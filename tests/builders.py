@@ -20,6 +20,14 @@ from ddctl_agents.train.config import DataConfig, InnerConfig, RunBudget, SyncSe
 _ids = itertools.count()
 
 
+INSTANCE_KINDS = ("learner", "syncer", "controller", "metadata endpoint")
+
+
+def instances_removed(down_result: dict[str, Any]) -> list[str]:
+    """The instances ``ddctl down --json`` reports it removed (its ``removed`` is by kind), sorted."""
+    return sorted(name for kind in INSTANCE_KINDS for name in down_result["removed"].get(kind, []))
+
+
 def small_syncer(quorum: int = 1, grace: bool = False, fragments: int = 2, **kw: object) -> Synchronizer:
     params = {"a": torch.zeros(4), "b": torch.zeros(4), "emb": torch.zeros(2, 2)}
     specs = [TensorSpec(name=k, shape=tuple(v.shape), is_embedding=k == "emb") for k, v in params.items()]

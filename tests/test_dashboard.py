@@ -144,7 +144,8 @@ def test_a_suspended_learner_and_a_degraded_fragment_are_on_the_screen() -> None
     status.update(
         degraded=[{"fragment": 3, "reason": "round of fragment 3 failed: RuntimeError: a bug"}],
         suspended=[victim["id"]],
-        ledger={**status["ledger"], "rejected": 8192},
+        ledger={**status["ledger"], "rejected": 8192 * status["fragments"]},
+        tokens={"trained": 200_000, "budget": 1_000_000, "merged": 150_000, "rejected": 8192},
     )
     status["events"].append({"t": status["time"], "event": "suspended", "learner": victim["id"], "reason": "3 rejected updates"})
     s = from_recording(raw)
@@ -152,7 +153,8 @@ def test_a_suspended_learner_and_a_degraded_fragment_are_on_the_screen() -> None
     text = "\n".join(lines)
     assert len(lines) <= 24 and max(map(len, lines)) <= 80
     assert any(victim["id"] in line and "suspended" in line for line in lines[:8])  # the table's state column
-    assert f"! {victim['id']} suspended · rejected 8.2k · f3 degraded: round of fragment 3" in text
+    assert f"! {victim['id']} suspended · rejected 8.2k tokens · f3 degraded: round of fragment 3" in text
+    assert "tokens trained 200.0k of 1.0M · merged 150.0k" in text  # tokens, not fragment-tokens
     assert f"{victim['id']} suspended: 3 rejected updates" in text  # and the event
     healthy = "\n".join(screen(load("running_3.json"), 80, 24))
     assert "!" not in healthy and "rejected" not in healthy  # nothing to say when all is well

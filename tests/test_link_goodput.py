@@ -17,8 +17,8 @@ def test_rates_are_validated_before_anything_is_created() -> None:
 
 
 def test_the_burst_scales_with_the_rate() -> None:
-    assert tbf_args(10)[4] == str(16 * 1024)
-    assert int(tbf_args(1000)[4]) == 125_000
+    assert tbf_args(10)[4] == str(2 * 1514)  # two full-size frames: a bucket no larger than tbf needs
+    assert int(tbf_args(1000)[4]) == 62_500  # 0.5 ms at rate
 
 
 @pytest.mark.slow

@@ -2,7 +2,19 @@ from __future__ import annotations
 
 import pytest
 
-from ddctl_agents.core.links import LearnerLinks, LinkEstimate, Pace, TransferMeter
+from ddctl_agents.core.links import (
+    MIN_TRANSFER_BYTES,
+    DeliveryMeter,
+    LearnerLinks,
+    LinkEstimate,
+    Pace,
+    RatePool,
+    SendCounters,
+    SharedLink,
+    Transfer,
+    TransferMeter,
+    sent_between,
+)
 
 
 def test_ewma_moves_toward_new_throughput() -> None:
@@ -78,3 +90,83 @@ def test_the_quorum_clock_counts_only_time_with_enough_learners_live() -> None:
     assert clock.seconds(50.0) == 25.0
     clock.update(60.0, 3)
     assert clock.seconds(70.0) == 35.0
+
+
+# -- kernel-timed samples -----------------------------------------------------------------------
+
+
+def counters(acked: int, busy_s: float, idle: bool = True, connection: int = 1) -> SendCounters:
+    return SendCounters(connection=connection, acked=acked, busy_s=busy_s, idle=idle)
+
+
+def test_a_kernel_sample_replaces_application_timing_which_is_ignored_from_then_on() -> None:
+    link = LinkEstimate(alpha=0.5)
+    link.observe(80_000_000, 1.0)  # a late reader's guess: 640 Mbit/s
+    link.observe(6_250_000, 1.0, kernel=True)  # the sender's kernel: 50 Mbit/s
+    assert link.bytes_per_s == 6_250_000 and link.kernel
+    link.observe(80_000_000, 1.0)  # application timing no longer moves it
+    link.observe(5_000_000, 1.0, kernel=True)
+    assert link.bytes_per_s == pytest.approx(5_625_000)
+    assert link.total_bytes == 80_000_000 + 6_250_000 + 5_000_000  # the bytes the rate was read from
+
+
+def test_a_kernel_sample_too_small_to_tell_a_bandwidth_is_ignored_but_its_rtt_counts() -> None:
+    link = LinkEstimate()
+    link.observe(MIN_TRANSFER_BYTES - 1, 0.001, rtt_s=0.02, kernel=True)  # a heartbeat's few KB: latency-bound
+    link.observe(1 << 40, 0.0, kernel=True)  # no time at all: no rate
+    link.observe(1 << 62, 1e-300, kernel=True)  # faster than any link: a measuring error (or a lie)
+    assert link.bytes_per_s is None and not link.kernel and link.rtt_s == 0.02
+
+
+def test_sent_between_needs_two_readings_of_one_connection_and_enough_bytes() -> None:
+    assert sent_between(counters(0, 0.0), counters(600_000, 0.096)) == (600_000, 0.096)
+    assert sent_between(None, counters(600_000, 0.096)) is None
+    assert sent_between(counters(0, 0.0), counters(600_000, 0.096, connection=2)) is None  # reconnected
+    assert sent_between(counters(0, 0.0), counters(MIN_TRANSFER_BYTES - 1, 0.004)) is None  # latency-bound
+    assert sent_between(counters(0, 0.0), counters(70_000, 0.0)) == (70_000, 0.0)  # the jiffy clock did not tick: kept
+
+
+def test_the_pool_gathers_transfers_until_the_busy_clock_has_run_long_enough() -> None:
+    pool = RatePool(min_s=0.1, max_count=16)
+    assert pool.add(300_000, 0.048) is None
+    assert pool.add(300_000, 0.052) == (600_000, pytest.approx(0.1))
+    for _ in range(15):  # a fast link: 75 KB transfers that mostly fit between two ticks
+        assert pool.add(75_000, 0.0) is None
+    assert pool.add(75_000, 0.004) == (1_200_000, 0.004)  # 16 of them, and some time: a sample
+    for _ in range(20):
+        assert pool.add(75_000, 0.0) is None  # no time at all yet: still nothing to divide by
+
+
+def test_a_delivery_meter_reads_windows_between_idle_moments_whenever_it_is_read() -> None:
+    meter = DeliveryMeter(pool=RatePool(min_s=0.05))
+    assert meter.read(counters(1_000, 0.010)) is None  # the first reading is a base
+    assert meter.read(counters(200_000, 0.040, idle=False)) is None  # mid-transfer: the window stays open
+    assert meter.read(counters(601_000, 0.106)) == (600_000, pytest.approx(0.096))  # 50 Mbit/s, read late or not
+    assert meter.read(counters(601_050, 0.107)) is None  # a keep-alive: too small to say anything
+    assert meter.read(None) is None  # the kernel could not say: start again
+    assert meter.read(counters(0, 0.0, connection=2)) is None  # a new connection: a new base
+    assert meter.read(counters(700_000, 0.112, connection=2)) == (700_000, pytest.approx(0.112))
+
+
+def test_a_delivery_meter_reads_a_link_that_is_never_idle_every_window() -> None:
+    meter = DeliveryMeter(pool=RatePool(min_s=0.1), max_window_s=1.0)
+    assert meter.read(counters(0, 0.0, idle=False)) is None
+    assert meter.read(counters(500_000, 0.4, idle=False)) is None
+    assert meter.read(counters(1_250_000, 1.0, idle=False)) == (1_250_000, 1.0)  # 10 Mbit/s, saturated
+    assert meter.read(counters(1_400_000, 1.1)) is None  # began mid-transfer and short: not read, started afresh
+    assert meter.read(counters(2_650_000, 2.1)) == (1_250_000, pytest.approx(1.0))
+
+
+def test_a_shared_link_counts_overlapping_uploads_as_one_link() -> None:
+    link = SharedLink(pool=RatePool(min_s=0.1))
+    link.begin(1, 0.0)
+    link.begin(2, 0.0)  # two uploads share a 10 Mbit/s link: each takes 1 s for its 625 KB
+    assert link.end(1, Transfer(0.0, 625_000, 1.0)) is None  # the other may still overlap it
+    assert link.end(2, Transfer(0.0, 625_000, 1.0)) == (1_250_000, 1.0)  # 10 Mbit/s, not 5 per upload
+    link.begin(3, 5.0)
+    link.begin(4, 5.5)  # starts while 3 is half done; 3 ends at 6.0, 4 at 6.5 (1.5 s for 1.875 MB)
+    assert link.end(3, Transfer(5.0, 937_500, 1.0)) is None
+    link.begin(5, 7.0)
+    assert link.end(4, Transfer(5.5, 937_500, 1.0)) == (1_875_000, 1.5)  # settled: 5 began after they ended
+    assert link.end(5, None) is None  # an upload that said nothing (a new connection) leaves nothing behind
+    assert link.active == {} and link.done == []

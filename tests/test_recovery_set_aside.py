@@ -160,7 +160,7 @@ def test_no_readable_snapshot_and_no_full_log_is_a_clear_refusal(tmp_path: Path,
         try:
             await rt.start()
         finally:
-            for pool in (rt._core, rt._io, rt._work):
+            for pool in (rt._core, rt.io, rt._work):
                 pool.shutdown()
 
     with pytest.raises(ConfigError, match="cannot be rebuilt"):

@@ -30,7 +30,7 @@ def literal(field: str, text: bytes) -> bytes:
 
 
 def test_a_real_heartbeat_parses() -> None:
-    beat = parse_body(HeartbeatBody, body(due=[3, 5], rtt_s=0.01, loss=None, down_bytes=10, down_seconds=0.5))
+    beat = parse_body(HeartbeatBody, body(due=[3, 5], rtt_s=0.01, loss=None, up_bytes=10, up_seconds=0.5))
     assert (beat.step, beat.due, beat.rtt_s, beat.loss) == (8, [3, 5], 0.01, None)
 
 

@@ -157,8 +157,8 @@ values = st.recursive(
 NON_JSON = [b"NaN", b"Infinity", b"-Infinity", b"9" * 5000, b"1" + b"0" * 400, b"1e400", b'"\\ud800"', b"{", b"[" * 2000]
 
 HEARTBEAT_KEYS = [
-    *("learner", "step", "step_time", "tokens", "tokens_per_s", "loss", "staleness", "due", "rtt_s", "down_bytes"),
-    "down_seconds",
+    *("learner", "step", "step_time", "tokens", "tokens_per_s", "loss", "staleness", "due", "rtt_s", "up_bytes"),
+    "up_seconds",
 ]
 
 

@@ -131,7 +131,7 @@ def test_a_state_dir_of_another_job_is_refused(tmp_path: Path, assembly: Assembl
         try:
             await rt.start()
         finally:
-            for pool in (rt._core, rt._io, rt._work):
+            for pool in (rt._core, rt.io, rt._work):
                 pool.shutdown()
 
     asyncio.run(first())

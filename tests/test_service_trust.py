@@ -133,9 +133,9 @@ def test_finding3_a_heartbeat_with_an_enormous_due_step_is_refused(
 def test_finding4_a_heartbeat_cannot_break_the_status_page(job: Job, clients: Clients) -> None:
     err = refused(lambda: clients["L0"].heartbeat(heartbeat("L0", rtt_s=1e308)))
     assert err.status == 400 and "'rtt_s'" in err.reason
-    for bad in ({"down_bytes": 1 << 62, "down_seconds": 1e-300}, {"loss": 1e300}, {"tokens_per_s": 1e300}):
+    for bad in ({"up_bytes": 1 << 62, "up_seconds": 1e-300}, {"loss": 1e300}, {"tokens_per_s": 1e300}):
         refused(lambda bad=bad: clients["L0"].heartbeat(heartbeat("L0", **bad)))  # type: ignore[misc]
-    clients["L0"].heartbeat(heartbeat("L0", rtt_s=599.0, down_bytes=1 << 40, down_seconds=1e-6))
+    clients["L0"].heartbeat(heartbeat("L0", rtt_s=599.0, up_bytes=1 << 40, up_seconds=1e-6))
     assert job.status()["learners"][0]["id"] == "L0"  # still answers, as JSON
     assert "ddctl_rounds_total" in clients["L0"].metrics()
 

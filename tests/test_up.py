@@ -16,7 +16,7 @@ from ddctl.cli.app import app
 from ddctl.providers import linkshape
 from ddctl.providers.process import ProcessProvider
 from ddctl_agents.waiting import wait_until
-from tests.builders import dry_run_up
+from tests.builders import dry_run_up, instances_removed
 
 runner = CliRunner()
 REGIONS = {
@@ -86,7 +86,8 @@ def test_dry_run_trains_and_down_leaves_nothing(regions_file: Path) -> None:
             for learner in region["learners"]:
                 assert {"id", "state", "step", "tokens_per_s", "up_mbps", "down_mbps"} <= set(learner)
         logs = runner.invoke(app, ["logs", "west"])
-        assert logs.exit_code == 0 and "==> L1 <==" in logs.output and "==> L2 <==" in logs.output
+        lines = logs.output.splitlines()  # a line per line of their logs, each prefixed with its instance
+        assert logs.exit_code == 0 and {line.split(" | ")[0] for line in lines} == {"L1", "L2"}, logs.output
         shell = runner.invoke(app, ["ssh", "west", "--", "true"])
         assert shell.exit_code == 2 and "no machine to ssh into" in shell.output
         (regions_file.parent / "home" / "state.sqlite3").unlink()  # labels are the truth, not the cache
@@ -94,10 +95,12 @@ def test_dry_run_trains_and_down_leaves_nothing(regions_file: Path) -> None:
         down = runner.invoke(app, ["down", "--run", run, "--json"])
     assert down.exit_code == 0, down.output
     # the controller may have left on its own first: with the state file gone it has no desired state to keep
-    assert sorted(set(json.loads(down.stdout)["stopped"]) - {"controller"}) == ["L0", "L1", "L2", "syncer"]
+    removed = json.loads(down.stdout)["removed"]
+    assert sorted(set(instances_removed(json.loads(down.stdout))) - {"controller"}) == ["L0", "L1", "L2", "syncer"]
+    assert removed["learner"] == ["L0", "L1", "L2"] and removed["syncer"] == ["syncer"]  # reported by kind
     assert ProcessProvider().list_run(run) == []
     again = runner.invoke(app, ["down", "--run", run, "--json"])
-    assert again.exit_code == 0 and json.loads(again.stdout)["stopped"] == []
+    assert again.exit_code == 0 and json.loads(again.stdout)["removed"] == {}
 
 
 @pytest.mark.slow
@@ -137,7 +140,7 @@ def test_shaped_regions_measure_the_bandwidths_they_were_given(tmp_path: Path, m
     finally:
         down = runner.invoke(app, ["down", "--run", run, "--json"])
     assert down.exit_code == 0, down.output
-    assert len(json.loads(down.stdout)["removed"]) == 3
+    assert len(json.loads(down.stdout)["removed"]["network namespace"]) == 3
     assert linkshape.namespaces(f"ddctl-{run}-") == []
 
 
@@ -178,7 +181,7 @@ def test_a_preempted_learner_pushes_early_and_its_replacement_rejoins(regions_fi
     finally:
         down = runner.invoke(app, ["down", "--run", run, "--json"])
     assert down.exit_code == 0, down.output
-    assert "controller" in json.loads(down.stdout)["stopped"]
+    assert json.loads(down.stdout)["removed"]["controller"] == ["controller"]
     assert ProcessProvider().list_run(run) == []
 
 
@@ -239,4 +242,4 @@ def test_up_twice_is_one_run_and_ctrl_c_during_up_leaves_nothing_behind(regions_
     assert ProcessProvider().list_run("dry") == []  # up removed what it had made
     assert linkshape.namespaces("ddctl-dry-") == []
     again = runner.invoke(app, ["down", "--run", "dry", "--json"])
-    assert again.exit_code == 0 and json.loads(again.stdout)["stopped"] == []
+    assert again.exit_code == 0 and json.loads(again.stdout)["removed"] == {}

@@ -23,7 +23,7 @@ from ddctl.providers.base import RUN_LABEL
 from ddctl.providers.docker.engine import Engine, engine_unavailable
 from ddctl.providers.docker.vms import DockerProvider
 from ddctl_agents.waiting import wait_until
-from tests.builders import dry_run_up
+from tests.builders import dry_run_up, instances_removed
 
 pytestmark = [
     pytest.mark.slow,
@@ -94,7 +94,7 @@ def test_docker_regions_train_shaped_survive_a_preemption_and_leave_nothing(
         assert shell.exit_code == 0, shell.output
         assert "tbf" in shell.stdout and "50Mbit" in shell.stdout
         logs = runner.invoke(app, ["logs", "mid"])  # a running VM's log, read over SSH
-        assert logs.exit_code == 0 and "==> L1 <==" in logs.output, logs.output
+        assert logs.exit_code == 0 and "ddctl_agents.agent.progress INFO step " in logs.output, logs.output
         [mid] = [i for i in DockerProvider().list_run(run) if i.name == "L1"]
         target = DockerProvider().ssh_target(mid)
         wrong = deploy.Target(target.host, deploy.new_keypair()[1], target.client_key)
@@ -128,11 +128,13 @@ def test_docker_regions_train_shaped_survive_a_preemption_and_leave_nothing(
         down = runner.invoke(app, ["down", "--run", run, "--json"])
         engine.close()
     assert down.exit_code == 0, down.output
-    assert sorted(json.loads(down.stdout)["stopped"]) == ["L0", "L1", "L2", "controller", "metadata", "syncer"]
+    removed = json.loads(down.stdout)["removed"]
+    assert instances_removed(json.loads(down.stdout)) == ["L0", "L1", "L2", "controller", "metadata", "syncer"]
+    assert removed["metadata endpoint"] == ["metadata"] and len(removed["network"]) == 3  # every kind, exactly
     with Engine() as engine:
         assert engine.containers({RUN_LABEL: run}) == [] and engine.networks({RUN_LABEL: run}) == []
     again = runner.invoke(app, ["down", "--run", run, "--json"])
-    assert again.exit_code == 0 and json.loads(again.stdout)["stopped"] == []
+    assert again.exit_code == 0 and json.loads(again.stdout)["removed"] == {}
 
 
 def _row(status: dict[str, Any], region: str) -> dict[str, Any]:

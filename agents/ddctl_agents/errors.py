@@ -14,6 +14,7 @@
     │   ├── Unauthorized             no token, or one the job's secret did not sign
     │   ├── Forbidden                a valid token used for someone else, or an admin-only action
     │   ├── NotFound, MethodNotAllowed, TooLarge, ClientGone
+    │   ├── JobOver                  the job is finishing or finished: no one joins any more
     │   └── SyncError                an update the core refuses
     │       ├── BadUpdate            layout does not match the fragment
     │       ├── UnknownLearner       not registered (or declared gone): register again
@@ -119,6 +120,10 @@ class ClientGone(RequestError):
     """The client went away mid-request: nothing is left to answer."""
 
 
+class JobOver(RequestError):
+    """The job is finishing or has finished: a learner may not join (it should exit, its work is done)."""
+
+
 class SyncError(RequestError):
     """An update the syncer's core refuses."""
 
@@ -179,6 +184,7 @@ HTTP: dict[type[AgentError], tuple[int, str]] = {
     MethodNotAllowed: (405, "method_not_allowed"),
     TooLarge: (413, "too_large"),
     ClientGone: (499, "client_gone"),
+    JobOver: (410, "job_over"),
     SyncError: (400, "bad_update"),
     BadUpdate: (400, "bad_update"),
     UnknownLearner: (409, "unknown_learner"),

@@ -4,7 +4,9 @@ Exit codes: 0 success; 1 unexpected internal error; 2 bad usage or settings;
 3 bad input data (corpus, tape, payload); 4 a replay that diverged from its
 tape; 5 a data-parallel worker failed; 6 a machine, the Docker engine or
 a syncer could not be reached; 7 a provider could not provision (capacity,
-quota, credentials: the message says which).
+quota, credentials: the message says which); 130 interrupted (Ctrl-C). The
+README lists the same codes (a test holds it to the ``EXIT_`` names here), and
+the agents end with the same numbers (``ddctl_agents.entrypoint``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from ddctl.errors import DdctlError, ProvisionError, ReplayDivergence, Unreachab
 from ddctl_agents.errors import AgentError, TapeError, Unavailable, WireError
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_DATA, EXIT_DIVERGED, EXIT_WORKER, EXIT_UNREACHABLE, EXIT_PROVISION = range(8)
+EXIT_INTERRUPTED = 130
+"""128 + SIGINT, as a shell reports a program that Ctrl-C ended."""
 
 EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (ReplayDivergence, EXIT_DIVERGED),
@@ -52,7 +56,7 @@ def run_guarded(action: Callable[[], T]) -> T:
         raise
     except KeyboardInterrupt:
         sys.stderr.write("ddctl: interrupted\n")
-        raise typer.Exit(130) from None
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     except Exception as exc:  # noqa: BLE001 - the boundary where every error becomes an exit code
         code = exit_code_for(exc)
         if code == EXIT_INTERNAL:

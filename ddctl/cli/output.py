@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 
 def stdout() -> Console:
@@ -52,3 +54,38 @@ def progress_bar(description: str, total: int) -> Iterator[Any]:
     ) as bar:
         task = bar.add_task(description, total=total)
         yield lambda done, total: bar.update(task, completed=min(done, total), total=total)
+
+
+class _Stage:
+    """The spinner's text: the latest stage and the seconds since the start, recomputed at every redraw."""
+
+    def __init__(self, text: str) -> None:
+        self.text, self.started = text, time.monotonic()
+
+    def __rich__(self) -> Text:
+        return Text(f"{self.text} ({time.monotonic() - self.started:.0f}s)")
+
+
+@contextmanager
+def progress_lines(title: str) -> Iterator[Callable[[str], None]]:
+    """Yields say(text) for the stages of a long command (``up``), so a wait of half a minute is never silent.
+
+    On a terminal, stderr shows a spinner with the latest stage and the seconds so far, and each stage
+    stays as a line above it; elsewhere each stage is one plain line on stderr, no colour, no redraw.
+    say may be called from worker threads (rich's console takes a lock)."""
+    if not sys.stderr.isatty():
+
+        def plain(text: str) -> None:
+            sys.stderr.write(f"{text}\n")
+            sys.stderr.flush()
+
+        yield plain
+        return
+    console, stage = Console(file=sys.stderr, highlight=False), _Stage(title)
+    with console.status(stage):
+
+        def say(text: str) -> None:
+            stage.text = text
+            console.print(Text.assemble((f"{time.monotonic() - stage.started:5.1f}s ", "dim"), text))
+
+        yield say

@@ -22,9 +22,11 @@ def up(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Play every region on this machine.")] = False,
     plan_only: Annotated[bool, typer.Option("--plan", help="Print what up would do and its $/h; change nothing.")] = False,
     follow: Annotated[bool, typer.Option("--follow", help="Stay attached and show the run's status until Ctrl-C.")] = False,
+    keep: Annotated[bool, typer.Option("--keep", help="When the job finishes, keep its machines until `ddctl down`.")] = False,
     json_out: JsonOption = False,
 ) -> None:
     """Bring the run of the regions file up, or converge it if it runs (nothing twice); returns once it trains."""
+    from ddctl.cli.output import progress_lines
     from ddctl.config.regions import load_regions
     from ddctl.control.state import State
     from ddctl.control.up import plan_actions, up
@@ -36,8 +38,8 @@ def up(
         rf = load_regions(file)
         if plan_only:
             return plan_actions(rf, dry_run=dry_run, say=say)
-        with State() as state:
-            return up(rf, state, dry_run=dry_run, say=say)
+        with State() as state, progress_lines(f"bringing {rf.run} up") as progress:  # a spinner on a terminal
+            return up(rf, state, dry_run=dry_run, keep=keep, say=progress)
 
     result = run_guarded(body)
     if json_out:
@@ -110,14 +112,57 @@ def status(
         raise typer.Exit(6)
 
 
-def down(run: RunOption = "", json_out: JsonOption = False) -> None:
-    """Stop and remove everything of the run (found by its label); safe to repeat."""
+def down(
+    run: RunOption = "",
+    purge: Annotated[bool, typer.Option("--purge", help="Then delete ended runs' local directories (as `ddctl gc`).")] = False,
+    json_out: JsonOption = False,
+) -> None:
+    """Stop and remove every machine of the run (found by its labels); with nothing running, does nothing (exit 0)."""
+    from ddctl.cli.catalog import printed_purge
     from ddctl.control.down import down as run_down
+    from ddctl.control.down import report
+    from ddctl.control.runs import LIVE, choose_run
+    from ddctl.control.runs import purge as purge_runs
+    from ddctl.control.state import State
 
-    result = on_run(run, run_down)
+    def body() -> dict[str, Any]:
+        with State() as state:
+            idle = not run and not any(r.state in LIVE for r in state.runs())
+            # a named run is searched by its labels even if this machine has no record of it (the state file is a cache)
+            result = {"run": None, "removed": {}} if idle else run_down(run or choose_run(state), state)
+            if purge:
+                result["purged"] = purge_runs(state)
+            return result
+
+    result = run_guarded(body)
+    if json_out:
+        print_json(result)
+        return
+    typer.echo(report(result) if result["run"] else "nothing is running: nothing to remove")
+    if purge:
+        printed_purge(result["purged"])
+
+
+def stop(
+    run: RunOption = "",
+    reason: Annotated[str, typer.Option(help="Why, for the record (in the summary and the events).")] = "stopped by the operator",
+    timeout: Annotated[float, typer.Option(min=1.0, help="Seconds to wait for the result.")] = 600.0,
+    json_out: JsonOption = False,
+) -> None:
+    """End the job now: learners push their last drift, the syncer writes the result, the machines go (unless --keep)."""
+    from ddctl.control.finish import stop as stop_job
+
+    result = on_run(run, lambda r, state: stop_job(r, state, reason, timeout))
     if json_out:
         print_json(result)
     else:
-        typer.echo(f"{result['run']}: stopped {len(result['stopped'])} instances")
+        typer.echo(finished_line(result["run"], result["summary"]))
 
 
+def finished_line(run: str, summary: dict[str, Any]) -> str:
+    tokens = summary["tokens"]
+    cost = "" if summary.get("dollars") is None else f", ${summary['dollars']:.2f}"
+    return (
+        f"{run} finished ({summary['reason']}): val_bpb {summary['val_bpb']}, {tokens['merged']:,} of "
+        f"{tokens['trained']:,} trained tokens merged in {summary['rounds']} rounds{cost}; result in {summary['result']}"
+    )

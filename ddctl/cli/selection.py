@@ -19,12 +19,12 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object.
 
 
 def on_run(run: str, action: Callable[[str, State], T]) -> T:
-    """``action(run id, state)`` on the chosen run (default: the latest one that is up), errors as exit codes."""
+    """``action(run id, state)`` on the chosen run (``control.runs.choose_run``), errors as exit codes."""
+    from ddctl.control.runs import choose_run
     from ddctl.control.state import State
-    from ddctl.control.up import latest_run
 
     def body() -> T:
         with State() as state:
-            return action(latest_run(state, run), state)
+            return action(choose_run(state, run), state)
 
     return run_guarded(body)

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ddctl import providers
+from ddctl.control.down import searched
+from ddctl.control.finish import conclude, parse_result
 from ddctl.control.launch import launch
 from ddctl.control.reconcile import Action, Desired, Memory, Observed, Placement, reconcile, remember
 from ddctl.control.state import InstanceRecord, State
@@ -62,12 +64,14 @@ class Controller:
         return self.owners[kind]
 
     def once(self, now: float | None = None) -> list[Action]:
-        """One pass: observe, decide, act, record; returns the actions taken."""
+        """One pass: observe, decide, act, record; returns the actions taken (none once the job has finished)."""
         now = time.time() if now is None else now
         records = {r.name: r for r in self.state.instances(self.run) if r.role in AGENTS}
         listed: dict[str, Instance] = {}
         for kind in sorted({r.provider for r in records.values()}):
             listed.update({i.name: i for i in self.provider(kind).list_run(self.run) if i.name in records})
+        if "syncer" in records and "syncer" in listed and self._concluded(records["syncer"], listed["syncer"]):
+            return []
         desired, observed = [], []
         for name, r in records.items():
             desired.append(Desired(name=name, role=r.role, placements=_placements(r), done=r.state == "finished"))
@@ -79,6 +83,18 @@ class Controller:
         for action in actions:
             self._act(action, records[action.name], listed.get(action.name), now, action.name in done)
         return actions
+
+    def _concluded(self, r: InstanceRecord, syncer: Instance) -> bool:
+        """The syncer wrote its result: record it, remove the machines (unless kept); nothing is replaced after."""
+        spec = InstanceSpec.from_json(r.detail["spec"])
+        result = parse_result(self.provider(r.provider).read_file(syncer, spec.summary)) if spec.summary else None
+        if result is None:
+            return False
+        local = next(iter(spec.disks.values()), str(Path(spec.summary).parent))  # where the result is on this machine
+        owners = {p.kind: p for p in searched(self.state, self.run)} | self.owners  # the ones it was given win
+        summary = conclude(self.run, self.state, result, local, spare=("controller",), owners=list(owners.values()))
+        log.info("the job finished (%s): val_bpb %s; result in %s", result.reason, result.val_bpb, summary["result"])
+        return True
 
     def _finished(self, r: InstanceRecord, instance: Instance) -> bool:
         spec = InstanceSpec.from_json(r.detail["spec"])

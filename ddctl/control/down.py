@@ -18,7 +18,7 @@ from ddctl.errors import DdctlError
 from ddctl.providers.base import Instance, Provider
 
 STOP_ORDER = {"controller": 0, "learner": 1, "syncer": 2, "metadata": 3}
-"""The controller first (it would replace what we stop), learners before the syncer they push to."""
+"""The controller first (it would replace what we stop), learners before the syncer they push to, helpers last."""
 
 
 def searched(state: State, run: str) -> list[Provider]:
@@ -29,27 +29,50 @@ def searched(state: State, run: str) -> list[Provider]:
     return [providers.get(k) for k in sorted(kinds)]
 
 
-def down(run: str, state: State, grace_s: float = 15.0) -> dict[str, Any]:
-    """Stop every instance labelled with ``run``, in ``STOP_ORDER``, and what they leave behind; idempotent."""
-    owners = searched(state, run)
-    found: list[tuple[Provider, Instance]] = [(p, i) for p in owners for i in p.list_run(run)]
+def down(
+    run: str, state: State, grace_s: float = 15.0, spare: tuple[str, ...] = (), owners: list[Provider] | None = None
+) -> dict[str, Any]:
+    """Stop every instance labelled with ``run`` (but ``spare``), in ``STOP_ORDER``, and what they leave; idempotent.
+
+    ``owners``: the providers to search (default: ``searched``). Returns what was
+    removed, by kind: ``{"learner": [...], "syncer": [...], "network": [...], ...}``."""
+    owners = searched(state, run) if owners is None else owners
+    found: list[tuple[Provider, Instance]] = [(p, i) for p in owners for i in p.list_run(run) if i.name not in spare]
     actions = reconcile([], [Observed(name=i.name, alive=i.alive) for _, i in found], now=0.0)
     doomed = {a.name for a in actions if a.kind == "terminate"}
     roles = {r.name: r.role for r in state.instances(run)}
 
-    def rank(item: tuple[Provider, Instance]) -> int:
+    def role(item: tuple[Provider, Instance]) -> str:
         name = item[1].name
-        return STOP_ORDER.get(roles.get(name, name), STOP_ORDER["learner"])
+        return roles.get(name, name if name in STOP_ORDER else "learner")
 
     chosen = [item for item in found if item[1].name in doomed]
-    for stage in sorted({rank(item) for item in chosen}):
-        batch = [item for item in chosen if rank(item) == stage]
+    for stage in sorted({STOP_ORDER[role(item)] for item in chosen}):
+        batch = [item for item in chosen if STOP_ORDER[role(item)] == stage]
         with ThreadPoolExecutor(max_workers=8) as pool:  # learners leave in parallel
             list(pool.map(lambda item: item[0].terminate(item[1], grace_s), batch))
-    removed = [name for p in owners for name in p.cleanup(run)]
-    left = [i.name for p in owners for i in p.list_run(run)]
+    removed: dict[str, list[str]] = {}
+    for item in chosen:
+        removed.setdefault(KINDS.get(role(item), role(item)), []).append(item[1].name)
+    for kind, name in (entry for p in owners for entry in p.cleanup(run)):
+        removed.setdefault(kind, []).append(name)
+    left = [i.name for p in owners for i in p.list_run(run) if i.name not in spare]
     if left:
         raise DdctlError(f"{len(left)} instances of {run} survived termination: {left}")
     if state.run(run) is not None:
         state.set_run_state(run, "down")
-    return {"run": run, "stopped": [i.name for _, i in chosen], "removed": removed}
+    return {"run": run, "removed": {kind: sorted(names) for kind, names in sorted(removed.items())}}
+
+
+def report(result: dict[str, Any]) -> str:
+    """``down``'s one line: exactly what was removed, by kind, or that there was nothing to remove."""
+    parts = []
+    for kind, names in result["removed"].items():
+        label = kind if len(names) == 1 else PLURALS.get(kind, f"{kind}s")
+        parts.append(f"{len(names)} {label} ({', '.join(names)})")
+    return f"{result['run']}: removed " + "; ".join(parts) if parts else f"{result['run']}: nothing to remove"
+
+
+KINDS = {"metadata": "metadata endpoint"}
+"""What a helper instance is, in ``down``'s report."""
+PLURALS = {"metadata endpoint": "metadata endpoints", "network namespace": "network namespaces"}

@@ -38,7 +38,8 @@ def syncer_spec(run: str, info: RegionInfo, port: int) -> InstanceSpec:
     """The synchronizer service of ``run`` in the region ``info`` describes, on ``port``."""
     rundir = RunDir(run)
     job = f"{REMOTE_ROOT}/job" if info.remote else str(rundir.job)
-    state = ("--state-dir", f"{REMOTE_ROOT}/state") if info.remote else ()
+    state_dir = f"{REMOTE_ROOT}/state" if info.remote else str(rundir.job / "state")
+    state = ("--state-dir", state_dir) if info.remote else ()
     argv = (info.python, "-m", "ddctl_agents.service", "--job-dir", job, *state, "--bind", f"{info.syncer_bind}:{port}")
     return InstanceSpec(
         run=run,
@@ -49,6 +50,7 @@ def syncer_spec(run: str, info: RegionInfo, port: int) -> InstanceSpec:
         log=rundir.log("syncer"),
         files={f"{job}/{name}": str(rundir.job / name) for name in SYNCER_FILES} if info.remote else {},
         disks={f"{REMOTE_ROOT}/state": str(rundir.syncer_state)} if info.remote else {},
+        summary=f"{state_dir}/summary.json",
     )
 
 

@@ -122,6 +122,13 @@ class State:
             db.execute("UPDATE runs SET state = ? WHERE id = ?", (state, run))
             db.execute("INSERT INTO events (run, t, kind, detail) VALUES (?, ?, ?, '{}')", (run, time.time(), f"run-{state}"))
 
+    def update_run_detail(self, run: str, changes: dict[str, Any]) -> None:
+        """Merge ``changes`` into the run's detail in one transaction (read, merge, write)."""
+        with self.transaction() as db:
+            row = db.execute("SELECT detail FROM runs WHERE id = ?", (run,)).fetchone()
+            if row is not None:
+                db.execute("UPDATE runs SET detail = ? WHERE id = ?", (json.dumps({**json.loads(row[0]), **changes}), run))
+
     def run(self, run: str) -> RunRecord | None:
         row = self.db.execute(
             "SELECT id, created, state, regions_file, job_dir, detail FROM runs WHERE id = ?", (run,)

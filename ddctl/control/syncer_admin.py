@@ -6,8 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from ddctl.control.credentials import token_for
+from ddctl.control.runs import choose_run
 from ddctl.control.state import State
-from ddctl.control.up import admin_client, latest_run
+from ddctl.control.up import admin_client
 from ddctl.errors import DdctlError, UnreachableError
 from ddctl_agents.agent.client import SyncerClient, Unavailable
 
@@ -30,7 +31,7 @@ def _client(run: str, url: str, job_dir: Path | None) -> SyncerClient:
         ca = job_dir / "tls" / "ca.pem"
         return SyncerClient(url, token_for(job_dir, "admin"), ca if url.startswith("https://") else None)
     with State() as state:
-        chosen = latest_run(state, run or None)
+        chosen = choose_run(state, run)
     try:
         return admin_client(chosen)
     except OSError as exc:

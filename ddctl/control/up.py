@@ -25,6 +25,7 @@ from ddctl.control.launch import launch
 from ddctl.control.plan import PlannedInstance, desired, plan, plan_summary
 from ddctl.control.reconcile import Action, Observed, reconcile
 from ddctl.control.rundir import RunDir
+from ddctl.control.runs import ENDED
 from ddctl.control.specs import helper_spec, learner_spec, syncer_port, syncer_spec
 from ddctl.control.state import InstanceRecord, State
 from ddctl.errors import DdctlError
@@ -37,6 +38,7 @@ from ddctl_agents.waiting import wait_until
 def kinds_for(rf: RegionsFile, dry_run: bool, say: Any = print) -> dict[str, str]:
     """Each region's provider: its own, or for a dry run the one local provider that plays them all."""
     if not dry_run:
+        providers.require_built(r.provider for r in rf.regions)  # before anything is made or archived
         return {r.name: r.provider for r in rf.regions}
     kind, note = providers.dry_run_kind({r.provider for r in rf.regions})
     if note:
@@ -49,13 +51,19 @@ def observe(run: str, kinds: set[str]) -> list[Observed]:
     return [Observed(name=i.name, alive=i.alive) for kind in sorted(kinds) for i in providers.get(kind).list_run(run)]
 
 
-def up(rf: RegionsFile, state: State, *, dry_run: bool, timeout_s: float = 300.0, say: Any = print) -> dict[str, Any]:
-    """Converge ``rf.run`` to its plan; return once its first round has merged."""
+def up(
+    rf: RegionsFile, state: State, *, dry_run: bool, keep: bool = False, timeout_s: float = 300.0, say: Any = print
+) -> dict[str, Any]:
+    """Converge ``rf.run`` to its plan; return once its first round has merged.
+
+    ``keep``: when the job finishes, its machines stay (for inspection) until ``ddctl down``."""
     job = job_config(rf)
     kinds = kinds_for(rf, dry_run, say)
     run, rundir = rf.run, RunDir(rf.run)
     record = state.run(run)
-    fresh = record is None or record.state == "down"
+    if record is not None and record.state == "kept":
+        raise DdctlError(f"run {run} finished and its machines were kept; remove them first: ddctl down --run {run}")
+    fresh = record is None or record.state in ENDED
     started = time.monotonic()
     try:
         if fresh:
@@ -66,17 +74,23 @@ def up(rf: RegionsFile, state: State, *, dry_run: bool, timeout_s: float = 300.0
             hosts = sorted({"127.0.0.1", "localhost", *(info.syncer_host for info in infos.values())})
             init_job_dir(rundir.job, job, run, hosts)
             port = syncer_port(infos[rf.syncer])
-            state.create_run(run, str(rf.path), str(rundir.job), {"kinds": kinds, "learners": rf.learners, "port": port})
+            price = plan_summary(rf, kinds)
+            rate = None if price["unpriced"] else price["max_dollars_per_hour"]
+            detail = {"kinds": kinds, "learners": rf.learners, "port": port, "keep": keep, "dollars_per_hour": rate}
+            state.create_run(run, str(rf.path), str(rundir.job), detail)
             rundir.syncer_url.write_text(f"https://{infos[rf.syncer].syncer_host}:{port}")
+            say(f"made the job directory {rundir.job} (secret, CA, certificate)")
         else:
             port = int(record.detail["port"])  # type: ignore[union-attr]  # not fresh: the record exists
+            state.update_run_detail(run, {"keep": keep})
         planned = plan(rf, kinds)
         specs = {i.name: _spec(run, i, infos, rf, port) for i in planned}
         actions = reconcile(desired(planned), observe(run, set(kinds.values())), time.time())
-        changed = _carry_out(state, owners, planned, specs, actions)
+        changed = _carry_out(state, owners, planned, specs, actions, say)
+        say("waiting for the first merged round")
         first_round = wait_first_round(run, timeout_s)
         state.set_run_state(run, "training")
-        _ensure_controller(run, state)
+        _ensure_controller(run, state, say)
     except BaseException:
         if fresh:
             down(run, state)
@@ -112,7 +126,9 @@ def _bootstrap(rf: RegionsFile, kinds: dict[str, str], owners: dict[str, Provide
         say("latency_ms is not emulated: netem is not available in this kernel; bandwidths are shaped with tbf")
     infos: dict[str, RegionInfo] = {}
     for kind, provider in owners.items():
-        infos.update(provider.bootstrap(rf.run, [r for r in rf.regions if kinds[r.name] == kind]))
+        regions = [r for r in rf.regions if kinds[r.name] == kind]
+        say(f"bootstrapping the {kind} regions {', '.join(r.name for r in regions)}")
+        infos.update(provider.bootstrap(rf.run, regions))
     return infos
 
 
@@ -129,6 +145,7 @@ def _carry_out(
     planned: list[PlannedInstance],
     specs: dict[str, InstanceSpec],
     actions: list[Action],
+    say: Any,
 ) -> list[Action]:
     """Start the syncer, then every learner in parallel (Docker VMs boot and deploy concurrently); record each."""
     by_name = {i.name: i for i in planned}
@@ -138,9 +155,15 @@ def _carry_out(
         spec = specs[action.name]
         if action.placement is not None:
             spec = replace(spec, cloud_region=action.placement.cloud_region, zone=action.placement.zone)
-        return spec, launch(owners[by_name[action.name].provider], spec)
+        instance = launch(owners[by_name[action.name].provider], spec)
+        say(f"{action.name} deployed in {spec.region}")  # from a worker thread, as each finishes
+        return spec, instance
 
+    if not starting:
+        say("every instance already runs")
     for group in ([a for a in starting if a.name == "syncer"], [a for a in starting if a.name != "syncer"]):
+        if group:
+            say(f"starting {', '.join(a.name for a in group)}{' in parallel' if len(group) > 1 else ''}")
         with ThreadPoolExecutor(max_workers=4) as pool:
             started = list(pool.map(start, group))
         for action, (spec, instance) in zip(group, started, strict=True):  # the state file is written on this thread
@@ -182,10 +205,11 @@ def wait_first_round(run: str, timeout_s: float) -> dict[str, Any]:
         client.close()
 
 
-def _ensure_controller(run: str, state: State) -> None:
+def _ensure_controller(run: str, state: State, say: Any) -> None:
     helpers = providers.get("process")
     if any(i.name == "controller" and i.alive for i in helpers.list_run(run)):
         return
+    say("starting the controller (it replaces preempted learners)")
     spec = helper_spec(run, "controller", "", "ddctl.control.controller", "--state", str(state.path))
     instance = helpers.create(spec)
     record = InstanceRecord(
@@ -207,12 +231,3 @@ def plan_actions(rf: RegionsFile, *, dry_run: bool, say: Any = print) -> dict[st
     kinds = kinds_for(rf, dry_run, say)
     actions = reconcile(desired(plan(rf, kinds)), observe(rf.run, set(kinds.values())), time.time())
     return plan_summary(rf, kinds, actions)
-
-
-def latest_run(state: State, run: str | None) -> str:
-    if run:
-        return run
-    runs = [r for r in state.runs() if r.state != "down"]
-    if not runs:
-        raise DdctlError("no run is up; start one with: ddctl up --dry-run")
-    return runs[-1].id

@@ -148,23 +148,46 @@ def global_lines(s: dict[str, Any], width: int) -> list[Text]:
         grace = f"+{r['grace_s']:.2f}s " if r.get("grace_s") else ""
         why = f" ({r['reason']})" if width >= 140 and r.get("reason") else ""
         rounds.append(f"f{r['fragment']}v{r['version']} {r['cause']} {grace}{len(r.get('admitted', []))} in{why} · ")
-    traffic, ledger = s["bytes"], s["ledger"]
+    traffic, ledger, tokens = s["bytes"], s["ledger"], s.get("tokens") or {}
     ratio = "" if traffic["ratio"] is None else f" = {100 * traffic['ratio']:.2f}% of"
     sent = _line(f"sent {_bytes(traffic['sent'])}{ratio} what data-parallel would have: {_bytes(traffic['data_parallel'])}")
     books = _line(
-        f"tokens merged {_short(ledger.get('merged'))} · late-merged {_short(ledger.get('late_merged'))}",
-        f" · dropped {_short(ledger.get('dropped'))} · pending {_short(ledger.get('pending'))} · ",
+        f"tokens trained {_short(tokens.get('trained'))} of {_short(tokens.get('budget'))}",
+        f" · merged {_short(tokens.get('merged'))} · late {_short(tokens.get('late_merged'))}",
+        f" · dropped {_short(tokens.get('dropped'))} · pending {_short(tokens.get('pending'))} · ",
     )
     if ledger:
         books.append("balanced" if ledger.get("balanced") else "UNBALANCED", style="green" if ledger.get("balanced") else "red")
-    return [first, rounds, sent, books, *trust_lines(s)]
+    return [*finished_lines(s), first, rounds, sent, books, *trust_lines(s)]
+
+
+def finished_lines(s: dict[str, Any]) -> list[Text]:
+    """While finishing, why; once finished, the result in one line: the numbers a user came for and where it is."""
+    job = s.get("job") or {}
+    if job.get("phase") == "finishing":
+        return [_line((f"finishing: {job.get('reason', '')}", "bold yellow"))]
+    result = job.get("summary")
+    if job.get("phase") != "finished" or not result:
+        return []
+    tokens = result.get("tokens") or {}
+    cost = "" if result.get("dollars") is None else f" · ${result['dollars']:.2f}"
+    where = f" · result in {result['result']}" if result.get("result") else ""
+    return [
+        _line(
+            ("finished", "bold green"),
+            f": {result.get('reason', '')} · val bpb {_num(result.get('val_bpb'), 3)}",
+            f" · merged {_short(tokens.get('merged'))} of {_short(tokens.get('trained'))} tokens trained",
+            f" · goodput {_pct(result.get('goodput'))}{cost}{where}",
+        )
+    ]
 
 
 def trust_lines(s: dict[str, Any]) -> list[Text]:
     """One red line while a learner is suspended, tokens were rejected or a fragment is degraded; else none."""
     problems = [f"{name} suspended" for name in s.get("suspended", [])]
-    if s["ledger"].get("rejected"):
-        problems.append(f"rejected {_short(s['ledger']['rejected'])}")
+    rejected = (s.get("tokens") or {}).get("rejected")
+    if rejected:
+        problems.append(f"rejected {_short(rejected)} tokens")
     problems += [f"f{d['fragment']} degraded: {d['reason']}" for d in s.get("degraded", [])]
     return [_line(("! " + " · ".join(problems), "bold red"))] if problems else []
 
@@ -182,9 +205,13 @@ EVENT_STYLE = {"preempted": "red", "error": "red", "leave": "red", "preemption-n
 EVENT_FORMATS = {
     "run-training": "the run is training",
     "join": "{learner} joined ({region})",
-    "leave": "{learner} left: {reason}",
+    "leave": "{learner} left ({reason})",
+    "started": "syncer started on a fresh state",
+    "finishing": "the job is finishing: {reason}",
+    "finished": "the job finished: {reason}",
     "snapshot": "snapshot of {bytes} in {seconds:.2f}s",
-    "recovered": "syncer recovered (snapshot {snapshot}, replayed {replayed})",
+    "recovered": "syncer recovered: snapshot of log segment {wal_segment}, {replayed} log records replayed",
+    "recovered-from-log": "syncer recovered from its log alone: {replayed} records replayed",
     "preemption-notice": "{instance} ({region}) spot notice, {notice_s}s",
     "preempted": "{instance} ({region}) preempted",
     "replaced": "{instance} ({region}) replaced",
@@ -207,12 +234,15 @@ def event_line(e: dict[str, Any]) -> Text:
     fields = {k: v for k, v in e.items() if k not in ("t", "event", "source")}
     if isinstance(fields.get("bytes"), int):
         fields["bytes"] = _bytes(fields["bytes"])
+    kind = e["event"]
+    chosen = "recovered-from-log" if kind == "recovered" and not fields.get("snapshot") else kind
     try:
-        detail = EVENT_FORMATS[e["event"]].format(**fields)
+        detail = EVENT_FORMATS[chosen].format(**fields)
     except (KeyError, IndexError, ValueError):
         detail = " ".join(f"{k}={v}" for k, v in fields.items() if v not in (None, ""))
-    kind = e["event"]
-    style = "red" if kind in ALARMS else "yellow" if "notice" in kind else "green" if kind in ("join", "readmitted") else ""
+    calm = kind == "leave" and fields.get("reason") in ("finished", "stopped")  # a learner done with its share
+    good = kind in ("join", "readmitted", "finished")
+    style = "" if calm else "red" if kind in ALARMS else "yellow" if "notice" in kind else "green" if good else ""
     return _line((f"{when} ", "dim"), (detail or kind, style))
 
 

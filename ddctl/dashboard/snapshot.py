@@ -46,6 +46,10 @@ class RunRecords:
     instances: list[InstanceRecord]
     events: list[dict[str, Any]] = field(default_factory=list)
     regions: dict[str, RegionInfo] = field(default_factory=dict)
+    state: str = "training"
+    """The run's state in ddctl's records (``training``, ``finished``, ``kept``, ``down``, ...)."""
+    summary: dict[str, Any] | None = None
+    """The finished job's result as the controller recorded it (checked), once there is one."""
 
 
 def learner_state(record: InstanceRecord, seen: dict[str, Any] | None) -> str:
@@ -131,12 +135,23 @@ def build(records: RunRecords, syncer: SyncerView, now: float) -> dict[str, Any]
         "uptime": _ratio(status.get("quorum_s"), status.get("uptime_s")),
         "bytes": traffic(status),
         "ledger": status.get("ledger", {}),
+        "tokens": status.get("tokens") or (records.summary or {}).get("tokens") or {},
+        "job": job_phase(records, status),
         "degraded": status.get("degraded", []),
         "suspended": status.get("suspended", []),
         "regions": list(regions.values()),
         "dollars_per_hour": None if None in prices else round(sum(p for p in prices if p is not None), 4),
         "events": merged_events(status.get("events", []), records.events),
     }
+
+
+def job_phase(records: RunRecords, status: dict[str, Any]) -> dict[str, Any]:
+    """Training, finishing or finished (with the result): ddctl's record wins once the controller has concluded."""
+    if records.summary is not None:
+        return {"phase": "finished", "reason": records.summary.get("reason", ""), "summary": records.summary}
+    job = status.get("job") or {}
+    phase = job.get("phase") if job.get("phase") in ("training", "finishing", "finished") else "training"
+    return {"phase": phase, "reason": str(job.get("reason") or ""), "summary": job.get("summary")}
 
 
 def rounds_per_min(recent: list[dict[str, Any]]) -> float | None:

@@ -36,6 +36,8 @@ def run_records(run: str, state: State) -> RunRecords:
         instances=state.instances(run),
         events=state.events(run, EVENTS_READ),
         regions=region_info(record.regions_file),
+        state=record.state,
+        summary=record.detail.get("summary"),
     )
 
 

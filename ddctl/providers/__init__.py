@@ -9,6 +9,7 @@ Docker is needed only when it is used.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ddctl.errors import DdctlError
@@ -30,18 +31,27 @@ KINDS: dict[str, Kind] = {
     "fake": Kind("fake", "ddctl.providers.fake:FakeProvider", local=True),
 }
 PLANNED = ("aws", "gcp")
-"""Accepted in regions.yaml; ``up`` says they are not built yet."""
+"""Accepted in regions.yaml; ``up`` refuses them (not built yet) before it makes anything, ``up --dry-run`` plays them."""
 LOCAL_KINDS = tuple(k for k, kind in KINDS.items() if kind.local and k != "fake")
 
 
 def get(kind: str) -> Provider:
     """The provider for ``kind``."""
-    if kind not in KINDS:
-        built = ", ".join(k for k in KINDS if k != "fake")
-        raise DdctlError(f"provider {kind!r} is not built yet; built: {built}")
+    require_built([kind])
     module, _, name = KINDS[kind].factory.partition(":")
     provider: Provider = getattr(importlib.import_module(module), name)()
     return provider
+
+
+def require_built(kinds: Iterable[str]) -> None:
+    """Refuse a kind that is not built yet (aws, gcp), saying what is built and what a dry run does instead."""
+    for kind in sorted(set(kinds)):
+        if kind not in KINDS:
+            built = ", ".join(k for k in KINDS if k != "fake")
+            raise DdctlError(
+                f"provider {kind!r} is not built yet; built: {built} "
+                "(`ddctl up --dry-run` plays every region of the file on this machine)"
+            )
 
 
 def unavailable(kind: str) -> str | None:

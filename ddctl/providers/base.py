@@ -167,8 +167,8 @@ class Provider(Protocol):
         """Collect the log of an instance whose agent ended into ``log``, then remove what is left of it."""
         ...
 
-    def cleanup(self, run: str) -> list[str]:
-        """Remove what the run left besides instances (networks, namespaces, helpers); returns their names."""
+    def cleanup(self, run: str) -> list[tuple[str, str]]:
+        """Remove what the run left besides instances; returns (kind, name) of each: ("network", "ddctl-x-eu")."""
         ...
 
     def cut_link(self, run: str, region: str) -> None:

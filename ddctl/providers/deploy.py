@@ -15,7 +15,7 @@ import asyncio
 import io
 import shlex
 import tarfile
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -203,3 +203,36 @@ def ssh_argv(target: Target, known_hosts: Path, command: list[str]) -> list[str]
         f"{target.user}@{target.host}",
         *command,
     ]
+
+
+AGENT_LOG = f"{REMOTE_ROOT}/agent.log"
+"""Where a deployed agent's output goes (see ``deploy``)."""
+
+
+def openssh_command(words: list[str]) -> str:
+    """The remote command line exactly as OpenSSH builds it: the words joined by single spaces, for the remote shell.
+
+    No quoting: ``ddctl ssh r -- 'ls -la ~; ps aux'`` runs two commands and ``ddctl ssh r ls -la`` runs ``ls -la``,
+    as with ``ssh host ...``."""
+    return " ".join(words)
+
+
+def follow_command(path: str) -> str:
+    """A remote command that prints ``path`` from its first line and then every line appended, across rotation."""
+    return f"tail -n +1 -F {shlex.quote(path)} 2>/dev/null"
+
+
+async def stream_lines(target: Target, command: str, wait_s: float = 10.0) -> AsyncIterator[str]:
+    """Each line a long-running remote command prints, as it comes, over one SSH session.
+
+    Ends when the command exits or the machine goes away (a preempted VM); cancelling the consumer closes the
+    session, which ends the remote command with it."""
+    conn = await _connect(target, wait_s)
+    try:
+        async with conn.create_process(command, encoding="utf-8", errors="replace") as process:
+            async for line in process.stdout:
+                yield str(line).rstrip("\n")
+    except (OSError, asyncssh.Error):
+        return
+    finally:
+        conn.close()

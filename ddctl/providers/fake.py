@@ -117,8 +117,8 @@ class FakeProvider:
         self.calls.append(("retire", instance.name))
         self._slots.pop((instance.run, instance.name), None)
 
-    def cleanup(self, run: str) -> list[str]:
-        return [f"fake-network-{region}" for region in self._regions.pop(run, {})]
+    def cleanup(self, run: str) -> list[tuple[str, str]]:
+        return [("network", f"fake-network-{region}") for region in self._regions.pop(run, {})]
 
     def cut_link(self, run: str, region: str) -> None:
         self._cut.add((run, region))
@@ -132,6 +132,10 @@ class FakeProvider:
         return ProvisionError(str(error), kind="transient", scope="zone", code=type(error).__name__, provider=self.kind)
 
     # -- what tests do to instances -------------------------------------------------------------
+    def write_summary(self, run: str, name: str, summary: bytes) -> None:
+        """The agent of ``name`` writes its summary file while it still runs (the syncer, when its job is over)."""
+        self._slots[(run, name)].summary = summary
+
     def end(self, run: str, name: str, summary: bytes | None = None) -> None:
         """The agent of ``name`` ends (with an exit summary, if given): its instance is no longer alive."""
         slot = self._slots[(run, name)]

@@ -146,14 +146,14 @@ class ProcessProvider:
     def retire(self, instance: Instance, log: Path) -> None:
         return None  # the process wrote its log here already, and an ended process leaves nothing behind
 
-    def cleanup(self, run: str) -> list[str]:
+    def cleanup(self, run: str) -> list[tuple[str, str]]:
         """The run's shaped network namespaces."""
         if linkshape.available() is not None:
             return []
         removed = linkshape.namespaces(namespace(run, ""))
         for name in removed:
             linkshape.destroy_link(name)
-        return removed
+        return [("network namespace", name) for name in removed]
 
     def cut_link(self, run: str, region: str) -> None:
         raise self._no_partition(region)

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import ssl
 import struct
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 
-from ddctl_agents import waiting
+from ddctl_agents import tcpinfo, waiting
+from ddctl_agents.core.links import SendCounters
 from ddctl_agents.errors import ConfigError, Refused, Unavailable
 
 T = TypeVar("T")
@@ -49,9 +49,18 @@ class SyncerClient:
             timeout=httpx.Timeout(timeout_s, connect=5.0),
             headers={"authorization": f"Bearer {token}"},
         )
+        self._stream: Any = None
+        """The connection the last response came on (httpcore's network stream), for ``sending``."""
 
     def close(self) -> None:
         self.http.close()
+
+    def sending(self) -> SendCounters | None:
+        """The kernel's counters for the sending side of the connection the last response came on.
+
+        None before any response, off Linux, or once that connection has closed. An upload is
+        measured by reading them before and after it (``core.links.sent_between``)."""
+        return tcpinfo.sending(self._stream.get_extra_info("socket")) if self._stream is not None else None
 
     # -- calls ----------------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
@@ -63,14 +72,22 @@ class SyncerClient:
     def register(self, learner: str, incarnation: int, region: str) -> dict[str, Any]:
         return self._json("POST", "/v1/register", json={"learner": learner, "incarnation": incarnation, "region": region})
 
-    def leave(self, learner: str, reason: str = "left") -> dict[str, Any]:
-        return self._json("POST", "/v1/leave", json={"learner": learner, "reason": reason})
+    def leave(self, learner: str, reason: str = "left", tokens: int | None = None) -> dict[str, Any]:
+        """Goodbye, with why and (when known) the tokens this life trained in all."""
+        body: dict[str, Any] = {"learner": learner, "reason": reason}
+        if tokens is not None:
+            body["tokens"] = tokens
+        return self._json("POST", "/v1/leave", json=body)
 
     def heartbeat(self, report: dict[str, Any]) -> dict[str, Any]:
         return self._json("POST", "/v1/heartbeat", json=report)
 
     def status(self) -> dict[str, Any]:
         return self._json("GET", "/v1/status")
+
+    def stop_job(self, reason: str) -> dict[str, Any]:
+        """Admin only: end the job now (learners push and leave, the result is written, the syncer exits)."""
+        return self._json("POST", "/v1/admin/stop", json={"reason": reason})
 
     def readmit(self, learner: str) -> dict[str, Any]:
         """Admin only: let a suspended learner back in."""
@@ -94,21 +111,20 @@ class SyncerClient:
         }
         return self._json("POST", "/v1/updates", content=chunks(), headers=headers)
 
-    def fragments(self, since: list[int]) -> Iterator[tuple[bytes, float, int]]:
-        """The subscription stream: (frame, seconds, bytes timed); empty frames are keep-alives.
+    def fragments(self, since: list[int]) -> Iterator[bytes]:
+        """The subscription stream, frame by frame; empty frames are keep-alives.
 
-        A frame's clock starts when its first bytes are read; bytes already in hand
-        then crossed the link unseen, so only the rest count toward the rate."""
+        Nothing is timed here: a reading thread that wakes late finds a whole frame
+        waiting and would time its own wake-up (a 50 Mbit/s link read 655-801). The
+        syncer measures each learner's downlink from its own socket (``tcpinfo``)."""
         params = {"since": ",".join(str(v) for v in since)}
         try:
             with self.http.stream(
                 "GET", f"{self.url}/v1/fragments", params=params, timeout=httpx.Timeout(60.0, connect=5.0)
             ) as r:
                 _raise_for(r, r.read() if r.status_code >= 400 else b"")
-                buffer, started, untimed = bytearray(), 0.0, 0
+                buffer = bytearray()
                 for chunk in r.iter_raw():
-                    if not started:
-                        started, untimed = time.perf_counter(), len(buffer) + len(chunk)
                     buffer += chunk
                     while len(buffer) >= STREAM_RECORD.size:
                         (size,) = STREAM_RECORD.unpack_from(buffer)
@@ -117,8 +133,7 @@ class SyncerClient:
                             break
                         frame = bytes(buffer[STREAM_RECORD.size : total])
                         del buffer[:total]
-                        yield frame, time.perf_counter() - started, max(total - untimed, 0)
-                        started, untimed = (time.perf_counter(), len(buffer)) if buffer else (0.0, 0)
+                        yield frame
         except httpx.TransportError as exc:
             raise Unavailable(f"fragment stream from {self.url} broke: {exc!r}") from None
 
@@ -134,6 +149,7 @@ class SyncerClient:
             response = self.http.request(method, f"{self.url}{path}", **kwargs)
         except httpx.TransportError as exc:
             raise Unavailable(f"{method} {path} on {self.url}: {exc!r}") from None
+        self._stream = response.extensions.get("network_stream")
         _raise_for(response, response.content)
         return response
 

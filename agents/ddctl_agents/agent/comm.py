@@ -9,6 +9,12 @@
   the training loop to adopt between steps;
 - heartbeat: reports progress and measured link figures every ``interval_s``.
 
+The uplink is measured where its bytes move: each upload is timed by this
+machine's kernel (bytes acknowledged over the connection's busy time, read from
+``TCP_INFO`` before and after it), and uploads that overlap count as one link
+(``core.links.SharedLink``). The downlink is the syncer's to measure, from its
+own sockets: a reading thread would time its own wake-up, not the wire.
+
 Each thread has its own HTTP/2 connection, so a long upload never delays a
 heartbeat or an incoming fragment.
 """
@@ -25,9 +31,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable, retry
+from ddctl_agents.core.links import SharedLink, Transfer, sent_between
 from ddctl_agents.core.messages import FragmentVersion, Update, decode_fragment, encode_update
+from ddctl_agents.errors import HTTP, JobOver
 
 log = logging.getLogger(__name__)
+JOB_OVER = HTTP[JobOver][1]
+"""The syncer's code for a request it refuses because the job is finishing or finished."""
 SUSPENDED_RETRY_S = 10.0
 """How often a suspended learner asks again whether it has been readmitted."""
 
@@ -79,13 +89,17 @@ class Comms:
         self._idle = threading.Condition()
         self._busy = 0
         self._lock = threading.Lock()
-        self._down = [0, 0.0]
+        self._uplink = SharedLink()
+        self._up = (0, 0.0)
+        """Kernel-timed uplink samples (bytes, seconds) not yet reported."""
         self._rtt: float | None = None
         self._threads: list[threading.Thread] = []
         self.register_answer: dict[str, Any] = {}
         self.last_contact = time.monotonic()
         self.suspension = ""
         """The syncer's reason while it suspends this learner (empty otherwise)."""
+        self.stop_asked = threading.Event()
+        """Set when the syncer says the job is finishing: push what is pending, then leave."""
 
     # -- called by the training loop ------------------------------------------------------------
     def start(self, fragments: int) -> dict[str, Any]:
@@ -140,12 +154,13 @@ class Comms:
                 self._idle.wait(left)
         return True
 
-    def close(self, reason: str | None = "left") -> None:
+    def close(self, reason: str | None = "left", tokens: int | None = None) -> None:
+        """Stop the threads; with a ``reason``, say goodbye first (``tokens``: what this life trained in all)."""
         self.stopping.set()
         if reason is not None:
             client = self.connect()
             try:
-                retry(lambda: client.leave(self.me.name, reason), give_up_after_s=10.0)
+                retry(lambda: client.leave(self.me.name, reason, tokens), give_up_after_s=10.0)
             except (Unavailable, Refused) as exc:
                 log.warning("could not say goodbye: %s", exc)
             finally:
@@ -174,7 +189,7 @@ class Comms:
                     continue
                 frame = encode_update(update, self.codec, self.block)
                 try:
-                    ack = retry(functools.partial(self._push, client, frame, update.fragment), stop=self.stopping.is_set)
+                    ack = retry(functools.partial(self._timed_push, client, frame, update.fragment), stop=self.stopping.is_set)
                     status = str(ack["status"])
                     with self._lock:
                         self.ledger.acked[status] = self.ledger.acked.get(status, 0) + update.c_tokens
@@ -192,6 +207,21 @@ class Comms:
         finally:
             client.close()
 
+    def _timed_push(self, client: SyncerClient, frame: bytes, fragment: int) -> dict[str, Any]:
+        """``_push``, with what the kernel says it took: the connection's counters before and after."""
+        key, before, started, window = threading.get_ident(), client.sending(), time.monotonic(), None
+        with self._lock:
+            self._uplink.begin(key, started)
+        try:
+            answer = self._push(client, frame, fragment)
+            window = sent_between(before, client.sending())
+            return answer
+        finally:
+            with self._lock:
+                sample = self._uplink.end(key, None if window is None else Transfer(started, *window))
+                if sample is not None:
+                    self._up = (self._up[0] + sample[0], self._up[1] + sample[1])
+
     def _push(self, client: SyncerClient, frame: bytes, fragment: int) -> dict[str, Any]:
         try:
             answer = client.push(frame, fragment)
@@ -208,7 +238,7 @@ class Comms:
         try:
             while not self.stopping.is_set():
                 try:
-                    for frame, seconds, timed in client.fragments(list(self.versions)):
+                    for frame in client.fragments(list(self.versions)):
                         self.last_contact, delay = time.monotonic(), 0.1
                         if self.stopping.is_set():
                             return
@@ -217,8 +247,6 @@ class Comms:
                         message, _ = decode_fragment(frame)
                         self.versions[message.fragment] = max(self.versions[message.fragment], message.version)
                         with self._lock:
-                            self._down[0] += timed
-                            self._down[1] += seconds if timed else 0.0
                             self.ledger.bytes_down += len(frame)
                         self.inbox.put(message)
                 except (Unavailable, Refused) as exc:
@@ -233,15 +261,16 @@ class Comms:
         try:
             while not self.stopping.wait(self.interval_s):
                 with self._lock:
-                    report = dict(self.report)
-                    down_bytes, down_seconds = self._down
-                    self._down = [0, 0.0]
+                    report, (up_bytes, up_seconds) = dict(self.report), self._up
+                    if report:
+                        self._up = (0, 0.0)
                 if not report:
                     continue
-                report.update(learner=self.me.name, rtt_s=self._rtt, down_bytes=down_bytes, down_seconds=down_seconds)
+                report.update(learner=self.me.name, rtt_s=self._rtt, up_bytes=up_bytes, up_seconds=up_seconds)
                 started = time.perf_counter()
                 try:
-                    client.heartbeat(report)
+                    if client.heartbeat(report).get("stop") is True:
+                        self.stop_asked.set()
                     self.suspension = ""
                     self._rtt = time.perf_counter() - started
                     self.last_contact = time.monotonic()
@@ -250,6 +279,8 @@ class Comms:
                         try:
                             self._reregister(client)
                         except (Refused, Unavailable) as again:
+                            if isinstance(again, Refused) and again.code == JOB_OVER:
+                                self.stop_asked.set()
                             log.info("re-register failed: %s", again)
                     elif exc.code == "suspended":
                         self._suspended(exc)

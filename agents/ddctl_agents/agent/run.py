@@ -10,7 +10,6 @@ pushed and acknowledged before the learner says goodbye.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -25,9 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable, retry
-from ddctl_agents.agent.comm import Comms, Identity
+from ddctl_agents.agent.comm import JOB_OVER, Comms, Identity
 from ddctl_agents.agent.notice import Stop, watch
-from ddctl_agents.entrypoint import add_label_option, configure_logging
+from ddctl_agents.agent.progress import Progress
+from ddctl_agents.core.ending import FINISHED, STOPPED
+from ddctl_agents.entrypoint import EXIT_OK, EXIT_UNREACHABLE, Parser, add_label_option, configure_logging, report
 from ddctl_agents.errors import AgentError
 from ddctl_agents.jsonable import from_json
 from ddctl_agents.train.assembly import Assembly, learner_index
@@ -82,8 +83,9 @@ def run_learner(opts: LearnerOptions, stop: threading.Event | None = None) -> di
         time.sleep(0.01)
     bootstrap_s = time.monotonic() - started_at
     budget = learner.total_steps if opts.max_steps <= 0 else min(learner.total_steps, learner.step + opts.max_steps)
+    progress = Progress(total=budget)
     step_times: deque[float] = deque(maxlen=16)
-    last_adopt, loss_value, reason = learner.step, None, "finished"
+    last_adopt, loss_value, reason = learner.step, None, FINISHED
     tick = time.perf_counter()
     train_seconds = 0.0
     while learner.step < budget:
@@ -92,6 +94,9 @@ def run_learner(opts: LearnerOptions, stop: threading.Event | None = None) -> di
             break
         if opts.syncer_timeout_s and time.monotonic() - comms.last_contact > opts.syncer_timeout_s:
             reason = "syncer_gone"
+            break
+        if comms.stop_asked.is_set():
+            reason = STOPPED
             break
         for message in comms.arrivals():
             pending = learner.on_arrival(message)
@@ -118,12 +123,15 @@ def run_learner(opts: LearnerOptions, stop: threading.Event | None = None) -> di
             staleness=learner.step - last_adopt,
             due=list(learner.due_steps()),
         )
+        progress.report(time.monotonic(), learner, comms)
     if reason != "syncer_gone":
         for p in range(len(learner.state)):
             if learner.has_drift(p) and learner.state[p].version >= 0:
                 comms.send(learner.make_update(p))
     drained = comms.drain(opts.drain_timeout_s) if reason != "syncer_gone" else False
-    comms.close(reason="left" if reason != "syncer_gone" else None)
+    progress.finish(time.monotonic(), learner, comms, reason)
+    trained = learner.ledger.trained // max(len(learner.state), 1)
+    comms.close(reason=reason if reason != "syncer_gone" else None, tokens=trained)
     summary = {
         "learner": opts.name,
         "incarnation": me.incarnation,
@@ -156,19 +164,25 @@ def run_learner(opts: LearnerOptions, stop: threading.Event | None = None) -> di
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ddctl learner run", description="Run one Decoupled DiLoCo learner against a syncer.")
-    parser.add_argument("--syncer", required=True, help="syncer URL, https://HOST:PORT (or http:// for h2c on loopback)")
-    parser.add_argument("--name", required=True, help="learner name, L0 .. L{M-1} (picks the data shard)")
-    parser.add_argument("--token", help="this learner's token (or DDCTL_TOKEN, or --token-file)")
-    parser.add_argument("--token-file", type=Path, help="file holding this learner's token")
-    parser.add_argument("--ca", type=Path, help="the job's CA certificate to pin (https only)")
-    parser.add_argument("--region", default="", help="region name, for per-region bandwidth figures")
-    parser.add_argument("--summary", type=Path, help="write a JSON summary here at exit")
-    parser.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: the job's budget)")
-    parser.add_argument("--syncer-timeout", type=float, default=0.0, help="end if the syncer is unreachable this many seconds")
-    parser.add_argument("--notice-url", help="instance-metadata URL to poll for a spot interruption notice")
+    defaults = LearnerOptions(syncer="", name="", token="")
+    parser = Parser("ddctl learner run", "Run one Decoupled DiLoCo learner against a syncer.")
+    parser.add_argument("--syncer", required=True, help="The syncer's URL: https://HOST:PORT (http:// for h2c on loopback).")
+    parser.add_argument("--name", required=True, help="This learner's name, L0 .. L{M-1}; it picks the data shard.")
+    parser.add_argument("--token", help="This learner's token (or DDCTL_TOKEN, or --token-file).")
+    parser.add_argument("--token-file", type=Path, help="A file holding this learner's token.")
+    parser.add_argument("--ca", type=Path, help="The job's CA certificate to pin (https only).")
+    parser.add_argument("--region", default=defaults.region, help="The region's name, for per-region link figures.")
+    parser.add_argument("--summary", type=Path, help="Write a JSON summary here at exit.")
+    parser.add_argument("--max-steps", type=int, default=defaults.max_steps, help="Stop after this many steps (0: the budget).")
+    parser.add_argument(
+        "--syncer-timeout",
+        type=float,
+        default=defaults.syncer_timeout_s,
+        help="End if the syncer is unreachable this many seconds (0: never).",
+    )
+    parser.add_argument("--notice-url", help="An instance-metadata URL to poll for a spot interruption notice.")
     add_label_option(parser)
-    parser.add_argument("--parallel-uploads", type=int, default=3, help="uploads in flight at once (default %(default)s)")
+    parser.add_argument("--parallel-uploads", type=int, default=defaults.parallel_uploads, help="Uploads in flight at once.")
     args = parser.parse_args(argv)
     configure_logging()
     try:
@@ -194,13 +208,11 @@ def main(argv: list[str] | None = None) -> int:
             watch(args.notice_url, stop)
         summary = run_learner(opts, stop)
     except Refused as exc:
-        print(f"error: the syncer refused: {exc}", file=sys.stderr)
-        return 3
-    except Unavailable as exc:
-        print(f"error: syncer unreachable: {exc}", file=sys.stderr)
-        return 5  # also the dead-man switch's code
-    except (AgentError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        if exc.code == JOB_OVER:  # nothing left to train: a learner started after the end has nothing to do
+            print(f"the job is over: {exc.reason}", file=sys.stderr)
+            return 0
+        return report(parser.prog, exc, "the syncer refused")
+    except (AgentError, OSError) as exc:  # exit codes as ddctl's: 6 for an unreachable syncer, 2 for the rest
+        return report(parser.prog, exc, "syncer unreachable" if isinstance(exc, Unavailable) else "")
     print(json.dumps(summary), flush=True)
-    return 5 if summary["reason"] == "syncer_gone" else 0
+    return EXIT_UNREACHABLE if summary["reason"] == "syncer_gone" else EXIT_OK  # the dead-man switch ends as unreachable

@@ -3,10 +3,20 @@
 Throughput and RTT are exponentially weighted moving averages of measured
 transfers; step time is the median of recent steps, robust to one slow step.
 Pure: every observation comes in as an argument.
+
+Rates are measured where the bytes really move: by the sending side's kernel
+(``tcpinfo.py``), as bytes acknowledged over the time the connection was busy.
+The syncer reads its own sockets for every learner's downlink; a learner reads
+its upload connections and reports its uplink in its heartbeats. Only transfers
+that can say something about bandwidth count (``MIN_TRANSFER_BYTES``), pooled
+until the kernel's coarse busy clock has run long enough (``MIN_SAMPLE_S``).
+Timing reads and writes in the application (``TransferMeter``) is the fallback
+where the kernel cannot say, and gives way to the first kernel-timed sample.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -14,6 +24,15 @@ from dataclasses import dataclass, field
 MAX_RATE = 1e13
 """Bytes per second (80 Tbit/s): a faster sample is a measuring error, not a link."""
 MAX_RTT_S = 600.0
+MIN_TRANSFER_BYTES = 64 * 1024
+"""A smaller transfer is bound by latency, slow start and a shaper's burst, not by bandwidth: it is ignored."""
+MIN_SAMPLE_S = 0.1
+"""Kernel-timed transfers pool into one sample until they span this long: busy time ticks in jiffies (4 ms at
+HZ=250), unbiased but coarse, and 25 ticks keep one sample within a few percent."""
+MAX_POOLED = 16
+"""...or until this many have pooled, on a link so fast that 0.1 s of transfers would take minutes to gather."""
+MAX_WINDOW_S = 1.0
+"""A connection busy this long without a pause (a saturated link) is read anyway, idle or not."""
 
 
 @dataclass(slots=True)
@@ -25,18 +44,29 @@ class LinkEstimate:
     rtt_s: float | None = None
     transfers: int = 0
     total_bytes: int = 0
+    """Bytes in the samples the rate was read from."""
+    kernel: bool = False
+    """A sample timed by the sender's kernel has arrived; samples the application timed are ignored from then on."""
 
-    def observe(self, nbytes: int, seconds: float, rtt_s: float | None = None) -> None:
+    def observe(self, nbytes: int, seconds: float, rtt_s: float | None = None, *, kernel: bool = False) -> None:
         """Record one transfer of ``nbytes`` that took ``seconds`` end to end.
 
+        ``kernel``: bytes acknowledged over busy time, as the sending side's kernel counted them.
+        The first such sample replaces whatever the application's timing said. One under
+        ``MIN_TRANSFER_BYTES`` cannot tell a bandwidth and is ignored (it may come from a
+        learner's heartbeat: nothing obliges it to be sensible).
         A rate or RTT outside what any link can do (``MAX_RATE``, ``MAX_RTT_S``) is ignored, so
         no sample can push an estimate to infinity."""
-        if seconds > 0 and nbytes > 0 and (rate := nbytes / seconds) <= MAX_RATE:
-            self.bytes_per_s = rate if self.bytes_per_s is None else self.alpha * rate + (1 - self.alpha) * self.bytes_per_s
+        bandwidth_bound = not kernel or nbytes >= MIN_TRANSFER_BYTES
+        usable = bandwidth_bound and (kernel or not self.kernel)
+        if usable and seconds > 0 and nbytes > 0 and (rate := nbytes / seconds) <= MAX_RATE:
+            fresh = self.bytes_per_s is None or (kernel and not self.kernel)
+            self.bytes_per_s = rate if fresh else self.alpha * rate + (1 - self.alpha) * (self.bytes_per_s or rate)
+            self.kernel = self.kernel or kernel
+            self.total_bytes += nbytes
         if rtt_s is not None and 0 <= rtt_s <= MAX_RTT_S:
             self.rtt_s = rtt_s if self.rtt_s is None else self.alpha * rtt_s + (1 - self.alpha) * self.rtt_s
         self.transfers += 1
-        self.total_bytes += max(nbytes, 0)
 
     def transfer_time(self, nbytes: int) -> float | None:
         """Predicted seconds to move ``nbytes`` (latency included), or None before any sample."""
@@ -140,6 +170,139 @@ class TransferMeter:
             sample = (self.first_chunk, now - self.opened)
         self.busy_since, self.nbytes, self.first_chunk = now, 0, 0
         return sample if sample[0] > 0 and sample[1] >= self.min_s else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SendCounters:
+    """A sending connection's cumulative kernel counters at one moment (``tcpinfo.sending`` reads them)."""
+
+    connection: int
+    """Identifies the connection: the counters of two connections never subtract."""
+    acked: int
+    """Bytes the peer has acknowledged, ever."""
+    busy_s: float
+    """Seconds the connection had data in flight or queued, ever (a slow reader's stalls included: they are
+    part of what a transfer to that reader takes)."""
+    idle: bool
+    """Nothing unsent and nothing unacknowledged at this moment."""
+
+
+def sent_between(before: SendCounters | None, after: SendCounters | None) -> tuple[int, float] | None:
+    """(bytes, busy seconds) a connection delivered between two readings; None if that says nothing about the link.
+
+    Nothing is said by readings of different connections (or a missing one), or by fewer than
+    ``MIN_TRANSFER_BYTES``. Busy time may read 0 for a short transfer: the jiffy clock ticked
+    in none of it, and keeping such zeros is what keeps the pooled sum unbiased."""
+    if before is None or after is None or before.connection != after.connection:
+        return None
+    nbytes, seconds = after.acked - before.acked, after.busy_s - before.busy_s
+    if nbytes < MIN_TRANSFER_BYTES or seconds < 0:
+        return None
+    return nbytes, seconds
+
+
+@dataclass(slots=True)
+class RatePool:
+    """Adds up transfers until they span ``min_s`` of busy time (or ``max_count`` of them some time at all),
+    then yields them as one (bytes, seconds) sample."""
+
+    min_s: float = MIN_SAMPLE_S
+    max_count: int = MAX_POOLED
+    nbytes: int = 0
+    seconds: float = 0.0
+    count: int = 0
+
+    def add(self, nbytes: int, seconds: float) -> tuple[int, float] | None:
+        self.nbytes, self.seconds, self.count = self.nbytes + nbytes, self.seconds + seconds, self.count + 1
+        if self.seconds < self.min_s and not (self.count >= self.max_count and self.seconds > 0):
+            return None
+        sample = (self.nbytes, self.seconds)
+        self.nbytes, self.seconds, self.count = 0, 0.0, 0
+        return sample
+
+
+@dataclass(slots=True)
+class DeliveryMeter:
+    """The rate one connection delivers, from its kernel counters read whenever it suits the caller.
+
+    A window runs from one idle reading (every byte written so far acknowledged) to the
+    next: the bytes acknowledged and the busy time in between are then exactly what crossed
+    the link and how long it took, whenever the readings were taken. A connection that is
+    never idle (a saturated link) is read every ``max_window_s`` of busy time; the bytes in
+    flight at either end are then at most a queue's worth, small against a second.
+    """
+
+    pool: RatePool = field(default_factory=RatePool)
+    max_window_s: float = MAX_WINDOW_S
+    base: SendCounters | None = None
+
+    def read(self, counters: SendCounters | None) -> tuple[int, float] | None:
+        """A reading of the connection's counters; a (bytes, seconds) sample when one is due."""
+        base = self.base
+        if counters is None or base is None or base.connection != counters.connection:
+            self.base = counters
+            return None
+        if not (base.idle and counters.idle) and counters.busy_s - base.busy_s < self.max_window_s:
+            if counters.idle:
+                self.base = counters  # a window that began mid-transfer is not read short: start afresh
+            return None
+        self.base = counters
+        window = sent_between(base, counters)
+        return None if window is None else self.pool.add(*window)
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """One transfer on one connection: handed to it at ``start``, then ``seconds`` busy delivering ``nbytes``."""
+
+    start: float
+    nbytes: int
+    seconds: float
+
+    @property
+    def end(self) -> float:
+        return self.start + self.seconds
+
+
+@dataclass(slots=True)
+class SharedLink:
+    """Bytes over busy time of one link that several connections send on at once (a learner's uploaders).
+
+    Each connection's kernel times its own transfers (``sent_between``). Transfers that
+    overlap shared the link, so it was busy for the union of their intervals, not their sum:
+    two uploads at half speed each are one link at full speed. A group of overlapping
+    transfers is settled once no transfer still under way began before the group ended, and
+    settled groups go to the pool. Keys are the caller's names for transfers under way.
+    """
+
+    pool: RatePool = field(default_factory=RatePool)
+    active: dict[int, float] = field(default_factory=dict)
+    done: list[Transfer] = field(default_factory=list)
+    max_done: int = 64
+
+    def begin(self, key: int, now: float) -> None:
+        self.active[key] = now
+
+    def end(self, key: int, transfer: Transfer | None) -> tuple[int, float] | None:
+        """Transfer ``key`` is over (None: it said nothing about the link); a sample when one is due."""
+        self.active.pop(key, None)
+        if transfer is not None:
+            self.done = sorted([*self.done, transfer], key=lambda t: t.start)[-self.max_done :]
+        horizon = min(self.active.values(), default=math.inf)
+        groups: list[list[Transfer]] = []
+        for t in self.done:
+            if groups and t.start <= max(g.end for g in groups[-1]):
+                groups[-1].append(t)
+            else:
+                groups.append([t])
+        nbytes, seconds, self.done = 0, 0.0, []
+        for group in groups:
+            end = max(t.end for t in group)
+            if end > horizon:
+                self.done += group
+            elif (sample := self.pool.add(sum(t.nbytes for t in group), end - group[0].start)) is not None:
+                nbytes, seconds = nbytes + sample[0], seconds + sample[1]
+        return (nbytes, seconds) if nbytes else None
 
 
 @dataclass(slots=True)

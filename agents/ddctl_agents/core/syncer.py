@@ -23,6 +23,7 @@ from ddctl_agents.core import schedule, vclock
 from ddctl_agents.core.admission import Rejection, UpdateLimits, admit_merge, check_update
 from ddctl_agents.core.config import SyncerConfig
 from ddctl_agents.core.effects import Ack, Effect, Fault, Record, Send
+from ddctl_agents.core.ending import FINISHED
 from ddctl_agents.core.fragments import Fragmentation
 from ddctl_agents.core.ledger import TokenLedger
 from ddctl_agents.core.links import LearnerLinks
@@ -64,6 +65,8 @@ class Synchronizer:
         self.degraded: dict[int, str] = {}
         """Fragments whose last round hit an unexpected error, with its reason (until a clean round)."""
         self.faults = [0] * fragmentation.count
+        self.finished: set[str] = set()
+        """Learners that left having trained their whole budget: the job ends when every one has."""
 
     # -- registry ---------------------------------------------------------------------------
     def register(self, now: float, learner: str, incarnation: int = 0, start_step: int = 0) -> list[Effect]:
@@ -85,6 +88,8 @@ class Synchronizer:
         """
         if self.live.pop(learner, None) is None:
             return []
+        if reason == FINISHED:
+            self.finished.add(learner)
         self.clock = vclock.tick(self.clock, vclock.SYNCER)
         return [self._record(now, "leave", learner=learner, reason=reason)]
 

@@ -65,6 +65,7 @@ def capture(syncer: Synchronizer, extra: Mapping[str, Any] | None = None) -> Syn
         "quarantine": syncer.quarantine.to_json(),
         "degraded": {str(p): reason for p, reason in syncer.degraded.items()},
         "faults": list(syncer.faults),
+        "finished": sorted(syncer.finished),
         **dict(extra or {}),
     }
     return SyncerState(meta=meta, tensors=tensors)
@@ -109,6 +110,7 @@ def restore(syncer: Synchronizer, state: SyncerState) -> None:
     syncer.quarantine.load_json(meta.get("quarantine", {}))  # absent in snapshots written before quarantine existed
     syncer.degraded = {int(p): str(reason) for p, reason in meta.get("degraded", {}).items()}
     syncer.faults = list(meta.get("faults", [0] * count))
+    syncer.finished = set(meta.get("finished", []))  # absent in snapshots written before jobs could end
     for m, step in meta["last_step"].items():
         syncer.links.setdefault(m, LearnerLinks()).pace.last_step = step
 

@@ -15,7 +15,8 @@ import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ddctl_agents.core.links import TransferMeter
+from ddctl_agents import tcpinfo
+from ddctl_agents.core.links import DeliveryMeter, TransferMeter
 from ddctl_agents.errors import (
     REJECTIONS,
     AgentError,
@@ -26,7 +27,9 @@ from ddctl_agents.errors import (
     NotFound,
     TooLarge,
 )
+from ddctl_agents.service import h2tuning
 from ddctl_agents.service.auth import ADMIN, verify_token
+from ddctl_agents.service.ending import stop_job
 from ddctl_agents.service.metrics import metrics
 from ddctl_agents.service.observability import health, status, vector_clock
 from ddctl_agents.service.requests import (
@@ -34,6 +37,7 @@ from ddctl_agents.service.requests import (
     LeaveBody,
     ReadmitBody,
     RegisterBody,
+    StopBody,
     parse_body,
     parse_count,
     parse_query,
@@ -69,6 +73,7 @@ class SyncerApp:
             ("GET", "/metrics"): self.metrics,
             ("POST", "/v1/snapshot"): self.snapshot,
             ("POST", "/v1/admin/readmit"): self.readmit,
+            ("POST", "/v1/admin/stop"): self.stop,
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -141,7 +146,7 @@ class SyncerApp:
         who = self.identity(scope)
         body = parse_body(LeaveBody, await _read_body(receive, MAX_JSON))
         self._own(who, body.learner)
-        await self.rt.leave(body.learner, body.reason)
+        await self.rt.leave(body.learner, body.reason, body.tokens)
         await _json(send, 200, {"left": body.learner})
 
     async def heartbeat(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -172,7 +177,7 @@ class SyncerApp:
             if done:
                 sample = meter.finish(self.rt.clock())
                 if sample is not None:
-                    self.rt.observe_upload(who, *sample)
+                    self.rt.observe_link(who, "up", *sample)  # timed here: used until the learner's kernel reports
             if frag is not None and expected is not None and (done or received - reported >= 1 << 20):
                 reported = received
                 self.rt.inflight(who, frag, received, None if done else expected)
@@ -211,8 +216,12 @@ class SyncerApp:
         await _respond(send, 200, item.frame, [(b"content-type", b"application/x-ddctl-frame")])
 
     async def stream(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Newest versions of every fragment the client has not seen, as they are made."""
-        self.identity(scope)
+        """Newest versions of every fragment the client has not seen, as they are made.
+
+        The subscriber's downlink is measured here, by this side's kernel: before each record
+        the connection's TCP_INFO counters are read, and ``DeliveryMeter`` turns the bytes
+        acknowledged over busy time between idle moments into samples."""
+        who = self.identity(scope)
         count = self.rt.assembly.fragmentation.count
         raw = parse_query(scope.get("query_string", b"")).get("since", "")
         parts = raw.split(",", count) if raw else []
@@ -224,9 +233,16 @@ class SyncerApp:
         await _read_body(receive, MAX_JSON)  # a GET's (empty) body; what receive() says next is the disconnect
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/x-ddctl-stream")]})
 
+        sock, meter = h2tuning.connection_socket(scope), DeliveryMeter()
+
+        def measure() -> None:
+            if sock is not None and (sample := meter.read(tcpinfo.sending(sock))) is not None:
+                self.rt.observe_link(who, "down", *sample, kernel=True)
+
         async def pump() -> None:
             async for item in self.rt.publisher.follow(since, self.rt.settings.keepalive_s):
                 frame = b"" if item is None else item.frame
+                measure()
                 await send({"type": "http.response.body", "body": STREAM_RECORD.pack(len(frame)) + frame, "more_body": True})
                 self.rt.bytes_down += len(frame)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -269,6 +285,13 @@ class SyncerApp:
         readmitted = await self.rt.readmit(body.learner)
         reason = "readmitted; it registers again on its own" if readmitted else "was not suspended; nothing to do"
         await _json(send, 200, {"learner": body.learner, "readmitted": readmitted, "reason": reason})
+
+    async def stop(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The operator ends the job (``ddctl stop``): learners stop, the last rounds close, the result is written."""
+        if self.identity(scope) != ADMIN:
+            raise Forbidden("only the admin identity may stop the job")
+        body = parse_body(StopBody, await _read_body(receive, MAX_JSON))
+        await _json(send, 200, await stop_job(self.rt, body.reason))
 
     def _own(self, who: str, learner: str) -> None:
         if who != learner:

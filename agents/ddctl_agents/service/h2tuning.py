@@ -20,6 +20,10 @@ And a request whose ``:path`` is not ASCII (HTTP requires it percent-encoded)
 made hypercorn's ``path.decode("ascii")`` raise inside the connection's task,
 which killed the connection with an unhandled-exception trace in the log; such
 a request is now answered 400 on its own stream.
+
+Last, it keeps each open connection's socket by its addresses, so a handler can
+read the kernel's TCP_INFO for the connection it answers on
+(``connection_socket``): that is how the syncer measures a learner's downlink.
 """
 
 from __future__ import annotations
@@ -27,21 +31,57 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import h2.events
 import h2.exceptions
 import h2.settings
+from hypercorn.asyncio import tcp_server
 from hypercorn.protocol import h2 as hypercorn_h2
+from hypercorn.utils import parse_socket_addr
 
 WINDOW = int(os.environ.get("DDCTL_H2_WINDOW", 16 << 20))
 """Bytes a peer may send before waiting for us; DDCTL_H2_WINDOW=65535 restores hypercorn's default."""
 FRAME = int(os.environ.get("DDCTL_H2_FRAME", 1 << 20))
 """Largest DATA frame we accept; DDCTL_H2_FRAME=16384 restores the protocol default."""
 _DEFAULT_WINDOW = 65_535
+_SOCKETS: dict[tuple[Any, Any], Any] = {}
+"""Each open connection's socket by its (client, server) addresses, as hypercorn writes them into the scope."""
+
+
+def connection_socket(scope: Mapping[str, Any]) -> Any:
+    """The socket a request came on (asyncio's transport socket: getsockopt works), or None if unknown."""
+    client, server = scope.get("client"), scope.get("server")
+    return None if client is None or server is None else _SOCKETS.get((tuple(client), tuple(server)))
+
+
+def _keep_sockets() -> None:
+    """Wrap hypercorn's asyncio ``TCPServer.run`` so that each connection's socket is known while it is open."""
+    server: Any = tcp_server.TCPServer
+    if hasattr(server, "_ddctl_original_run"):
+        return
+    original_run = server.run
+
+    async def run(self: Any) -> None:
+        sock = self.writer.get_extra_info("socket")
+        try:
+            key = (parse_socket_addr(sock.family, sock.getpeername()), parse_socket_addr(sock.family, sock.getsockname()))
+        except (OSError, AttributeError):  # gone already, or not a socket: nothing to measure
+            key = None
+        if key is not None and None not in key:
+            _SOCKETS[key] = sock
+        try:
+            await original_run(self)
+        finally:
+            if key is not None and _SOCKETS.get(key) is sock:
+                del _SOCKETS[key]
+
+    server._ddctl_original_run, server.run = original_run, run
 
 
 def install(window: int = WINDOW, frame: int = FRAME) -> None:
+    _keep_sockets()
     protocol: Any = hypercorn_h2.H2Protocol
     if getattr(protocol, "_ddctl_window", None) == (window, frame):
         return

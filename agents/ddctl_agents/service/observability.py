@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from ddctl_agents.core.ending import FINISHED, STOPPED
 from ddctl_agents.core.links import LearnerLinks, LinkEstimate
+from ddctl_agents.service.ending import tokens
 
 if TYPE_CHECKING:
     from ddctl_agents.service.runtime import SyncerRuntime
@@ -71,6 +73,8 @@ def status(rt: SyncerRuntime) -> dict[str, Any]:
             "run": rt.settings.run,
             "time": round(now, 3),
             "uptime_s": round(now - rt.started_at, 3),
+            "job": rt.ending.view(),
+            "tokens": tokens(rt),
             "quorum_s": round(rt.quorum_clock.seconds(now), 3),
             "parameters": rt.parameters,
             "rounds": s.rounds_closed,
@@ -107,6 +111,7 @@ def health(rt: SyncerRuntime) -> dict[str, Any]:
         "ok": True,
         "run": rt.settings.run,
         "state": "degraded" if degraded else "healthy",
+        "job": rt.ending.phase,
         "degraded": degraded,
         "suspended": rt.syncer.quarantine.suspended(),
         "task_failures": dict(rt.task_failures),
@@ -118,7 +123,7 @@ def _state(rt: SyncerRuntime, name: str, state: str) -> str:
         return "suspended"
     if name in rt.syncer.live:
         return state
-    return "left" if state == "left" else "gone"
+    return state if state in ("left", FINISHED, STOPPED) else "gone"
 
 
 def finite(value: Any) -> Any:

@@ -45,10 +45,16 @@ class RegisterBody(_Body):
 class LeaveBody(_Body):
     learner: Identity
     reason: Sentence = "left"
+    tokens: Count | None = None
+    """Tokens this life of the learner trained in all (its last word; heartbeats may have missed the last steps)."""
 
 
 class ReadmitBody(_Body):
     learner: Identity
+
+
+class StopBody(_Body):
+    reason: Sentence = "stopped by the operator"
 
 
 class HeartbeatBody(_Body):
@@ -64,8 +70,9 @@ class HeartbeatBody(_Body):
     due: Annotated[list[Count], Field(max_length=4096)] = Field(default_factory=list)
     """Each fragment's next due step: empty, or exactly one per fragment."""
     rtt_s: Annotated[float, Field(ge=0.0, le=600.0, allow_inf_nan=False)] | None = None
-    down_bytes: Count = 0
-    down_seconds: Seconds = 0.0
+    up_bytes: Count = 0
+    up_seconds: Seconds = 0.0
+    """The uplink as the learner's kernel timed it: bytes acknowledged over busy time (``core.links``)."""
 
 
 Body = TypeVar("Body", bound=_Body)

@@ -10,7 +10,7 @@ capped, the logs are rings.
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +22,10 @@ log = logging.getLogger(__name__)
 ROUND_FIELDS = ("t", "fragment", "version", "cause", "reason", "grace_s", "admitted")
 MAX_REGIONS = 256
 """Distinct region names the service keeps link estimates for; a learner cannot make it keep more."""
+ROUNDS_LOG_EVERY_S = 10.0
+"""Seconds between two INFO lines summing up the rounds closed (one line per round would flood the log)."""
+LOGGED_ELSEWHERE = frozenset({"snapshot", "rejected", "suspended", "task-failed", "fragment-degraded", "finishing", "finished"})
+"""Events not logged as events: snapshots are routine, the others are logged with their detail where they happen."""
 
 
 @dataclass(slots=True)
@@ -33,6 +37,9 @@ class LearnerInfo:
     state: str = "training"
     step: int = 0
     tokens: int = 0
+    """Tokens this life of the learner has trained (its heartbeats say)."""
+    tokens_before: int = 0
+    """Tokens its earlier lives trained, as far as this syncer heard."""
     tokens_per_s: float = 0.0
     loss: float | None = None
     staleness: int = 0
@@ -47,9 +54,35 @@ class Roster:
         self.regions: dict[str, LearnerLinks] = {}
         self.events: deque[dict[str, Any]] = deque(maxlen=64)
         self.recent_rounds: deque[dict[str, Any]] = deque(maxlen=32)
+        self._rounds: Counter[str] = Counter()
+        self._rounds_logged_at: float | None = None
 
     def event(self, now: float, kind: str, **fields: Any) -> None:
+        """An event for the page, and (joins, leaves, recoveries...) a line in the service's log."""
         self.events.append({"t": round(now, 3), "event": kind, **fields})
+        if kind not in LOGGED_ELSEWHERE:
+            level = logging.WARNING if kind == "set-aside" else logging.INFO
+            log.log(level, "%s %s", kind, " ".join(f"{k}={v}" for k, v in fields.items()))
+
+    def _round_closed(self, now: float, record: dict[str, Any]) -> None:
+        """Count the round; every ``ROUNDS_LOG_EVERY_S`` log how many closed since the last line, and why."""
+        self._rounds[str(record["cause"])] += 1
+        if self._rounds_logged_at is None:
+            self._rounds_logged_at = now
+        elif now - self._rounds_logged_at >= ROUNDS_LOG_EVERY_S:
+            causes = ", ".join(f"{cause} {n}" for cause, n in self._rounds.most_common())
+            live = sum(info.state == "training" for info in self.info.values())
+            log.info(
+                "%d rounds in %.0f s (%s); fragment %s at version %s; %d learners training",
+                self._rounds.total(),
+                now - self._rounds_logged_at,
+                causes,
+                record["fragment"],
+                record["version"],
+                live,
+            )
+            self._rounds.clear()
+            self._rounds_logged_at = now
 
     def learner(self, name: str) -> LearnerInfo:
         return self.info.setdefault(name, LearnerInfo())
@@ -67,6 +100,8 @@ class Roster:
         if regional is not None and links.up.bytes_per_s is None:
             links.up.bytes_per_s, links.up.rtt_s = regional.up.bytes_per_s, regional.up.rtt_s
         info = self.learner(name)
+        if info.incarnation != incarnation:  # a new life: the old one's tokens stay counted
+            info.tokens_before, info.tokens = info.tokens_before + info.tokens, 0
         info.region, info.incarnation, info.state, info.last_seen, info.joined_at = region, incarnation, "training", now, now
         info.step = max(info.step, start_step)
         self.event(now, "join", learner=name, region=region, incarnation=incarnation, start_step=start_step)
@@ -90,6 +125,7 @@ class Roster:
         kind = record["type"]
         if kind == "round":
             self.recent_rounds.append({k: record[k] for k in ROUND_FIELDS})
+            self._round_closed(now, record)
         elif kind == "reject":
             self.event(now, "set-aside", learner=record["learner"], fragment=record["fragment"], reason=record["reason"])
         elif kind == "suspend":

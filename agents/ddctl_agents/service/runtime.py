@@ -22,19 +22,20 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ddctl_agents.core.effects import Ack, Effect, Fault, Record, Send
+from ddctl_agents.core.ending import departed
 from ddctl_agents.core.links import QuorumClock, TransferMeter
 from ddctl_agents.core.messages import FragmentVersion, Update, decode_update, encode_fragment
-from ddctl_agents.core.syncer_state import capture
 from ddctl_agents.core.tape import TAPE_FORMAT, TapeWriter
 from ddctl_agents.core.wire import WireLimits
-from ddctl_agents.errors import BadRequest, Forbidden, UnknownLearner
+from ddctl_agents.errors import BadRequest, Forbidden, JobOver, UnknownLearner
 from ddctl_agents.jsonable import to_json
+from ddctl_agents.service.ending import Ending, ending_loop, linger, read_summary
 from ddctl_agents.service.log_records import JoinEntry, LeaveEntry, ReadmitEntry, RejectEntry, UpdateEntry, entry_for
 from ddctl_agents.service.publisher import Published, Publisher
 from ddctl_agents.service.recovery import recover
 from ddctl_agents.service.requests import HeartbeatBody
 from ddctl_agents.service.roster import LearnerInfo, Roster
-from ddctl_agents.service.snapshots import write_snapshot
+from ddctl_agents.service.snapshots import take
 from ddctl_agents.service.supervise import supervise
 from ddctl_agents.service.wal import Wal
 from ddctl_agents.train.assembly import Assembly
@@ -55,6 +56,10 @@ class ServiceSettings:
     eval_every_s: float = 0.0
     """Evaluate the global model's val_bpb this often (0: never)."""
     keepalive_s: float = 5.0
+    finish_timeout_s: float = 120.0
+    """A finishing job waits this long for live learners to push their last drift and leave."""
+    linger_s: float = 30.0
+    """A finished syncer keeps answering status this long (the controller reads the summary), then exits."""
 
 
 class SyncerRuntime:
@@ -79,13 +84,18 @@ class SyncerRuntime:
         """Fragments whose newest version could not be encoded for learners, with why."""
         self.snapshots: dict[str, Any] = {"taken": 0, "last_at": None, "last_seconds": None, "bytes": 0}
         self.recovered: dict[str, Any] = {}
+        self.ending = Ending()
+        self.ended = asyncio.Event()
+        """Set when the service should exit: its job finished and the summary has been there ``linger_s``."""
         self.started_at = clock()
         self.quorum_clock = QuorumClock(self.syncer.config.quorum.quorum, self.started_at)
         self.parameters = sum(t.numel() for t in assembly.initial.values())
+        self.tokens_per_learner = assembly.total_steps * assembly.config.inner.batch_size * assembly.model_config.seq_len
         self.bytes_up = 0
         self.bytes_down = 0
         self._core = ThreadPoolExecutor(1, "ddctl-core")
-        self._io = ThreadPoolExecutor(1, "ddctl-io")
+        self.io = ThreadPoolExecutor(1, "ddctl-io")
+        """Disk writes (fsyncs, snapshots) run here, one at a time, off the event loop and the core."""
         self._work = ThreadPoolExecutor(2, "ddctl-work")
         self._durable = 0
         self._commit = asyncio.Lock()
@@ -101,7 +111,12 @@ class SyncerRuntime:
         await self._on_core(self._recover)
         for p in range(self.assembly.fragmentation.count):
             await self._publish(self.syncer.fragment_message(p))
-        loops = {"rounds": self._rounds_loop, "snapshots": self._snapshot_loop}
+        summary = read_summary(self.settings.state_dir)
+        if summary is not None:  # the job finished in an earlier life: answer status, never train again
+            self.ending = Ending(phase="finished", reason=str(summary.get("reason", "")), summary=summary)
+            self._tasks = [asyncio.create_task(linger(self), name="linger")]
+            return
+        loops = {"rounds": self._rounds_loop, "snapshots": self._snapshot_loop, "ending": lambda: ending_loop(self)}
         if self.settings.eval_every_s > 0:
             loops["eval"] = self._eval_loop
         self._tasks = [asyncio.create_task(supervise(name, loop, self._task_failed), name=name) for name, loop in loops.items()]
@@ -113,7 +128,7 @@ class SyncerRuntime:
         await self.publisher.close()
         await self.snapshot()
         await self._on_core(self._close_files)
-        for pool in (self._core, self._io, self._work):
+        for pool in (self._core, self.io, self._work):
             pool.shutdown(wait=True)
 
     def _recover(self) -> None:
@@ -124,7 +139,8 @@ class SyncerRuntime:
         self.wal = Wal(self.settings.state_dir / "wal")
         for learner, incarnation in self.syncer.live.items():
             self.roster.info[learner] = LearnerInfo(incarnation=incarnation, last_seen=now, joined_at=now, state="recovered")
-        self.roster.event(now, "recovered", **self.recovered)
+        resumed = bool(self.recovered["snapshot"] or self.recovered["replayed"] or self.recovered["quarantined"])
+        self.roster.event(now, "recovered" if resumed else "started", **self.recovered)
 
     def _open_tape(self, tape_bytes: int) -> None:
         path = self.settings.state_dir / "tape.jsonl"
@@ -154,14 +170,17 @@ class SyncerRuntime:
             "clock": dict(self.syncer.clock),
         }
 
-    async def leave(self, learner: str, reason: str) -> None:
-        position = await self._on_core(self._leave, learner, reason)
+    async def leave(self, learner: str, reason: str, tokens: int | None = None) -> None:
+        if tokens is not None and learner in self.roster.info:  # at most one learner's share: a claim, not a fact
+            self.roster.info[learner].tokens = min(tokens, self.tokens_per_learner)
+        position = await self._on_core(self._leave, learner, reason, True)
         await self._commit_to(position)
         self._kick.set()
 
     async def heartbeat(self, report: HeartbeatBody) -> dict[str, Any]:
+        """Progress in; the versions out, and ``stop`` once the job is finishing (the learner pushes and leaves)."""
         await self._on_core(self._heartbeat, report)
-        return {"versions": self.publisher.versions()}
+        return {"versions": self.publisher.versions(), "stop": self.ending.phase != "training"}
 
     async def push(self, identity: str, body: bytes) -> tuple[Update, Ack]:
         """Decode (off the loop), check identity, hand to the core, wait for durability.
@@ -183,28 +202,17 @@ class SyncerRuntime:
         await self._commit_to(position)
         return readmitted
 
-    def observe_upload(self, learner: str, nbytes: int, seconds: float) -> None:
-        """A throughput sample of a learner's uplink from the HTTP layer's meter."""
-        self._core.submit(self._observe_upload, learner, nbytes, seconds)
+    def observe_link(self, learner: str, direction: str, nbytes: int, seconds: float, kernel: bool = False) -> None:
+        """A throughput sample of a learner's "up" or "down" link from the HTTP layer (``kernel``: TCP_INFO-timed)."""
+        self._core.submit(self._observe_link, learner, direction, nbytes, seconds, kernel)
 
     def inflight(self, learner: str, fragment: int, received: int, expected: int | None) -> None:
         """Progress of an upload, from the HTTP layer (runs on the core thread via the loop)."""
         self._core.submit(self.syncer.observe_inflight, self.clock(), learner, fragment, received, expected)
 
     async def snapshot(self) -> dict[str, Any]:
-        """Capture on the core thread (no tensor copies), write on the I/O thread; rounds go on."""
-        if self.wal is None:
-            return {}
-        started = time.perf_counter()
-        state, segment = await self._on_core(self._capture)
-        loop = asyncio.get_running_loop()
-        nbytes = await loop.run_in_executor(self._io, self._write_snapshot, state.to_bytes, segment)
-        seconds = time.perf_counter() - started
-        self.snapshots.update(
-            taken=int(self.snapshots["taken"] or 0) + 1, last_at=self.clock(), last_seconds=seconds, bytes=nbytes
-        )
-        self.roster.event(self.clock(), "snapshot", bytes=nbytes, seconds=round(seconds, 4), wal_segment=segment)
-        return {"bytes": nbytes, "seconds": seconds, "wal_segment": segment}
+        """A durable snapshot now (``snapshots.take``): rounds go on while it is written."""
+        return await take(self)
 
     async def view(self, render: Callable[[SyncerRuntime], T]) -> T:
         """A read-only view (status, metrics, clock) computed on the core thread: one consistent moment."""
@@ -217,6 +225,8 @@ class SyncerRuntime:
     # -- core thread ----------------------------------------------------------------------------
     def _register(self, learner: str, incarnation: int, region: str) -> tuple[int, int]:
         assert self.wal is not None
+        if self.ending.phase != "training":
+            raise JobOver(f"the job is {self.ending.phase} ({self.ending.reason}); no learner joins any more")
         self.roster.check_region(region)
         now = self.clock()
         links = self.syncer.links.get(learner)
@@ -227,7 +237,7 @@ class SyncerRuntime:
         self.quorum_clock.update(now, len(self.syncer.live))
         return start_step, position
 
-    def _leave(self, learner: str, reason: str) -> int:
+    def _leave(self, learner: str, reason: str, voluntary: bool = False) -> int:
         assert self.wal is not None
         now = self.clock()
         effects = self.syncer.deregister(now, learner, reason)
@@ -235,7 +245,7 @@ class SyncerRuntime:
             self._apply_effects(effects)
             self.wal.append(LeaveEntry(t=now, learner=learner, reason=reason).model_dump())
             self.roster.event(now, "leave", learner=learner, reason=reason)
-            self.roster.set_state(learner, "left" if reason == "left" else "gone")
+            self.roster.set_state(learner, departed(reason) if voluntary else "gone")
         self.quorum_clock.update(now, len(self.syncer.live))
         return self.wal.appended
 
@@ -251,16 +261,13 @@ class SyncerRuntime:
         now = self.clock()
         self.syncer.heartbeat(now, learner, report.step, report.step_time, tuple(report.due))
         links, regional = self.roster.heard(now, report, self.syncer.links[learner])
-        if report.down_bytes > 0 and report.down_seconds > 0:
-            links.down.observe(report.down_bytes, report.down_seconds)
-            regional.down.observe(report.down_bytes, report.down_seconds)
-        if report.rtt_s is not None:
-            links.up.observe(0, 0.0, report.rtt_s)
-            regional.up.observe(0, 0.0, report.rtt_s)
+        for up in (links.up, regional.up):  # as the learner's kernel timed it; LinkEstimate drops what cannot tell
+            up.observe(report.up_bytes, report.up_seconds, report.rtt_s, kernel=True)
 
-    def _observe_upload(self, learner: str, nbytes: int, seconds: float) -> None:
-        self.syncer.observe_upload(learner, nbytes, seconds)
-        self.roster.regional(learner).up.observe(nbytes, seconds)
+    def _observe_link(self, learner: str, direction: str, nbytes: int, seconds: float, kernel: bool) -> None:
+        if (links := self.syncer.links.get(learner)) is not None:
+            for both in (links, self.roster.regional(learner)):
+                (both.up if direction == "up" else both.down).observe(nbytes, seconds, kernel=kernel)
 
     def _receive(self, update: Update, body: bytes) -> tuple[Ack, int]:
         assert self.wal is not None
@@ -305,21 +312,6 @@ class SyncerRuntime:
         self._apply_effects(effects)
         sends = [e.message for e in effects if isinstance(e, Send) and e.reason == "round"]
         return sends, self.wal.appended, self.syncer.next_wake()
-
-    def _capture(self) -> tuple[Any, int]:
-        assert self.wal is not None and self.tape is not None
-        segment = self.wal.rotate()
-        tape_bytes = self.tape.path.stat().st_size
-        state = capture(
-            self.syncer, {"wal_segment": segment, "tape_bytes": tape_bytes, "job_sha": self.job_sha, "t": self.clock()}
-        )
-        return state, segment
-
-    def _write_snapshot(self, to_bytes: Callable[[], bytes], segment: int) -> int:
-        assert self.wal is not None
-        data = to_bytes()
-        self.wal.drop_before(write_snapshot(self.settings.state_dir, segment, data))
-        return len(data)
 
     def _apply_effects(self, effects: list[Effect]) -> None:
         """Tape every record and show it on the page; log each new fault with its traceback."""
@@ -368,7 +360,7 @@ class SyncerRuntime:
         while True:
             await asyncio.sleep(self.settings.eval_every_s)
             params, rounds = await self._on_core(lambda: (dict(self.syncer.global_params()), self.syncer.rounds_closed))
-            bpb = await loop.run_in_executor(self._io, self.assembly.evaluate, params)
+            bpb = await loop.run_in_executor(self.io, self.assembly.evaluate, params)
             self.val_bpb.append((round(self.clock(), 3), rounds, round(bpb, 5)))
 
     # -- helpers --------------------------------------------------------------------------------
@@ -381,7 +373,7 @@ class SyncerRuntime:
             return
         async with self._commit:
             if position > self._durable:
-                self._durable = await asyncio.get_running_loop().run_in_executor(self._io, self.wal.sync)
+                self._durable = await asyncio.get_running_loop().run_in_executor(self.io, self.wal.sync)
 
     async def _publish(self, message: FragmentVersion) -> None:
         """Encode and publish one version; a failure marks its fragment degraded instead of stopping the caller."""

@@ -8,20 +8,18 @@ speaks h2c (HTTP/2 prior knowledge), and only on a loopback address.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import ipaddress
 import json
 import signal
 import socket
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
-from ddctl_agents.entrypoint import add_label_option, configure_logging
+from ddctl_agents.entrypoint import Parser, add_label_option, configure_logging, report
 from ddctl_agents.errors import AgentError, ConfigError
 from ddctl_agents.jsonable import from_json
 from ddctl_agents.service import h2tuning
@@ -115,28 +113,51 @@ async def run_service(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     assembly = await loop.run_in_executor(None, Assembly.build, files.job)
-    app = SyncerApp(SyncerRuntime(assembly, settings), files.secret)
-    await serve(app, hypercorn_config(sock, files, plaintext), shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+    runtime = SyncerRuntime(assembly, settings)
+    app = SyncerApp(runtime, files.secret)
+
+    async def until_stopped() -> None:
+        """SIGTERM, or the job finished and its summary has lingered: the service leaves (exit 0)."""
+        waits = [asyncio.create_task(stop.wait()), asyncio.create_task(runtime.ended.wait())]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for task in waits:
+            task.cancel()
+
+    await serve(app, hypercorn_config(sock, files, plaintext), shutdown_trigger=until_stopped)  # type: ignore[arg-type]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ddctl syncer serve", description="Run the Decoupled DiLoCo synchronizer service.")
+    defaults = ServiceSettings(state_dir=Path())
+    parser = Parser("ddctl syncer serve", "Run the Decoupled DiLoCo synchronizer service.")
+    parser.add_argument("--job-dir", type=Path, required=True, help="The job directory: job.json, secret, tls/ (syncer init).")
+    parser.add_argument("--state-dir", type=Path, help="Snapshots, write-ahead log and tape (default: JOB_DIR/state).")
+    parser.add_argument("--bind", default="127.0.0.1:0", help="HOST:PORT to listen on; port 0 picks a free one.")
+    parser.add_argument("--port-file", type=Path, help="Write the bound port here once listening.")
+    parser.add_argument("--plaintext", action="store_true", help="Serve h2c without TLS (on loopback only).")
+    parser.add_argument("--snapshot-every", type=float, default=defaults.snapshot_every_s, help="Seconds between snapshots.")
     parser.add_argument(
-        "--job-dir", type=Path, required=True, help="directory with job.json, secret and tls/ (ddctl syncer init)"
+        "--heartbeat-timeout",
+        type=float,
+        default=defaults.heartbeat_timeout_s,
+        help="Seconds of silence after which a learner is declared gone.",
     )
-    parser.add_argument("--state-dir", type=Path, help="snapshots, write-ahead log and tape (default: JOB_DIR/state)")
+    parser.add_argument("--eval-every", type=float, default=defaults.eval_every_s, help="Seconds between evaluations (0: never).")
     parser.add_argument(
-        "--bind", default="127.0.0.1:0", help="HOST:PORT to listen on; port 0 picks a free one (default %(default)s)"
+        "--linger", type=float, default=defaults.linger_s, help="Seconds a finished job's syncer keeps answering, then exits."
     )
-    parser.add_argument("--port-file", type=Path, help="write the bound port here once listening")
-    parser.add_argument("--plaintext", action="store_true", help="h2c without TLS; allowed on loopback only")
-    parser.add_argument("--snapshot-every", type=float, default=30.0, help="seconds between snapshots (default %(default)s)")
     parser.add_argument(
-        "--heartbeat-timeout", type=float, default=20.0, help="declare a silent learner gone after this many seconds"
+        "--finish-timeout",
+        type=float,
+        default=defaults.finish_timeout_s,
+        help="Seconds a finishing job waits for its learners to leave.",
     )
-    parser.add_argument("--eval-every", type=float, default=0.0, help="evaluate the global model every N seconds (0: never)")
     add_label_option(parser)
-    parser.add_argument("--max-update-bytes", type=int, default=0, help="413 above this (default: from the model size)")
+    parser.add_argument(
+        "--max-update-bytes",
+        type=int,
+        default=defaults.max_update_bytes,
+        help="Refuse larger updates with 413 (0: from the model's size).",
+    )
     args = parser.parse_args(argv)
     configure_logging()
     try:
@@ -147,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, value in (("--snapshot-every", args.snapshot_every), ("--heartbeat-timeout", args.heartbeat_timeout)):
             if not value > 0:
                 raise ConfigError(f"{name} must be > 0, got {value}")
+        for name, value in (("--linger", args.linger), ("--finish-timeout", args.finish_timeout)):
+            if not value >= 0:
+                raise ConfigError(f"{name} must be >= 0 seconds, got {value}")
         settings = ServiceSettings(
             state_dir=args.state_dir or args.job_dir / "state",
             run=files.run,
@@ -154,11 +178,12 @@ def main(argv: list[str] | None = None) -> int:
             heartbeat_timeout_s=args.heartbeat_timeout,
             eval_every_s=args.eval_every,
             max_update_bytes=args.max_update_bytes,
+            linger_s=args.linger,
+            finish_timeout_s=args.finish_timeout,
         )
         sock = bind_socket(args.bind)
     except AgentError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return report(parser.prog, exc)
     port = sock.getsockname()[1]
     if args.port_file:
         args.port_file.write_text(f"{port}\n")

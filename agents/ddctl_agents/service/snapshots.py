@@ -1,4 +1,4 @@
-"""Snapshot files on the syncer's disk: the newest two are kept, each named for its log segment.
+"""Snapshots: taking one while rounds go on, and their files on the syncer's disk (the newest two are kept).
 
 ``snapshot-<segment>.ddlw`` holds the state at the start of WAL segment
 ``<segment>``. Keeping the previous snapshot (and the log segments after it)
@@ -7,9 +7,17 @@ means one unreadable snapshot costs a longer replay, not the job.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ddctl_agents.core.syncer_state import SyncerState, capture
+
+if TYPE_CHECKING:
+    from ddctl_agents.service.runtime import SyncerRuntime
 
 KEEP = 2
 _NAME = re.compile(r"snapshot-(\d{8})\.ddlw")
@@ -52,3 +60,31 @@ def _fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+async def take(rt: SyncerRuntime) -> dict[str, Any]:
+    """Capture on the core thread (no tensor copies), write on the I/O thread; rounds go on."""
+    if rt.wal is None:
+        return {}
+    started = time.perf_counter()
+    state, segment = await rt.view(_capture)
+    nbytes = await asyncio.get_running_loop().run_in_executor(rt.io, _write, rt, state, segment)
+    seconds = time.perf_counter() - started
+    rt.snapshots.update(taken=int(rt.snapshots["taken"] or 0) + 1, last_at=rt.clock(), last_seconds=seconds, bytes=nbytes)
+    rt.roster.event(rt.clock(), "snapshot", bytes=nbytes, seconds=round(seconds, 4), wal_segment=segment)
+    return {"bytes": nbytes, "seconds": seconds, "wal_segment": segment}
+
+
+def _capture(rt: SyncerRuntime) -> tuple[SyncerState, int]:
+    assert rt.wal is not None and rt.tape is not None
+    segment = rt.wal.rotate()
+    tape_bytes = rt.tape.path.stat().st_size
+    meta = {"wal_segment": segment, "tape_bytes": tape_bytes, "job_sha": rt.job_sha, "t": rt.clock()}
+    return capture(rt.syncer, meta), segment
+
+
+def _write(rt: SyncerRuntime, state: SyncerState, segment: int) -> int:
+    assert rt.wal is not None
+    data = state.to_bytes()
+    rt.wal.drop_before(write_snapshot(rt.settings.state_dir, segment, data))
+    return len(data)

@@ -179,7 +179,7 @@ def stop_endpoint(run: str) -> list[str]:
     stopped = [i for i in helpers.list_run(run) if i.name == "metadata"]
     for instance in stopped:
         helpers.terminate(instance, grace_s=5.0)
-    return [f"metadata endpoint of {run}" for _ in stopped]
+    return [i.name for i in stopped]
 
 
 def main(argv: list[str] | None = None) -> int:

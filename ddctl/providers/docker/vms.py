@@ -250,12 +250,12 @@ class DockerProvider:
                 out.write(f"==> container {instance.provider_id[:12]} <==\n".encode() + text)
         self.engine.remove(instance.provider_id)
 
-    def cleanup(self, run: str) -> list[str]:
+    def cleanup(self, run: str) -> list[tuple[str, str]]:
         """The run's metadata endpoint and networks (once its containers are gone)."""
-        removed = metadata.stop_endpoint(run)
+        removed = [("metadata endpoint", name) for name in metadata.stop_endpoint(run)]
         for net in self.engine.networks({RUN_LABEL: run}):
             self.engine.remove_network(net["Id"])
-            removed.append(net["Name"])
+            removed.append(("network", net["Name"]))
         return removed
 
     # -- chaos and errors ---------------------------------------------------------------------

@@ -1,0 +1,123 @@
+"""A run's end from the laptop: the syncer's result read and checked, recorded, the machines removed.
+
+The synchronizer decides when the job is over (``ddctl_agents.service.ending``)
+and writes ``summary.json`` on its disk. The controller reads it
+(``result_of``), checks it like any answer from another process, records it
+with the run and what the run cost (``conclude``), and removes every machine
+unless the run was started with ``up --keep``. ``ddctl stop`` asks the syncer
+to end the job now and waits for the same result.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ddctl.control.down import down
+from ddctl.control.runs import dollars_so_far
+from ddctl.control.state import State
+from ddctl.errors import DdctlError
+from ddctl.providers.base import Provider
+from ddctl_agents.waiting import wait_until
+
+Count = Annotated[int, Field(ge=0, le=2**62)]
+Seconds = Annotated[float, Field(ge=0, le=1e9)]
+
+
+class TokenBooks(BaseModel):
+    """Every figure in tokens; each means one thing (``ddctl_agents.service.ending.tokens``)."""
+
+    model_config = ConfigDict(extra="ignore")
+    budget: Count
+    planned: Count
+    trained: Count
+    received: Count
+    merged: Count
+    late_merged: Count
+    dropped: Count
+    rejected: Count
+    pending: Count
+
+
+class RunResult(BaseModel):
+    """The syncer's summary as the laptop accepts it: bounded, typed, nothing else."""
+
+    model_config = ConfigDict(extra="ignore")
+    run: Annotated[str, Field(max_length=200)]
+    reason: Annotated[str, Field(max_length=200)]
+    finished_at: Seconds
+    uptime_s: Seconds
+    quorum_s: Seconds
+    goodput: Annotated[float, Field(ge=0, le=1)] | None
+    rounds: Count
+    tokens: TokenBooks
+    val_bpb: Annotated[float, Field(ge=0, le=1e3)] | None
+    bytes_up: Count
+    bytes_down: Count
+    learners_finished: Annotated[list[Annotated[str, Field(max_length=64)]], Field(max_length=4096)]
+    state_dir: Annotated[str, Field(max_length=4096)]
+
+
+def parse_result(raw: bytes | None) -> RunResult | None:
+    """The syncer's summary file, checked; None if there is none yet. A malformed one is an error, not a result."""
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise DdctlError(f"the syncer's summary.json is not JSON: {exc}") from None
+    if isinstance(data, dict) and isinstance(data.get("val_bpb"), float) and not math.isfinite(data["val_bpb"]):
+        data["val_bpb"] = None
+    try:
+        return RunResult.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise DdctlError(f"the syncer's summary.json is malformed at {where or 'top level'}: {first['msg']}") from None
+
+
+def conclude(
+    run: str,
+    state: State,
+    result: RunResult,
+    local_result: str,
+    spare: tuple[str, ...] = (),
+    owners: list[Provider] | None = None,
+) -> dict[str, Any]:
+    """Record the result and the cost, say ``finished``, and remove every machine unless the run keeps them."""
+    record = state.run(run)
+    if record is None:
+        raise DdctlError(f"no run named {run!r}")
+    now = time.time()
+    state.update_run_detail(run, {"ended_at": now})
+    cost = dollars_so_far(state.run(run) or record, now)
+    summary = {**result.model_dump(), "result": local_result, "dollars": cost}
+    state.update_run_detail(run, {"summary": summary})
+    state.event(run, "finished", reason=result.reason, val_bpb=result.val_bpb, result=local_result)
+    keep = bool(record.detail.get("keep"))
+    if not keep:
+        down(run, state, spare=spare, owners=owners)
+    state.set_run_state(run, "kept" if keep else "finished")
+    return summary
+
+
+def stop(run: str, state: State, reason: str, timeout_s: float = 600.0) -> dict[str, Any]:
+    """Ask the syncer to end the job now, then wait until the controller recorded the result."""
+    from ddctl.control.up import admin_client
+
+    client = admin_client(run)
+    try:
+        answer = client.stop_job(reason)
+    finally:
+        client.close()
+
+    def ended() -> dict[str, Any] | None:
+        record = state.run(run)
+        return record.detail.get("summary") if record is not None and record.state in ("finished", "kept") else None
+
+    summary = wait_until(ended, timeout_s=timeout_s, every_s=0.5, what=f"{run} to finish")
+    return {"run": run, "stopping": bool(answer.get("stopping")), "summary": summary}

@@ -1,0 +1,152 @@
+"""``ddctl up`` is never silent: its stages as plain lines off a terminal, a spinner on one; and what it says is true."""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from ddctl import providers
+from ddctl.cli.app import app
+from ddctl.cli.output import progress_lines
+from ddctl.config.regions import PROVIDERS, load_regions
+from ddctl.control import up as up_module
+from ddctl.control.state import State
+from ddctl.errors import DdctlError
+from ddctl.providers.fake import FakeProvider
+
+ROOT = Path(__file__).resolve().parents[1]
+ANSI = re.compile(r"\x1b\[")
+runner = CliRunner()
+REGIONS = {
+    "run": "quiet",
+    "syncer": "east",
+    "training": {"preset": "tiny", "tokens": 200_000, "fragments": 4, "inner_steps": 8},
+    "regions": [{"name": "east", "provider": "process"}, {"name": "west", "provider": "process", "learners": 2}],
+}
+STAGES = [
+    "bootstrapping the process regions east, west",
+    "made the job directory ",
+    "starting syncer",
+    "syncer deployed in east",
+    "starting L0, L1, L2 in parallel",
+    "waiting for the first merged round",
+    "starting the controller",
+]
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def write_regions(tmp_path: Path, data: dict[str, Any]) -> Path:
+    path = tmp_path / "regions.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture
+def fake_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeProvider:
+    """``up`` against the in-memory provider, its first round merged at once: every stage, no process."""
+    monkeypatch.setenv("DDCTL_HOME", str(tmp_path / "home"))
+    fake = FakeProvider()
+    monkeypatch.setattr(providers, "get", lambda kind: fake)
+    monkeypatch.setattr(up_module, "wait_first_round", lambda run, timeout_s: {"rounds": 1, "live": ["L0", "L1", "L2"]})
+    return fake
+
+
+def test_plain_lines_off_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    err = io.StringIO()
+    monkeypatch.setattr("sys.stderr", err)
+    with progress_lines("bringing r up") as say:
+        say("starting syncer")
+        say("L0 deployed in east")
+    assert err.getvalue() == "starting syncer\nL0 deployed in east\n"
+
+
+def test_a_spinner_and_timed_lines_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    err = Terminal()
+    monkeypatch.setattr("sys.stderr", err)
+    with progress_lines("bringing r up") as say:
+        say("starting syncer")
+    text = err.getvalue()
+    assert ANSI.search(text) and "\x1b[?25l" in text  # drawn in place, the cursor hidden while it spins
+    assert re.search(r"\d+\.\ds .*starting syncer", ANSI.sub("", text))
+    assert "\x1b[?25h" in text  # and shown again once it stops
+
+
+def test_up_reports_every_stage_in_order(tmp_path: Path, fake_up: FakeProvider) -> None:
+    said: list[str] = []
+    with State() as state:
+        result = up_module.up(load_regions(write_regions(tmp_path, REGIONS)), state, dry_run=True, say=said.append)
+    assert result["rounds"] == 1
+    positions = [next(i for i, line in enumerate(said) if line.startswith(stage)) for stage in STAGES]
+    assert positions == sorted(positions), said
+    assert {line for line in said if "deployed" in line} == {
+        "syncer deployed in east",
+        "L0 deployed in east",
+        "L1 deployed in west",
+        "L2 deployed in west",
+    }
+
+
+def test_up_converging_a_live_run_says_nothing_is_missing(tmp_path: Path, fake_up: FakeProvider) -> None:
+    rf = load_regions(write_regions(tmp_path, REGIONS))
+    with State() as state:
+        up_module.up(rf, state, dry_run=True, say=lambda _: None)
+        said: list[str] = []
+        up_module.up(rf, state, dry_run=True, say=said.append)
+    assert "every instance already runs" in said and not any(line.startswith("made the job") for line in said)
+
+
+def test_the_cli_prints_the_stages_plainly_off_a_terminal(tmp_path: Path, fake_up: FakeProvider) -> None:
+    result = runner.invoke(app, ["up", "--dry-run", "-f", str(write_regions(tmp_path, REGIONS))])
+    assert result.exit_code == 0, result.output
+    assert not ANSI.search(result.stderr)
+    lines = result.stderr.splitlines()
+    assert all(any(line.startswith(stage) for line in lines) for stage in STAGES), result.stderr
+    assert result.stdout.startswith("run quiet is training")
+
+
+def test_an_all_docker_file_hears_nothing_about_clouds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    docker = {**REGIONS, "regions": [{"name": "east", "provider": "docker"}, {"name": "west", "provider": "docker"}]}
+    rf = load_regions(write_regions(tmp_path, docker))
+    said: list[str] = []
+    assert set(up_module.kinds_for(rf, False, said.append).values()) == {"docker"} and said == []
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
+    assert set(up_module.kinds_for(rf, True, said.append).values()) == {"process"}
+    assert len(said) == 1 and said[0].startswith("no Docker engine") and "processes instead" in said[0]
+    assert not re.search(r"aws|gcp|cloud|not built", " ".join(said))
+
+
+def test_a_cloud_region_is_refused_before_anything_is_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DDCTL_HOME", str(tmp_path / "home"))
+    cloudy = {**REGIONS, "regions": [{"name": "east", "provider": "aws", "cloud_region": "us-east-1"}]}
+    result = runner.invoke(app, ["up", "-f", str(write_regions(tmp_path, cloudy))])
+    assert result.exit_code == 2
+    assert "provider 'aws' is not built yet; built: process, docker" in result.stderr
+    assert "ddctl up --dry-run" in result.stderr
+    assert not (tmp_path / "home" / "runs").exists()
+    with pytest.raises(DdctlError, match="not built yet"):
+        providers.require_built(["docker", "gcp"])
+    providers.require_built(["docker", "process"])
+
+
+def test_the_example_regions_file_comments_are_true() -> None:
+    text = (ROOT / "regions.yaml").read_text()
+    rf = load_regions(ROOT / "regions.yaml")
+    header = " ".join(line.lstrip("# ") for line in text.splitlines() if line.startswith("#"))
+    used = {r.provider for r in rf.regions}
+    assert used == {"docker"} and "Docker VMs" in header
+    assert "local processes where no engine runs" in header  # processes only as the fallback, as dry_run_kind does
+    listed = re.search(r"provider: \w+ +# ([a-z |]+)", text)
+    assert listed and {p.strip() for p in listed[1].split("|")} == set(PROVIDERS)
+    assert set(providers.PLANNED) == set(PROVIDERS) - set(providers.KINDS)  # "not built yet" names exactly these
+    if any(r.link and r.link.latency_ms for r in rf.regions):
+        assert "latency_ms is checked but not emulated" in header
