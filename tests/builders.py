@@ -93,3 +93,41 @@ def dry_run_up(regions: Path) -> dict[str, Any]:
     up = CliRunner().invoke(app, ["up", "-f", str(regions), "--dry-run", "--json"])
     assert up.exit_code == 0, up.output
     return dict(json.loads(up.stdout))
+
+
+def run_to_its_end(run: str, timeout_s: float = 300.0) -> dict[str, Any]:
+    """Wait (through ``ddctl ls --json``) until ``run`` has finished; ``ddctl status --run RUN --json`` then."""
+    from typer.testing import CliRunner
+
+    from ddctl.cli.app import app
+    from ddctl_agents.waiting import wait_until
+
+    runner = CliRunner()
+
+    def finished() -> bool:
+        listed = runner.invoke(app, ["ls", "--json"])
+        assert listed.exit_code == 0, listed.output
+        return any(r["run"] == run and r["state"] == "finished" for r in json.loads(listed.stdout)["runs"])
+
+    wait_until(finished, timeout_s=timeout_s, every_s=1.0, what=f"{run} to finish its budget")
+    status = runner.invoke(app, ["status", "--run", run, "--json"])
+    assert status.exit_code == 0, status.output  # finished: the syncer is gone on purpose, not unreachable
+    return dict(json.loads(status.stdout))
+
+
+def check_finished(status: dict[str, Any], learners: list[str], budget: int) -> dict[str, Any]:
+    """What every finished dry run must show: the result, the ``finished`` event, books consistent with the budget."""
+    job = status["job"]
+    assert job["phase"] == "finished", job
+    summary = job["summary"]
+    assert summary["reason"] == "every learner trained its share of the token budget"
+    assert summary["learners_finished"] == learners
+    tokens = summary["tokens"]
+    assert tokens["budget"] == budget and tokens["pending"] == 0
+    assert tokens["merged"] + tokens["late_merged"] <= tokens["received"] <= tokens["trained"] <= tokens["planned"] <= budget
+    assert tokens["trained"] >= 0.9 * tokens["planned"]  # every learner trained (nearly) all of its share
+    assert tokens["merged"] + tokens["late_merged"] + tokens["dropped"] + tokens["rejected"] == tokens["received"]
+    assert 0 < summary["val_bpb"] < 8 and summary["rounds"] > 0 and summary["result"]
+    assert Path(summary["result"], "summary.json").exists()  # the result is where it says, on this machine
+    assert any(e.get("event", e.get("kind")) == "finished" for e in status["events"])
+    return dict(summary)

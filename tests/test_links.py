@@ -157,16 +157,31 @@ def test_a_delivery_meter_reads_a_link_that_is_never_idle_every_window() -> None
     assert meter.read(counters(2_650_000, 2.1)) == (1_250_000, pytest.approx(1.0))
 
 
-def test_a_shared_link_counts_overlapping_uploads_as_one_link() -> None:
+def test_a_shared_link_charges_each_upload_its_share_of_the_link() -> None:
     link = SharedLink(pool=RatePool(min_s=0.1))
     link.begin(1, 0.0)
     link.begin(2, 0.0)  # two uploads share a 10 Mbit/s link: each takes 1 s for its 625 KB
-    assert link.end(1, Transfer(0.0, 625_000, 1.0)) is None  # the other may still overlap it
-    assert link.end(2, Transfer(0.0, 625_000, 1.0)) == (1_250_000, 1.0)  # 10 Mbit/s, not 5 per upload
+    assert link.end(1, Transfer(0.0, 625_000, 1.0), now=1.0) == (625_000, 0.5)  # half the link: 10 Mbit/s, not 5
+    assert link.end(2, Transfer(0.0, 625_000, 1.0), now=1.0) == (625_000, 0.5)
+    assert link.done == []  # nothing under way could overlap them any more
     link.begin(3, 5.0)
-    link.begin(4, 5.5)  # starts while 3 is half done; 3 ends at 6.0, 4 at 6.5 (1.5 s for 1.875 MB)
-    assert link.end(3, Transfer(5.0, 937_500, 1.0)) is None
+    link.begin(4, 5.5)  # starts while 3 is half done: 3 ends at 6.0, 4 at 6.5, 937.5 KB each
+    assert link.end(3, Transfer(5.0, 937_500, 1.0), now=6.0) == (937_500, 0.75)  # 0.5 s alone, 0.5 s shared
+    assert link.end(4, Transfer(5.5, 937_500, 1.0), now=6.5) == (937_500, 0.75)
     link.begin(5, 7.0)
-    assert link.end(4, Transfer(5.5, 937_500, 1.0)) == (1_875_000, 1.5)  # settled: 5 began after they ended
-    assert link.end(5, None) is None  # an upload that said nothing (a new connection) leaves nothing behind
+    assert link.end(5, None, now=7.5) is None  # an upload that said nothing (a new connection) leaves nothing behind
     assert link.active == {} and link.done == []
+
+
+def test_a_link_that_is_never_free_is_measured_all_the_same() -> None:
+    link, samples = SharedLink(pool=RatePool(min_s=0.1)), []
+    for n in range(3):
+        link.begin(n, 0.0)  # three uploaders, always all busy: 625 KB each at 10 Mbit/s takes 1.5 s shared
+    for batch in range(10):
+        t = 1.5 * (batch + 1)
+        for n in range(3 * batch, 3 * batch + 3):
+            samples.append(link.end(n, Transfer(t - 1.5, 625_000, 1.5), now=t))
+            link.begin(n + 3, t)  # its uploader takes the next update at once
+    rates = [nbytes * 8 / seconds / 1e6 for nbytes, seconds in filter(None, samples)]
+    assert len(rates) == 30 and rates == pytest.approx([10.0] * 30), rates
+    assert len(link.done) <= 3  # what it keeps stays bounded

@@ -16,7 +16,7 @@ from ddctl.cli.app import app
 from ddctl.providers import linkshape
 from ddctl.providers.process import ProcessProvider
 from ddctl_agents.waiting import wait_until
-from tests.builders import dry_run_up, instances_removed
+from tests.builders import check_finished, dry_run_up, instances_removed, run_to_its_end
 
 runner = CliRunner()
 REGIONS = {
@@ -101,6 +101,39 @@ def test_dry_run_trains_and_down_leaves_nothing(regions_file: Path) -> None:
     assert ProcessProvider().list_run(run) == []
     again = runner.invoke(app, ["down", "--run", run, "--json"])
     assert again.exit_code == 0 and json.loads(again.stdout)["removed"] == {}
+
+
+@pytest.mark.slow
+def test_a_dry_run_trains_its_budget_records_the_result_and_leaves_nothing_running(regions_file: Path) -> None:
+    regions_file.write_text(yaml.safe_dump({**REGIONS, "training": {**REGIONS["training"], "tokens": 150_000}}))
+    run = dry_run_up(regions_file)["run"]
+    try:
+        status = run_to_its_end(run)
+        check_finished(status, ["L0", "L1", "L2"], 150_000)
+        assert [i.name for i in ProcessProvider().list_run(run) if i.alive and i.name != "controller"] == []
+        wait_until(lambda: not ProcessProvider().list_run(run), timeout_s=30, what="the controller to leave too")
+    finally:
+        down = runner.invoke(app, ["down", "--run", run, "--json"])
+    assert down.exit_code == 0 and json.loads(down.stdout)["removed"] == {}, down.output  # nothing was left to remove
+
+
+@pytest.mark.slow
+def test_stop_ends_a_job_early_with_its_result_and_removes_its_machines(regions_file: Path) -> None:
+    run = dry_run_up(regions_file)["run"]  # a 2M-token budget: minutes of training left when we stop it
+    try:
+        stopped = runner.invoke(app, ["stop", "--reason", "enough for today", "--json"])
+        assert stopped.exit_code == 0, stopped.output
+        result = json.loads(stopped.stdout)
+        summary = result["summary"]
+        assert result["stopping"] and summary["reason"] == "enough for today" and summary["learners_finished"] == []
+        tokens = summary["tokens"]
+        assert tokens["pending"] == 0 and 0 < tokens["merged"] <= tokens["received"] <= tokens["trained"] < tokens["planned"]
+        assert [i.name for i in ProcessProvider().list_run(run) if i.alive and i.name != "controller"] == []
+        again = runner.invoke(app, ["stop"])  # nothing is live any more: a clear error, not a hang
+        assert again.exit_code == 2 and "no run is live" in again.output
+    finally:
+        down = runner.invoke(app, ["down", "--run", run, "--json"])
+    assert down.exit_code == 0, down.output
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ import yaml
 from typer.testing import CliRunner
 
 from ddctl.cli.app import app
+from ddctl.control.up import admin_client
 from ddctl.errors import UnreachableError
 from ddctl.providers import deploy, linkshape
 from ddctl.providers.base import RUN_LABEL
@@ -31,7 +32,14 @@ pytestmark = [
     pytest.mark.skipif(linkshape.available() is not None, reason=f"{linkshape.available()}"),
 ]
 runner = CliRunner()
-RATES = {"fast": 200, "mid": 50, "slow": 12}
+RATES = {"fast": 40, "mid": 20, "slow": 10}
+"""Mbit/s, up and down. Python's TLS and HTTP/2 on this 2-core machine, shared with three learners training,
+drive a few tens of Mbit/s: a 200 or 1000 Mbit/s link here would measure the CPU, not the shaper."""
+TOLERANCE = 0.2
+"""Each link must measure within this share of its shaped rate, both ways (issue 13)."""
+SAMPLED_BYTES = (3_000_000, 1_200_000)
+"""Bytes each estimate must have read its rate from before it is judged (five 0.6 MB transfers, the first one or
+two of an uplink timed by the syncer until the learner's kernel reports), then two transfers more."""
 
 
 def _regions(tmp_path: Path) -> Path:
@@ -69,30 +77,20 @@ def test_docker_regions_train_shaped_survive_a_preemption_and_leave_nothing(
         assert sorted(c["Labels"]["ddctl-name"] for c in containers) == ["L0", "L1", "L2", "syncer"]
         assert len(engine.networks({RUN_LABEL: run})) == 3
 
-        # every learner trains, and the links measure as they were shaped
-        seen: list[dict[str, dict[str, float]]] = []
-
-        def measured() -> dict[str, dict[str, float]] | None:  # the EWMA's first samples on a busy machine are noisy
-            status = _status()
-            rows = {r["name"]: r["learners"][0] for r in status["regions"]}
-            if not all(row["up_mbps"] and row["down_mbps"] and row["step"] > 0 for row in rows.values()):
-                return None
-            links = {name: {"up": row["up_mbps"], "down": row["down_mbps"]} for name, row in rows.items()}
-            seen.append(links)
-            within = all(0.5 * rate <= links[name]["up"] <= 2.0 * rate for name, rate in RATES.items())
-            return links if within else None
-
-        try:  # 0.6 MB updates on a busy 2-core machine: uplinks within 2x
-            links = wait_until(measured, timeout_s=180, every_s=0.5, what="every uplink to measure within 2x of its rate")
-        except TimeoutError:
-            pytest.fail(f"uplinks never measured within 2x of {RATES}: {seen[-3:]}")
-        for direction in ("up", "down"):
-            assert links["fast"][direction] > links["mid"][direction] > links["slow"][direction], links
+        # every learner trains, and every link measures as it was shaped, both ways: the sender's kernel times
+        # each transfer (bytes acknowledged over busy time), so neither a late reader nor tbf's burst inflates it
+        first = _sampled(run, None)
+        second = _sampled(run, first)  # and again on fresh samples: not one lucky reading
+        for links in (first, second):
+            for name, rate in RATES.items():
+                for direction in ("up", "down"):
+                    measured = links[name][f"{direction}_mbps"]
+                    assert abs(measured - rate) <= TOLERANCE * rate, f"{name} {direction}: {measured} for {rate}; {links}"
 
         # the machine is reachable over SSH with the run's key, and its link is shaped inside it
         shell = runner.invoke(app, ["ssh", "mid", "--", "tc", "qdisc", "show", "dev", "eth0"])
         assert shell.exit_code == 0, shell.output
-        assert "tbf" in shell.stdout and "50Mbit" in shell.stdout
+        assert "tbf" in shell.stdout and f"{RATES['mid']}Mbit" in shell.stdout
         logs = runner.invoke(app, ["logs", "mid"])  # a running VM's log, read over SSH
         assert logs.exit_code == 0 and "ddctl_agents.agent.progress INFO step " in logs.output, logs.output
         [mid] = [i for i in DockerProvider().list_run(run) if i.name == "L1"]
@@ -135,6 +133,33 @@ def test_docker_regions_train_shaped_survive_a_preemption_and_leave_nothing(
         assert engine.containers({RUN_LABEL: run}) == [] and engine.networks({RUN_LABEL: run}) == []
     again = runner.invoke(app, ["down", "--run", run, "--json"])
     assert again.exit_code == 0 and json.loads(again.stdout)["removed"] == {}
+
+
+def _sampled(run: str, since: dict[str, dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    """Each region's learner's link figures once both estimates are the kernel's, read from ``SAMPLED_BYTES``
+    (then that many more than in ``since``)."""
+    seen: list[dict[str, dict[str, Any]]] = []
+
+    def links() -> dict[str, dict[str, Any]] | None:
+        client = admin_client(run)
+        try:
+            status = client.status()
+        finally:
+            client.close()
+        rows = {e["region"]: e for e in status["learners"] if e["live"]}
+        seen.append({name: {k: v for k, v in row.items() if "_mbps" in k or "_bytes" in k} for name, row in rows.items()})
+        for name in RATES:
+            for direction in ("up", "down"):
+                needed = since[name][f"{direction}_bytes"] + SAMPLED_BYTES[1] if since else SAMPLED_BYTES[0]
+                row = rows.get(name, {})
+                if row.get(f"{direction}_timed_by") != "kernel" or row[f"{direction}_bytes"] < needed:
+                    return None
+        return rows
+
+    try:
+        return wait_until(links, timeout_s=240, every_s=1.0, what="every link to be sampled by the kernel")
+    except TimeoutError:
+        pytest.fail(f"not every link was sampled by the kernel: {seen[-2:]}")
 
 
 def _row(status: dict[str, Any], region: str) -> dict[str, Any]:

@@ -90,7 +90,7 @@ def status(
 ) -> None:
     """The run at a glance: learners with their links, the job's rounds and books, and recent events.
 
-    Exit code 6 when the syncer cannot be reached (the snapshot still shows what ddctl knows)."""
+    Exit code 6 when the syncer of an unfinished job cannot be reached (the snapshot still shows what ddctl knows)."""
     from ddctl.dashboard.render import render
     from ddctl.dashboard.watch import snapshot
     from ddctl.dashboard.watch import watch as live
@@ -108,7 +108,7 @@ def status(
     else:
         console = stdout()
         console.print(render(result, console.width, 10_000))
-    if not result["syncer"]["reachable"]:
+    if not result["syncer"]["reachable"] and result["job"]["phase"] != "finished":
         raise typer.Exit(6)
 
 

@@ -26,6 +26,8 @@ from ddctl_agents.waiting import wait_until
 
 Count = Annotated[int, Field(ge=0, le=2**62)]
 Seconds = Annotated[float, Field(ge=0, le=1e9)]
+Epoch = Annotated[float, Field(ge=0, le=1e11)]
+"""A Unix time (seconds since 1970): beyond year 5000 is not a time, it is a bug or an attack."""
 
 
 class TokenBooks(BaseModel):
@@ -49,7 +51,7 @@ class RunResult(BaseModel):
     model_config = ConfigDict(extra="ignore")
     run: Annotated[str, Field(max_length=200)]
     reason: Annotated[str, Field(max_length=200)]
-    finished_at: Seconds
+    finished_at: Epoch
     uptime_s: Seconds
     quorum_s: Seconds
     goodput: Annotated[float, Field(ge=0, le=1)] | None

@@ -83,16 +83,20 @@ def _line(*parts: str | tuple[str, str]) -> Text:
 
 
 def header(s: dict[str, Any]) -> Text:
-    syncer = s["syncer"]
+    syncer, job = s["syncer"], s.get("job") or {}
     line = _line((s["run"], "bold"), f" · {s['provider']} · ")
+    rounds = s["rounds"]
     if syncer["reachable"]:
         line.append("syncer ok", style="green")
         line.append(f" {syncer['age_s']:.1f}s" if syncer["age_s"] is not None else "")
+    elif job.get("phase") == "finished":  # the syncer left on purpose: its result is on record
+        line.append("finished", style="bold green")
+        rounds = rounds or (job.get("summary") or {}).get("rounds") or 0
     else:
         age = "never reached" if syncer["age_s"] is None else f"last answer {syncer['age_s']:.0f}s ago"
         line.append(f"syncer unreachable, {age}: {syncer['error']}", style="bold red")
     rate = "" if s["rounds_per_min"] is None else f" ({s['rounds_per_min']:.0f}/min)"
-    line.append(f" · {s['rounds']:,} rounds{rate}")
+    line.append(f" · {rounds:,} rounds{rate}")
     bpb = [v for _, v in s["val_bpb"]]
     if bpb:
         line.append(f" · bpb {bpb[-1]:.3f} ")

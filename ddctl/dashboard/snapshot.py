@@ -58,6 +58,8 @@ def learner_state(record: InstanceRecord, seen: dict[str, Any] | None) -> str:
         return "suspended"
     if seen is not None and seen.get("live"):
         return "training"
+    if seen is not None and seen.get("state") in ("finished", "stopped"):  # it left having done its share
+        return "finished"
     if record.state in ("finished", "preempted", "rejoining"):
         return record.state
     if record.state in ("starting", "deploying"):

@@ -218,7 +218,8 @@ class Comms:
             return answer
         finally:
             with self._lock:
-                sample = self._uplink.end(key, None if window is None else Transfer(started, *window))
+                transfer = None if window is None else Transfer(started, *window)
+                sample = self._uplink.end(key, transfer, time.monotonic())
                 if sample is not None:
                     self._up = (self._up[0] + sample[0], self._up[1] + sample[1])
 

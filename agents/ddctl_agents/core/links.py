@@ -268,41 +268,43 @@ class Transfer:
 class SharedLink:
     """Bytes over busy time of one link that several connections send on at once (a learner's uploaders).
 
-    Each connection's kernel times its own transfers (``sent_between``). Transfers that
-    overlap shared the link, so it was busy for the union of their intervals, not their sum:
-    two uploads at half speed each are one link at full speed. A group of overlapping
-    transfers is settled once no transfer still under way began before the group ended, and
-    settled groups go to the pool. Keys are the caller's names for transfers under way.
+    Each connection's kernel times its own transfers (``sent_between``), but transfers that
+    overlap shared the link: two uploads at half speed each are one link at full speed. So a
+    transfer is charged only its share of the link's time: over its interval, each moment
+    that n transfers overlapped counts 1/n. A transfer still under way counts as running from
+    its start until now (it is, as far as anyone knows). A link that is never free (three
+    uploads always in flight) is measured like any other. Keys name transfers under way.
     """
 
     pool: RatePool = field(default_factory=RatePool)
     active: dict[int, float] = field(default_factory=dict)
     done: list[Transfer] = field(default_factory=list)
-    max_done: int = 64
+    """Finished transfers that one still under way may have overlapped."""
 
     def begin(self, key: int, now: float) -> None:
         self.active[key] = now
 
-    def end(self, key: int, transfer: Transfer | None) -> tuple[int, float] | None:
+    def end(self, key: int, transfer: Transfer | None, now: float) -> tuple[int, float] | None:
         """Transfer ``key`` is over (None: it said nothing about the link); a sample when one is due."""
         self.active.pop(key, None)
+        sample = None
         if transfer is not None:
-            self.done = sorted([*self.done, transfer], key=lambda t: t.start)[-self.max_done :]
-        horizon = min(self.active.values(), default=math.inf)
-        groups: list[list[Transfer]] = []
-        for t in self.done:
-            if groups and t.start <= max(g.end for g in groups[-1]):
-                groups[-1].append(t)
-            else:
-                groups.append([t])
-        nbytes, seconds, self.done = 0, 0.0, []
-        for group in groups:
-            end = max(t.end for t in group)
-            if end > horizon:
-                self.done += group
-            elif (sample := self.pool.add(sum(t.nbytes for t in group), end - group[0].start)) is not None:
-                nbytes, seconds = nbytes + sample[0], seconds + sample[1]
-        return (nbytes, seconds) if nbytes else None
+            others = [(t.start, t.end) for t in self.done] + [(start, now) for start in self.active.values()]
+            sample = self.pool.add(transfer.nbytes, _share(transfer.start, transfer.end, others))
+            self.done.append(transfer)
+        oldest = min(self.active.values(), default=math.inf)
+        self.done = [t for t in self.done if t.end > oldest]
+        return sample
+
+
+def _share(start: float, end: float, others: list[tuple[float, float]]) -> float:
+    """Seconds of [start, end] that belong to it: each moment shared with n - 1 of ``others`` counts 1/n."""
+    points = sorted({start, end, *(p for interval in others for p in interval if start < p < end)})
+    share = 0.0
+    for a, b in zip(points, points[1:], strict=False):
+        middle = (a + b) / 2
+        share += (b - a) / (1 + sum(1 for s, e in others if s <= middle < e))
+    return share
 
 
 @dataclass(slots=True)

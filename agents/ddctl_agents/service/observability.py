@@ -34,7 +34,14 @@ def _link_view(links: LearnerLinks) -> dict[str, Any]:
         "rtt_ms": _ms(links.up),
         "up_bytes": links.up.total_bytes,
         "down_bytes": links.down.total_bytes,
+        "up_timed_by": _timed_by(links.up),
+        "down_timed_by": _timed_by(links.down),
     }
+
+
+def _timed_by(link: LinkEstimate) -> str | None:
+    """Who timed the rate shown: the sender's "kernel" (TCP_INFO), the syncer's "app" reads (a fallback), or nobody."""
+    return None if link.bytes_per_s is None else "kernel" if link.kernel else "app"
 
 
 def status(rt: SyncerRuntime) -> dict[str, Any]:
