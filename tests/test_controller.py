@@ -21,6 +21,7 @@ ZONES = [{"provider": "fake", "cloud_region": "eu", "zone": z} for z in ("eu-a",
 
 def test_only_a_summary_that_says_finished_means_finished() -> None:
     assert finished(json.dumps({"reason": "finished"}).encode())
+    assert finished(json.dumps({"reason": "stopped"}).encode())  # the job was stopped: nothing to replace
     assert not finished(json.dumps({"reason": "preemption_notice"}).encode())
     assert not finished(None)  # killed before it could write one
     assert not finished(b"{trunc")  # torn by a kill mid-write

@@ -33,6 +33,7 @@ from ddctl.control.reconcile import Action, Desired, Memory, Observed, Placement
 from ddctl.control.state import InstanceRecord, State
 from ddctl.errors import DdctlError
 from ddctl.providers.base import Instance, InstanceSpec, Provider
+from ddctl_agents.core.ending import FINISHED, STOPPED
 from ddctl_agents.entrypoint import add_label_option, configure_logging
 
 log = logging.getLogger(__name__)
@@ -40,9 +41,9 @@ AGENTS = ("syncer", "learner")
 
 
 def finished(summary: bytes | None) -> bool:
-    """True when the learner's exit summary says its budget was done (it must not be replaced)."""
+    """True when the learner's exit summary says its work is done: its budget trained, or the job stopped (no replacement)."""
     try:
-        return summary is not None and json.loads(summary).get("reason") == "finished"
+        return summary is not None and json.loads(summary).get("reason") in (FINISHED, STOPPED)
     except ValueError:
         return False
 
