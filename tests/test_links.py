@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from ddctl_agents.core.links import (
+    KERNEL_SAMPLES,
     MIN_TRANSFER_BYTES,
     DeliveryMeter,
     LearnerLinks,
@@ -10,8 +11,7 @@ from ddctl_agents.core.links import (
     Pace,
     RatePool,
     SendCounters,
-    SharedLink,
-    Transfer,
+    SoloTransfers,
     TransferMeter,
     sent_between,
 )
@@ -95,8 +95,8 @@ def test_the_quorum_clock_counts_only_time_with_enough_learners_live() -> None:
 # -- kernel-timed samples -----------------------------------------------------------------------
 
 
-def counters(acked: int, busy_s: float, idle: bool = True, connection: int = 1) -> SendCounters:
-    return SendCounters(connection=connection, acked=acked, busy_s=busy_s, idle=idle)
+def counters(acked: int, busy_s: float, idle: bool = True, connection: int = 1, stalled_s: float = 0.0) -> SendCounters:
+    return SendCounters(connection=connection, acked=acked, busy_s=busy_s, stalled_s=stalled_s, idle=idle)
 
 
 def test_a_kernel_sample_replaces_application_timing_which_is_ignored_from_then_on() -> None:
@@ -105,9 +105,20 @@ def test_a_kernel_sample_replaces_application_timing_which_is_ignored_from_then_
     link.observe(6_250_000, 1.0, kernel=True)  # the sender's kernel: 50 Mbit/s
     assert link.bytes_per_s == 6_250_000 and link.kernel
     link.observe(80_000_000, 1.0)  # application timing no longer moves it
-    link.observe(5_000_000, 1.0, kernel=True)
-    assert link.bytes_per_s == pytest.approx(5_625_000)
-    assert link.total_bytes == 80_000_000 + 6_250_000 + 5_000_000  # the bytes the rate was read from
+    assert link.bytes_per_s == 6_250_000
+    assert link.total_bytes == 80_000_000 + 6_250_000  # the bytes the rate was read from
+
+
+def test_the_rate_is_the_second_best_recent_kernel_sample() -> None:
+    link = LinkEstimate()
+    link.observe(6_000_000, 1.0, kernel=True)
+    link.observe(4_500_000, 1.0, kernel=True)  # a starved sender or a loss recovery: only ever slower
+    assert link.bytes_per_s == 6_000_000
+    link.observe(10**12, 1.0, kernel=True)  # one absurd sample (a learner's lie) does not make the figure
+    assert link.bytes_per_s == 6_000_000
+    for _ in range(KERNEL_SAMPLES):  # the link got slower: the old samples age out
+        link.observe(3_000_000, 1.0, kernel=True)
+    assert link.bytes_per_s == 3_000_000
 
 
 def test_a_kernel_sample_too_small_to_tell_a_bandwidth_is_ignored_but_its_rtt_counts() -> None:
@@ -124,15 +135,20 @@ def test_sent_between_needs_two_readings_of_one_connection_and_enough_bytes() ->
     assert sent_between(counters(0, 0.0), counters(600_000, 0.096, connection=2)) is None  # reconnected
     assert sent_between(counters(0, 0.0), counters(MIN_TRANSFER_BYTES - 1, 0.004)) is None  # latency-bound
     assert sent_between(counters(0, 0.0), counters(70_000, 0.0)) == (70_000, 0.0)  # the jiffy clock did not tick: kept
+    # the syncer's event loop fell behind and its window closed: that timed the reader, not the link
+    assert sent_between(counters(0, 0.0), counters(600_000, 0.756, stalled_s=0.208)) is None
+    assert sent_between(counters(0, 0.0), counters(600_000, 0.5, stalled_s=0.04)) == (600_000, 0.5)  # a moment's stall
+    opened = counters(600_000, 0.5, connection=7).at_open()  # a connection made for the transfer: read whole
+    assert sent_between(opened, counters(600_000, 0.5, connection=7)) == (600_000, 0.5)
 
 
 def test_the_pool_gathers_transfers_until_the_busy_clock_has_run_long_enough() -> None:
     pool = RatePool(min_s=0.1, max_count=16)
     assert pool.add(300_000, 0.048) is None
     assert pool.add(300_000, 0.052) == (600_000, pytest.approx(0.1))
-    for _ in range(15):  # a fast link: 75 KB transfers that mostly fit between two ticks
-        assert pool.add(75_000, 0.0) is None
-    assert pool.add(75_000, 0.004) == (1_200_000, 0.004)  # 16 of them, and some time: a sample
+    for n in range(16):  # a fast link: 75 KB transfers that mostly fit between two ticks of the busy clock
+        assert pool.add(75_000, 0.004 if n % 3 == 0 else 0.0) is None  # 16 of them, but 6 ticks are too few
+    assert pool.add(75_000, 0.028) == (1_275_000, pytest.approx(0.052))  # 13 ticks: enough
     for _ in range(20):
         assert pool.add(75_000, 0.0) is None  # no time at all yet: still nothing to divide by
 
@@ -157,31 +173,18 @@ def test_a_delivery_meter_reads_a_link_that_is_never_idle_every_window() -> None
     assert meter.read(counters(2_650_000, 2.1)) == (1_250_000, pytest.approx(1.0))
 
 
-def test_a_shared_link_charges_each_upload_its_share_of_the_link() -> None:
-    link = SharedLink(pool=RatePool(min_s=0.1))
-    link.begin(1, 0.0)
-    link.begin(2, 0.0)  # two uploads share a 10 Mbit/s link: each takes 1 s for its 625 KB
-    assert link.end(1, Transfer(0.0, 625_000, 1.0), now=1.0) == (625_000, 0.5)  # half the link: 10 Mbit/s, not 5
-    assert link.end(2, Transfer(0.0, 625_000, 1.0), now=1.0) == (625_000, 0.5)
-    assert link.done == []  # nothing under way could overlap them any more
-    link.begin(3, 5.0)
-    link.begin(4, 5.5)  # starts while 3 is half done: 3 ends at 6.0, 4 at 6.5, 937.5 KB each
-    assert link.end(3, Transfer(5.0, 937_500, 1.0), now=6.0) == (937_500, 0.75)  # 0.5 s alone, 0.5 s shared
-    assert link.end(4, Transfer(5.5, 937_500, 1.0), now=6.5) == (937_500, 0.75)
-    link.begin(5, 7.0)
-    assert link.end(5, None, now=7.5) is None  # an upload that said nothing (a new connection) leaves nothing behind
-    assert link.active == {} and link.done == []
-
-
-def test_a_link_that_is_never_free_is_measured_all_the_same() -> None:
-    link, samples = SharedLink(pool=RatePool(min_s=0.1)), []
-    for n in range(3):
-        link.begin(n, 0.0)  # three uploaders, always all busy: 625 KB each at 10 Mbit/s takes 1.5 s shared
-    for batch in range(10):
-        t = 1.5 * (batch + 1)
-        for n in range(3 * batch, 3 * batch + 3):
-            samples.append(link.end(n, Transfer(t - 1.5, 625_000, 1.5), now=t))
-            link.begin(n + 3, t)  # its uploader takes the next update at once
-    rates = [nbytes * 8 / seconds / 1e6 for nbytes, seconds in filter(None, samples)]
-    assert len(rates) == 30 and rates == pytest.approx([10.0] * 30), rates
-    assert len(link.done) <= 3  # what it keeps stays bounded
+def test_only_an_upload_that_had_the_link_to_itself_times_it() -> None:
+    uploads = SoloTransfers(pool=RatePool(min_s=0.1))
+    uploads.begin(1, 0.0)
+    assert uploads.end(1, (600_000, 0.24), now=0.4) == (600_000, 0.24)  # alone: 20 Mbit/s
+    uploads.begin(1, 1.0)
+    uploads.begin(2, 1.1)  # two at once: each had part of the link
+    assert uploads.end(1, (600_000, 0.45), now=1.6) is None
+    assert uploads.end(2, (600_000, 0.40), now=1.7) is None  # the other ran during it too
+    uploads.begin(3, 10.0)  # stuck: the syncer is cut off, it sends nothing for a minute
+    uploads.begin(1, 70.0)
+    assert uploads.end(1, (600_000, 0.08), now=70.3) is None  # it would read 60 Mbit/s "sharing" with the stuck one
+    assert uploads.end(3, None, now=71.0) is None  # the stuck one failed: nothing to say
+    uploads.begin(2, 72.0)
+    assert uploads.end(2, (600_000, 0.25), now=72.4) == (600_000, 0.25)  # alone again
+    assert uploads.active == {}

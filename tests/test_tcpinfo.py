@@ -123,7 +123,7 @@ def test_bytes_acked_over_busy_time_reads_a_shaped_link_whenever_it_is_read() ->
             assert peer.stdout is not None and peer.stdout.readline().strip() == "ready"
             sender = socket.create_connection((link.peer_ip, 5001))
             meter, samples = DeliveryMeter(), []
-            for n in range(6):
+            for n in range(8):
                 if (sample := meter.read(tcpinfo.sending(sender))) is not None:
                     samples.append(sample)
                 sender.sendall(b"x" * 600_000)  # 0.24 s at 20 Mbit/s: returns long before the bytes are across
@@ -137,4 +137,5 @@ def test_bytes_acked_over_busy_time_reads_a_shaped_link_whenever_it_is_read() ->
             peer.communicate()
     assert last is not None  # idle at the end: the last window is read
     mbit = [nbytes * 8 / seconds / 1e6 for nbytes, seconds in [*samples, last]]
-    assert len(mbit) == 3 and all(0.85 * rate_mbit <= m <= 1.05 * rate_mbit for m in mbit), mbit
+    # four windows of 1.2 MB; the first may be left out: a new connection's receive window opens as it goes
+    assert len(mbit) >= 3 and all(0.85 * rate_mbit <= m <= 1.05 * rate_mbit for m in mbit), mbit

@@ -106,5 +106,6 @@ def sending(sock: Any) -> SendCounters | None:
         connection=connection,
         acked=info.bytes_acked,
         busy_s=info.busy_us / 1e6,
+        stalled_s=info.rwnd_limited_us / 1e6,
         idle=info.idle,
     )

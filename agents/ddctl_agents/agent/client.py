@@ -25,6 +25,9 @@ from ddctl_agents.errors import ConfigError, Refused, Unavailable
 T = TypeVar("T")
 __all__ = ["Refused", "SyncerClient", "Unavailable", "retry"]
 CHUNK = 256 * 1024
+KEEPALIVE_S = 60.0
+"""How long an idle connection is kept (httpx's default is 5 s; the syncer keeps them 120 s). An uploader often
+waits longer than 5 s for its next update, and a new connection per upload cost a TLS handshake each time."""
 STREAM_RECORD = struct.Struct("<Q")
 
 
@@ -48,6 +51,7 @@ class SyncerClient:
             verify=verify,
             timeout=httpx.Timeout(timeout_s, connect=5.0),
             headers={"authorization": f"Bearer {token}"},
+            limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S),
         )
         self._stream: Any = None
         """The connection the last response came on (httpcore's network stream), for ``sending``."""

@@ -11,9 +11,9 @@
 
 The uplink is measured where its bytes move: each upload is timed by this
 machine's kernel (bytes acknowledged over the connection's busy time, read from
-``TCP_INFO`` before and after it), and uploads that overlap count as one link
-(``core.links.SharedLink``). The downlink is the syncer's to measure, from its
-own sockets: a reading thread would time its own wake-up, not the wire.
+``TCP_INFO`` before and after it); only uploads that had the link to themselves
+count (``core.links.SoloTransfers``). The downlink is the syncer's to measure,
+from its own sockets: a reading thread would time its own wake-up, not the wire.
 
 Each thread has its own HTTP/2 connection, so a long upload never delays a
 heartbeat or an incoming fragment.
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable, retry
-from ddctl_agents.core.links import SharedLink, Transfer, sent_between
+from ddctl_agents.core.links import SoloTransfers, sent_between
 from ddctl_agents.core.messages import FragmentVersion, Update, decode_fragment, encode_update
 from ddctl_agents.errors import HTTP, JobOver
 
@@ -89,9 +89,10 @@ class Comms:
         self._idle = threading.Condition()
         self._busy = 0
         self._lock = threading.Lock()
-        self._uplink = SharedLink()
+        self._uplink = SoloTransfers()
         self._up = (0, 0.0)
-        """Kernel-timed uplink samples (bytes, seconds) not yet reported."""
+        """The latest kernel-timed uplink sample (bytes, seconds) not yet reported: samples are not summed, since
+        one upload that went well and one that did not would average into a figure neither of them was."""
         self._rtt: float | None = None
         self._threads: list[threading.Thread] = []
         self.register_answer: dict[str, Any] = {}
@@ -214,14 +215,16 @@ class Comms:
             self._uplink.begin(key, started)
         try:
             answer = self._push(client, frame, fragment)
-            window = sent_between(before, client.sending())
+            after = client.sending()
+            if after is not None and (before is None or before.connection != after.connection):
+                before = after.at_open()  # the connection was made for this upload (or after a failure)
+            window = sent_between(before, after)
             return answer
         finally:
             with self._lock:
-                transfer = None if window is None else Transfer(started, *window)
-                sample = self._uplink.end(key, transfer, time.monotonic())
+                sample = self._uplink.end(key, window, time.monotonic())
                 if sample is not None:
-                    self._up = (self._up[0] + sample[0], self._up[1] + sample[1])
+                    self._up = sample
 
     def _push(self, client: SyncerClient, frame: bytes, fragment: int) -> dict[str, Any]:
         try:

@@ -1,17 +1,25 @@
 """Per-learner link and pace estimates the syncer keeps from real observations.
 
-Throughput and RTT are exponentially weighted moving averages of measured
-transfers; step time is the median of recent steps, robust to one slow step.
-Pure: every observation comes in as an argument.
+RTT is an exponentially weighted moving average; step time is the median of
+recent steps, robust to one slow step. Pure: every observation comes in as an
+argument.
 
 Rates are measured where the bytes really move: by the sending side's kernel
 (``tcpinfo.py``), as bytes acknowledged over the time the connection was busy.
 The syncer reads its own sockets for every learner's downlink; a learner reads
 its upload connections and reports its uplink in its heartbeats. Only transfers
-that can say something about bandwidth count (``MIN_TRANSFER_BYTES``), pooled
-until the kernel's coarse busy clock has run long enough (``MIN_SAMPLE_S``).
-Timing reads and writes in the application (``TransferMeter``) is the fallback
-where the kernel cannot say, and gives way to the first kernel-timed sample.
+that can say something about bandwidth count (``MIN_TRANSFER_BYTES``, not held
+back by the reader), pooled until the kernel's coarse busy clock has run long
+enough (``MIN_SAMPLE_S``). Such a sample is a lower bound of the link's
+bandwidth: a sender the CPU kept waiting, a loss and its recovery, congestion
+control's own caution can only lengthen a transfer, and only a shaper's burst
+(kept small, ``linkshape.py``) or the busy clock's coarse tick can shorten it.
+So, as BBR estimates a bottleneck
+(Cardwell et al., 2016), the rate is the best of the recent samples: the second
+best of the last ``KERNEL_SAMPLES``, so that one sample alone (a measuring error,
+or a learner's lie) cannot make it. Timing reads and writes in the application
+(``TransferMeter``) is the fallback where the kernel cannot say, averaged
+(EWMA), and gives way to the first kernel-timed sample.
 """
 
 from __future__ import annotations
@@ -28,16 +36,24 @@ MIN_TRANSFER_BYTES = 64 * 1024
 """A smaller transfer is bound by latency, slow start and a shaper's burst, not by bandwidth: it is ignored."""
 MIN_SAMPLE_S = 0.1
 """Kernel-timed transfers pool into one sample until they span this long: busy time ticks in jiffies (4 ms at
-HZ=250), unbiased but coarse, and 25 ticks keep one sample within a few percent."""
+HZ=250), unbiased but coarse, and 25 ticks keep one sample within 4%. No longer: a transfer that went well
+must not be pooled with one that did not (one 0.6 MB upload took 156 ms, the next on the same link 364 ms)."""
 MAX_POOLED = 16
-"""...or until this many have pooled, on a link so fast that 0.1 s of transfers would take minutes to gather."""
+"""...or until this many have pooled over at least ``MIN_POOLED_S``, on a link so fast that 0.1 s of transfers
+would take minutes to gather."""
+MIN_POOLED_S = 0.05
+KERNEL_SAMPLES = 8
+"""How many recent kernel-timed samples the rate is the second best of."""
 MAX_WINDOW_S = 1.0
 """A connection busy this long without a pause (a saturated link) is read anyway, idle or not."""
+MAX_STALLED = 0.1
+"""A transfer the receiver's window held back for more than this share of its busy time measured the reader (a
+syncer whose event loop fell behind, a learner reading on loopback), not the link: it is ignored."""
 
 
 @dataclass(slots=True)
 class LinkEstimate:
-    """EWMA of one direction's throughput (bytes/s) and of round-trip latency."""
+    """One direction's throughput (bytes/s: see the module docstring) and an EWMA of round-trip latency."""
 
     alpha: float = 0.3
     bytes_per_s: float | None = None
@@ -47,6 +63,8 @@ class LinkEstimate:
     """Bytes in the samples the rate was read from."""
     kernel: bool = False
     """A sample timed by the sender's kernel has arrived; samples the application timed are ignored from then on."""
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=KERNEL_SAMPLES))
+    """The latest kernel-timed rates."""
 
     def observe(self, nbytes: int, seconds: float, rtt_s: float | None = None, *, kernel: bool = False) -> None:
         """Record one transfer of ``nbytes`` that took ``seconds`` end to end.
@@ -60,8 +78,16 @@ class LinkEstimate:
         bandwidth_bound = not kernel or nbytes >= MIN_TRANSFER_BYTES
         usable = bandwidth_bound and (kernel or not self.kernel)
         if usable and seconds > 0 and nbytes > 0 and (rate := nbytes / seconds) <= MAX_RATE:
-            fresh = self.bytes_per_s is None or (kernel and not self.kernel)
-            self.bytes_per_s = rate if fresh else self.alpha * rate + (1 - self.alpha) * (self.bytes_per_s or rate)
+            if kernel:
+                if not self.kernel:
+                    self.recent.clear()
+                self.recent.append(rate)
+                ranked = sorted(self.recent)
+                self.bytes_per_s = ranked[-2] if len(ranked) >= 3 else ranked[-1]
+            elif self.bytes_per_s is None:
+                self.bytes_per_s = rate
+            else:
+                self.bytes_per_s = self.alpha * rate + (1 - self.alpha) * self.bytes_per_s
             self.kernel = self.kernel or kernel
             self.total_bytes += nbytes
         if rtt_s is not None and 0 <= rtt_s <= MAX_RTT_S:
@@ -181,29 +207,35 @@ class SendCounters:
     acked: int
     """Bytes the peer has acknowledged, ever."""
     busy_s: float
-    """Seconds the connection had data in flight or queued, ever (a slow reader's stalls included: they are
-    part of what a transfer to that reader takes)."""
+    """Seconds the connection had data in flight or queued, ever."""
+    stalled_s: float
+    """Of those, seconds the peer's receive window held the sender back."""
     idle: bool
     """Nothing unsent and nothing unacknowledged at this moment."""
+
+    def at_open(self) -> SendCounters:
+        """This connection's counters when it opened: a connection made during a transfer is read from its start."""
+        return SendCounters(connection=self.connection, acked=0, busy_s=0.0, stalled_s=0.0, idle=True)
 
 
 def sent_between(before: SendCounters | None, after: SendCounters | None) -> tuple[int, float] | None:
     """(bytes, busy seconds) a connection delivered between two readings; None if that says nothing about the link.
 
-    Nothing is said by readings of different connections (or a missing one), or by fewer than
-    ``MIN_TRANSFER_BYTES``. Busy time may read 0 for a short transfer: the jiffy clock ticked
-    in none of it, and keeping such zeros is what keeps the pooled sum unbiased."""
+    Nothing is said by readings of different connections (or a missing one), by fewer than
+    ``MIN_TRANSFER_BYTES``, or by a transfer the receiver held back for more than
+    ``MAX_STALLED`` of its time. Busy time may read 0 for a short transfer: the jiffy clock
+    ticked in none of it, and keeping such zeros is what keeps the pooled sum unbiased."""
     if before is None or after is None or before.connection != after.connection:
         return None
     nbytes, seconds = after.acked - before.acked, after.busy_s - before.busy_s
-    if nbytes < MIN_TRANSFER_BYTES or seconds < 0:
+    if nbytes < MIN_TRANSFER_BYTES or seconds < 0 or after.stalled_s - before.stalled_s > MAX_STALLED * seconds:
         return None
     return nbytes, seconds
 
 
 @dataclass(slots=True)
 class RatePool:
-    """Adds up transfers until they span ``min_s`` of busy time (or ``max_count`` of them some time at all),
+    """Adds up transfers until they span ``min_s`` of busy time (or ``max_count`` of them ``MIN_POOLED_S``),
     then yields them as one (bytes, seconds) sample."""
 
     min_s: float = MIN_SAMPLE_S
@@ -214,7 +246,7 @@ class RatePool:
 
     def add(self, nbytes: int, seconds: float) -> tuple[int, float] | None:
         self.nbytes, self.seconds, self.count = self.nbytes + nbytes, self.seconds + seconds, self.count + 1
-        if self.seconds < self.min_s and not (self.count >= self.max_count and self.seconds > 0):
+        if self.seconds < self.min_s and not (self.count >= self.max_count and self.seconds >= MIN_POOLED_S):
             return None
         sample = (self.nbytes, self.seconds)
         self.nbytes, self.seconds, self.count = 0, 0.0, 0
@@ -251,60 +283,33 @@ class DeliveryMeter:
         return None if window is None else self.pool.add(*window)
 
 
-@dataclass(frozen=True, slots=True)
-class Transfer:
-    """One transfer on one connection: handed to it at ``start``, then ``seconds`` busy delivering ``nbytes``."""
-
-    start: float
-    nbytes: int
-    seconds: float
-
-    @property
-    def end(self) -> float:
-        return self.start + self.seconds
-
-
 @dataclass(slots=True)
-class SharedLink:
-    """Bytes over busy time of one link that several connections send on at once (a learner's uploaders).
+class SoloTransfers:
+    """Samples from the transfers that had a link to themselves (a learner's uploaders share one link).
 
-    Each connection's kernel times its own transfers (``sent_between``), but transfers that
-    overlap shared the link: two uploads at half speed each are one link at full speed. So a
-    transfer is charged only its share of the link's time: over its interval, each moment
-    that n transfers overlapped counts 1/n. A transfer still under way counts as running from
-    its start until now (it is, as far as anyone knows). A link that is never free (three
-    uploads always in flight) is measured like any other. Keys name transfers under way.
+    Two uploads at once each get part of the link, so neither times the link. Charging
+    each its share of the time would need to know when the other was really sending: one
+    that is stuck (connecting, or cut off by a partition) shares nothing, and counting it
+    read a 10 Mbit/s link as 29. So a transfer is a sample only if no other was under way
+    at any moment of it, by the caller's clock. A link kept busy by overlapping uploads
+    keeps its latest estimate (and the syncer's own meter serves until there is one).
+    Keys name transfers under way.
     """
 
     pool: RatePool = field(default_factory=RatePool)
     active: dict[int, float] = field(default_factory=dict)
-    done: list[Transfer] = field(default_factory=list)
-    """Finished transfers that one still under way may have overlapped."""
+    last_end: float = -math.inf
+    """When the latest transfer ended."""
 
     def begin(self, key: int, now: float) -> None:
         self.active[key] = now
 
-    def end(self, key: int, transfer: Transfer | None, now: float) -> tuple[int, float] | None:
-        """Transfer ``key`` is over (None: it said nothing about the link); a sample when one is due."""
-        self.active.pop(key, None)
-        sample = None
-        if transfer is not None:
-            others = [(t.start, t.end) for t in self.done] + [(start, now) for start in self.active.values()]
-            sample = self.pool.add(transfer.nbytes, _share(transfer.start, transfer.end, others))
-            self.done.append(transfer)
-        oldest = min(self.active.values(), default=math.inf)
-        self.done = [t for t in self.done if t.end > oldest]
-        return sample
-
-
-def _share(start: float, end: float, others: list[tuple[float, float]]) -> float:
-    """Seconds of [start, end] that belong to it: each moment shared with n - 1 of ``others`` counts 1/n."""
-    points = sorted({start, end, *(p for interval in others for p in interval if start < p < end)})
-    share = 0.0
-    for a, b in zip(points, points[1:], strict=False):
-        middle = (a + b) / 2
-        share += (b - a) / (1 + sum(1 for s, e in others if s <= middle < e))
-    return share
+    def end(self, key: int, window: tuple[int, float] | None, now: float) -> tuple[int, float] | None:
+        """Transfer ``key`` is over, with what its kernel says it took (``sent_between``); a sample when one is due."""
+        start = self.active.pop(key, now)
+        alone = not self.active and self.last_end <= start
+        self.last_end = max(self.last_end, now)
+        return self.pool.add(*window) if window is not None and alone else None
 
 
 @dataclass(slots=True)

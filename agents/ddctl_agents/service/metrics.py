@@ -73,14 +73,14 @@ def _families(rt: SyncerRuntime) -> Iterator[Metric]:
         for direction, link in (("up", links.up), ("down", links.down)):
             rates.append(({"learner": name, "region": region, "direction": direction}, link.bytes_per_s))
         rtts.append(({"learner": name, "region": region}, links.up.rtt_s))
-    yield _family("gauge", "link_bytes_per_second", "EWMA throughput measured from real transfers.", rates)
+    yield _family("gauge", "link_bytes_per_second", "Throughput by the sending kernel's TCP_INFO.", rates)
     yield _family("gauge", "link_rtt_seconds", "EWMA round-trip time reported by learners.", rtts)
     regional = [
         ({"region": name, "direction": d}, link.bytes_per_s)
         for name, links in sorted(rt.roster.regions.items())
         for d, link in (("up", links.up), ("down", links.down))
     ]
-    yield _family("gauge", "region_bytes_per_second", "EWMA throughput per region.", regional)
+    yield _family("gauge", "region_bytes_per_second", "Throughput per region, measured as per learner.", regional)
     yield _family("counter", "bytes_received", "Update bytes accepted.", [({}, rt.bytes_up)])
     yield _family("counter", "bytes_sent", "Fragment bytes streamed to learners.", [({}, rt.bytes_down)])
     refused = [({"code": str(k)}, v) for k, v in sorted(rt.rejections.items())]
