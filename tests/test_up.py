@@ -16,7 +16,7 @@ from ddctl.cli.app import app
 from ddctl.providers import linkshape
 from ddctl.providers.process import ProcessProvider
 from ddctl_agents.waiting import wait_until
-from tests.builders import check_finished, dry_run_up, instances_removed, run_to_its_end
+from tests.builders import dry_run_up, instances_removed
 
 runner = CliRunner()
 REGIONS = {
@@ -101,20 +101,6 @@ def test_dry_run_trains_and_down_leaves_nothing(regions_file: Path) -> None:
     assert ProcessProvider().list_run(run) == []
     again = runner.invoke(app, ["down", "--run", run, "--json"])
     assert again.exit_code == 0 and json.loads(again.stdout)["removed"] == {}
-
-
-@pytest.mark.slow
-def test_a_dry_run_trains_its_budget_records_the_result_and_leaves_nothing_running(regions_file: Path) -> None:
-    regions_file.write_text(yaml.safe_dump({**REGIONS, "training": {**REGIONS["training"], "tokens": 150_000}}))
-    run = dry_run_up(regions_file)["run"]
-    try:
-        status = run_to_its_end(run)
-        check_finished(status, ["L0", "L1", "L2"], 150_000)
-        assert [i.name for i in ProcessProvider().list_run(run) if i.alive and i.name != "controller"] == []
-        wait_until(lambda: not ProcessProvider().list_run(run), timeout_s=30, what="the controller to leave too")
-    finally:
-        down = runner.invoke(app, ["down", "--run", run, "--json"])
-    assert down.exit_code == 0 and json.loads(down.stdout)["removed"] == {}, down.output  # nothing was left to remove
 
 
 @pytest.mark.slow

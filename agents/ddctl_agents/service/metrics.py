@@ -73,7 +73,7 @@ def _families(rt: SyncerRuntime) -> Iterator[Metric]:
         for direction, link in (("up", links.up), ("down", links.down)):
             rates.append(({"learner": name, "region": region, "direction": direction}, link.bytes_per_s))
         rtts.append(({"learner": name, "region": region}, links.up.rtt_s))
-    yield _family("gauge", "link_bytes_per_second", "Throughput by the sending kernel's TCP_INFO.", rates)
+    yield _family("gauge", "link_bytes_per_second", "Throughput measured by the sending side's kernel (TCP counters).", rates)
     yield _family("gauge", "link_rtt_seconds", "EWMA round-trip time reported by learners.", rtts)
     regional = [
         ({"region": name, "direction": d}, link.bytes_per_s)
