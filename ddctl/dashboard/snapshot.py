@@ -8,11 +8,11 @@ returns one JSON-able dict. ``ddctl status --json`` prints exactly this;
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 from ddctl.control.state import InstanceRecord
+from ddctl_agents.service.ending import goodput as learner_goodput
 
 DP_BYTES_PER_PARAM_STEP = 2 * 4
 """Data-parallel training all-reduces every fp32 gradient each step; a ring sends about twice its size per rank."""
@@ -164,13 +164,8 @@ def rounds_per_min(recent: list[dict[str, Any]]) -> float | None:
 
 
 def goodput(status: dict[str, Any]) -> float | None:
-    """Share of learner time spent in training steps so far: steps x median step time / (learners x uptime)."""
-    learners, uptime = status.get("learners", []), float(status.get("uptime_s") or 0.0)
-    times = [float(e["step_time_s"]) for e in learners if e.get("step_time_s")]
-    if not learners or not uptime or not times:
-        return None
-    trained = sum(int(e.get("step", 0)) for e in learners) * statistics.median(times)
-    return round(min(trained / (len(learners) * uptime), 1.0), 4)
+    """Share of learner time spent in training steps so far (``service.ending.goodput``, the summary's figure)."""
+    return learner_goodput(status.get("learners", []), float(status.get("uptime_s") or 0.0))
 
 
 def traffic(status: dict[str, Any]) -> dict[str, Any]:
