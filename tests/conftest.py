@@ -3,9 +3,38 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
+import pytest
 from hypothesis import settings
+
+if TYPE_CHECKING:
+    from aws_cloud import AwsCloud
 
 settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
 settings.register_profile("dev", deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+@pytest.fixture(scope="session")
+def aws_cloud() -> Iterator[AwsCloud]:
+    """One moto server with its fault layer for the whole session (moto's backends are process-wide anyway)."""
+    from aws_cloud import AwsCloud
+
+    with AwsCloud() as cloud:
+        yield cloud
+
+
+@pytest.fixture
+def aws(aws_cloud: AwsCloud, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> AwsCloud:
+    """A wiped cloud that this process's boto3 (and any process it starts) talks to; SSH allowed from the bridge."""
+    aws_cloud.reset()
+    for name in [n for n in os.environ if n.startswith("AWS_ENDPOINT_URL_")]:
+        monkeypatch.delenv(name)
+    for name, value in aws_cloud.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("DDCTL_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("DDCTL_SSH_FROM", "100.100.0.1/32")
+    return aws_cloud

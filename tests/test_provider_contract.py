@@ -8,6 +8,7 @@ classified. Each provider passes the same assertions.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,53 +21,70 @@ from ddctl.control.launch import launch
 from ddctl.control.rundir import RunDir
 from ddctl.errors import DdctlError, ProvisionError
 from ddctl.providers import deploy
-from ddctl.providers.base import InstanceSpec, Provider
+from ddctl.providers.base import InstanceSpec, Provider, RegionInfo
 from ddctl_agents.waiting import wait_until
 
-KINDS = ["fake", "process", pytest.param("docker", marks=pytest.mark.slow)]
+KINDS = ["fake", "process", pytest.param("docker", marks=pytest.mark.slow), pytest.param("aws", marks=pytest.mark.slow)]
 
 
 @pytest.fixture(params=KINDS)
 def provider(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Provider]:
     monkeypatch.setenv("DDCTL_HOME", str(tmp_path / "home"))
     kind = request.param
-    why = providers.unavailable(kind)
+    why = providers.unavailable("docker" if kind == "aws" else kind)  # aws VMs are Docker containers here (the hypervisor)
     if why:
         pytest.skip(f"{kind}: {why}")
-    chosen = providers.get(kind)
-    yield chosen
-    for instance in chosen.list_run(run_of(tmp_path)):
-        chosen.terminate(instance, grace_s=1.0)
-    chosen.cleanup(run_of(tmp_path))
+    with contextlib.ExitStack() as stack:
+        if kind == "aws":
+            from aws_hypervisor import Hypervisor
+
+            cloud = request.getfixturevalue("aws")  # moto's server; DDCTL_HOME and the SSH CIDR set for this test
+            monkeypatch.setenv("DDCTL_HOME", str(tmp_path / "home"))
+            stack.enter_context(Hypervisor(cloud, regions=["us-east-1"]))
+        chosen = providers.get(kind)
+        yield chosen
+        for instance in chosen.list_run(run_of(tmp_path)):
+            chosen.terminate(instance, grace_s=1.0)
+        chosen.cleanup(run_of(tmp_path))
+
+
+def region_for(kind: str) -> Region:
+    """The region the contract runs in: what a file would say for this provider (local ones play "process")."""
+    if kind == "aws":
+        return Region(name="west", provider="aws", cloud_region="us-east-1", instance_type="t3.medium", image="ami-12c6146b",
+                      python=sys.executable)  # fmt: skip
+    return Region(name="west", provider="docker" if kind == "docker" else "process", link=LinkProfile(up_mbps=50, down_mbps=50))
 
 
 def run_of(tmp_path: Path) -> str:
     return f"contract{abs(hash(tmp_path)) % 10_000}"
 
 
-def spec(run: str, region: str, info_python: str, command_prefix: tuple[str, ...] = ()) -> InstanceSpec:
+def spec(run: str, region: Region, info: RegionInfo) -> InstanceSpec:
     """A learner-like instance whose agent just sleeps (and leaves on SIGTERM)."""
     argv = (
-        *command_prefix,
-        info_python,
+        *info.command_prefix,
+        info.python,
         "-c",
         "import signal, sys, time; signal.signal(15, lambda *a: sys.exit(0)); time.sleep(600)",
     )
-    return InstanceSpec(run=run, name="L0", region=region, role="learner", argv=argv, log=RunDir(run).log("L0"))
+    return InstanceSpec(
+        run=run, name="L0", region=region.name, role="learner", argv=argv, log=RunDir(run).log("L0"),
+        cloud_region=region.cloud_region, machine=info.machine,
+    )  # fmt: skip
 
 
 def test_the_lifecycle_holds_on_every_provider(provider: Provider, tmp_path: Path) -> None:
     run = run_of(tmp_path)
-    asked = "docker" if provider.kind == "docker" else "process"  # what the file said; the provider plays it
-    regions = [Region(name="west", provider=asked, link=LinkProfile(up_mbps=50, down_mbps=50))]
-    infos = provider.bootstrap(run, regions)
-    again = provider.bootstrap(run, regions)
+    regions = [region_for(provider.kind)]
+    infos = provider.bootstrap(run, regions, "west")
+    again = provider.bootstrap(run, regions, "west")
     assert infos == again and set(infos) == {"west"}  # idempotent
     info = infos["west"]
     assert info.provider == provider.kind and info.python and info.syncer_host
     if info.remote:
         RunDir(run).known_hosts.parent.mkdir(parents=True, exist_ok=True)
-    started = launch(provider, spec(run, "west", info.python, info.command_prefix))
+    started = launch(provider, spec(run, regions[0], info))
     listed = {i.name: i for i in provider.list_run(run)}
     assert listed["L0"].alive and listed["L0"].provider_id == started.provider_id
     target = provider.ssh_target(listed["L0"])
@@ -100,8 +118,8 @@ def test_a_local_process_cannot_be_partitioned_and_says_why(tmp_path: Path) -> N
 
 
 def test_the_registry_names_what_is_built() -> None:
-    with pytest.raises(DdctlError, match="provider 'aws' is not built yet; built: process, docker"):
-        providers.get("aws")
+    with pytest.raises(DdctlError, match="provider 'gcp' is not built yet; built: process, docker, aws"):
+        providers.get("gcp")
     assert providers.dry_run_kind({"process"}) == ("process", None)
 
 

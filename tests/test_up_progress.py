@@ -127,10 +127,10 @@ def test_an_all_docker_file_hears_nothing_about_clouds(tmp_path: Path, monkeypat
 
 def test_a_cloud_region_is_refused_before_anything_is_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DDCTL_HOME", str(tmp_path / "home"))
-    cloudy = {**REGIONS, "regions": [{"name": "east", "provider": "aws", "cloud_region": "us-east-1"}]}
+    cloudy = {**REGIONS, "regions": [{"name": "east", "provider": "gcp", "cloud_region": "us-east1"}]}
     result = runner.invoke(app, ["up", "-f", str(write_regions(tmp_path, cloudy))])
     assert result.exit_code == 2
-    assert "provider 'aws' is not built yet; built: process, docker" in result.stderr
+    assert "provider 'gcp' is not built yet; built: process, docker, aws" in result.stderr
     assert "ddctl up --dry-run" in result.stderr
     assert not (tmp_path / "home" / "runs").exists()
     with pytest.raises(DdctlError, match="not built yet"):

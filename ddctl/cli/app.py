@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as installed_version
 from typing import Annotated
@@ -44,9 +45,15 @@ def _options(
         bool,
         typer.Option("--version", "-V", callback=_print_version, is_eager=True, help="Print ddctl's version and exit."),
     ] = False,
+    profile: Annotated[
+        str | None,
+        typer.Option("--profile", envvar="AWS_PROFILE", help="The AWS profile for aws regions (default: AWS_PROFILE)."),
+    ] = None,
 ) -> None:
     # The options of ``ddctl`` itself (before any command); ``--version`` acts in its callback, eagerly.
-    pass
+    # The profile goes into the environment: this process's boto3 and the controller it starts both read it.
+    if profile:
+        os.environ["AWS_PROFILE"] = profile
 
 
 app.command("train")(train.train)

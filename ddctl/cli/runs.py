@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -78,8 +79,42 @@ def _print_plan(result: dict[str, Any]) -> None:
             i["name"], i["region"], i["provider"], i["role"], i["instance_type"] or "-", str(i["spot"]), price, i["action"]
         )
     stdout().print(table)
+    if "cost" in result:
+        _print_money(result)
     unpriced = f" (no price cap in: {', '.join(result['unpriced'])})" if result["unpriced"] else ""
     typer.echo(f"at most ${result['max_dollars_per_hour']:.2f}/h{unpriced}; nothing was changed")
+
+
+def _print_money(result: dict[str, Any]) -> None:
+    """Per region: the type and zone chosen, spot $/h beside on-demand, egress; then warnings, totals, assumptions."""
+    from rich.table import Table
+
+    def usd(value: float | None) -> str:
+        return "unknown" if value is None else f"{value:.4f}"
+
+    if all(r["spot_per_hour"] == 0 and r["egress_per_hour"] == 0 and not r["warnings"] for r in result["regions"]):
+        # every region runs on this machine: nothing to pay, only what the traffic would be
+        for note in result["cost"]["notes"]:
+            typer.echo(f"note: {note}")
+        return
+    table = Table(title="what it costs (USD per instance-hour; egress per region-hour)")
+    for col in ("region", "n", "type", "zone", "spot $/h", "on-demand $/h", "egress GB/h", "egress $/h"):
+        table.add_column(col)
+    for r in result["regions"]:
+        row = (r["instance_type"] or "-", r["zone"] or "-", usd(r["spot_per_hour"]), usd(r["on_demand_per_hour"]))
+        table.add_row(r["region"], str(r["instances"]), *row, f"{r['egress_gb_per_hour']:.3f}", usd(r["egress_per_hour"]))
+    stdout().print(table)
+    for r in result["regions"]:
+        for warning in r["warnings"]:
+            typer.echo(f"warning: {r['region']}: {warning}")
+    cost = result["cost"]
+    unknown = f" (unknown, left out: {', '.join(cost['unknown'])})" if cost["unknown"] else ""
+    typer.echo(
+        f"expected ${cost['total_dollars_per_hour']:.2f}/h: instances ${cost['dollars_per_hour']:.2f}/h "
+        f"(on demand ${cost['on_demand_dollars_per_hour']:.2f}/h) + egress ${cost['egress_dollars_per_hour']:.2f}/h{unknown}"
+    )
+    for note in cost["notes"]:
+        typer.echo(f"note: {note}")
 
 
 def status(
@@ -115,6 +150,10 @@ def status(
 def down(
     run: RunOption = "",
     purge: Annotated[bool, typer.Option("--purge", help="Then delete ended runs' local directories (as `ddctl gc`).")] = False,
+    orphans: Annotated[
+        bool, typer.Option("--orphans", help="Instead: remove what dead or expired runs left in the file's cloud regions.")
+    ] = False,
+    regions_file: RegionsOption = Path("regions.yaml"),
     json_out: JsonOption = False,
 ) -> None:
     """Stop and remove every machine of the run (found by its labels); with nothing running, does nothing (exit 0)."""
@@ -126,6 +165,13 @@ def down(
     from ddctl.control.state import State
 
     def body() -> dict[str, Any]:
+        if orphans:
+            from ddctl.config.regions import load_regions
+            from ddctl.control.down import sweep_orphans
+
+            rf = load_regions(regions_file)
+            with State() as state:
+                return sweep_orphans(rf, state, time.time())
         with State() as state:
             idle = not run and not any(r.state in LIVE for r in state.runs())
             # a named run is searched by its labels even if this machine has no record of it (the state file is a cache)

@@ -61,12 +61,23 @@ class Region(_Model):
     ] = ()
     zones: Annotated[tuple[str, ...], Field(description="an ordered list of zones to try")] = ()
     instance_type: Annotated[str, Field(description="an instance type such as g5.xlarge")] = ""
+    instance_types: Annotated[
+        tuple[str, ...], Field(description="instance types in order of preference, such as [g6.xlarge, g5.xlarge]")
+    ] = ()
+    image: Annotated[str, Field(description="a machine image: an AMI id (ami-...) or ssm:/path/of/a/public/parameter")] = ""
+    vpc: Annotated[str, Field(description="a VPC id (vpc-...) or Name tag; default: the region's default VPC")] = ""
+    python: Annotated[str, Field(description="the interpreter on the VMs, an absolute path")] = ""
     accelerator: Annotated[str, Field(description="an accelerator such as nvidia-l4")] = ""
     spot: Annotated[bool, Field(description="true or false")] = True
     price_cap: Annotated[float | None, Field(gt=0, description="USD per instance-hour, a number > 0")] = None
     """USD per instance-hour we are willing to pay (spot bids above it are refused)."""
     link: Annotated[LinkProfile | None, Field(description="{up_mbps, down_mbps, latency_ms}")] = None
     preemption: Annotated[PreemptionProfile | None, Field(description="{mean_between_s, notice_s}")] = None
+
+    @property
+    def types(self) -> tuple[str, ...]:
+        """The instance types to try, in order (``instance_type`` is the one-type shorthand)."""
+        return self.instance_types or ((self.instance_type,) if self.instance_type else ())
 
 
 class RegionsFile(_Model):
@@ -160,6 +171,14 @@ def _check_consistency(rf: RegionsFile) -> None:
                 f"{rf.path}: {where}.link: only local regions emulate links; allowed with: {', '.join(LOCAL_PROVIDERS)}",
                 path=rf.path,
                 key=f"{where}.link",
+            )
+        if region.instance_type and region.instance_types:
+            raise RegionsError(
+                f"{rf.path}: {where}.instance_types: give instance_type or instance_types, not both", path=rf.path, key=where
+            )
+        if region.python and not region.python.startswith("/"):
+            raise RegionsError(
+                f"{rf.path}: {where}.python: must be an absolute path, got {region.python!r}", path=rf.path, key=where
             )
         if region.fallback_regions and region.provider not in CLOUD_PROVIDERS:
             raise RegionsError(f"{rf.path}: {where}.fallback_regions: only cloud regions fail over", path=rf.path, key=where)

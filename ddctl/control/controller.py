@@ -33,6 +33,7 @@ from ddctl.control.reconcile import Action, Desired, Memory, Observed, Placement
 from ddctl.control.state import InstanceRecord, State
 from ddctl.errors import DdctlError
 from ddctl.providers.base import Instance, InstanceSpec, Provider
+from ddctl_agents.agent.client import Unavailable
 from ddctl_agents.core.ending import FINISHED, STOPPED
 from ddctl_agents.entrypoint import add_label_option, configure_logging
 
@@ -98,13 +99,12 @@ class Controller:
         return True
 
     def _finished(self, r: InstanceRecord, instance: Instance) -> bool:
+        """Its exit summary says so; where the machine kept nothing (a terminated cloud VM), the syncer's roster does."""
         spec = InstanceSpec.from_json(r.detail["spec"])
-        return (
-            not instance.alive
-            and r.role == "learner"
-            and bool(spec.summary)
-            and finished(self.provider(r.provider).read_file(instance, spec.summary))
-        )
+        if instance.alive or r.role != "learner" or not spec.summary:
+            return False
+        summary = self.provider(r.provider).read_file(instance, spec.summary)
+        return finished(summary) if summary is not None else r.name in finished_by_syncer(self.run)
 
     def _act(self, action: Action, r: InstanceRecord, instance: Instance | None, now: float, done: bool) -> None:
         provider = self.provider(r.provider)
@@ -142,6 +142,23 @@ class Controller:
         )
         self.said.pop(r.name, None)
         log.info("%s %s: %s", action.kind, r.name, action.reason)
+
+
+def finished_by_syncer(run: str) -> set[str]:
+    """The learners the syncer counts as finished (its status), or none when it does not answer."""
+    from ddctl.control.up import admin_client
+
+    try:
+        client = admin_client(run, timeout_s=5.0)
+    except OSError:
+        return set()
+    try:
+        names = client.status().get("finished")
+    except Unavailable:
+        return set()
+    finally:
+        client.close()
+    return {n for n in names if isinstance(n, str)} if isinstance(names, list) else set()
 
 
 def _placements(r: InstanceRecord) -> tuple[Placement, ...]:

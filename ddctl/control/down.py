@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ddctl import providers
+from ddctl.config.regions import RegionsFile
 from ddctl.control.reconcile import Observed, reconcile
 from ddctl.control.state import State
 from ddctl.errors import DdctlError
@@ -62,6 +63,19 @@ def down(
     if state.run(run) is not None:
         state.set_run_state(run, "down")
     return {"run": run, "removed": {kind: sorted(names) for kind, names in sorted(removed.items())}}
+
+
+def sweep_orphans(rf: RegionsFile, state: State, now: float) -> dict[str, Any]:
+    """``down --orphans``: every region of ``rf`` swept for what runs no longer live (or past expiry) left behind."""
+    from ddctl.control.runs import LIVE
+
+    live = {r.id for r in state.runs() if r.state in LIVE}
+    removed: dict[str, list[str]] = {}
+    for kind in sorted({r.provider for r in rf.regions}):
+        providers.require_built([kind])
+        for what, name in providers.get(kind).sweep([r for r in rf.regions if r.provider == kind], live, now):
+            removed.setdefault(what, []).append(name)
+    return {"run": "orphans", "removed": {kind: sorted(names) for kind, names in sorted(removed.items())}}
 
 
 def report(result: dict[str, Any]) -> str:

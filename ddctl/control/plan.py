@@ -8,12 +8,16 @@ its region's zones, then its fallback regions.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddctl.config.regions import Region, RegionsFile
 from ddctl.control.reconcile import Action, Desired, Placement
 from ddctl.providers import KINDS
+
+if TYPE_CHECKING:
+    from ddctl.control.quotes import PlanQuotes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,8 +85,11 @@ def desired(instances: list[PlannedInstance]) -> list[Desired]:
     return [Desired(name=i.name, role=i.role, placements=i.placements) for i in instances]
 
 
-def plan_summary(rf: RegionsFile, kinds: dict[str, str], actions: list[Action] | None = None) -> dict[str, Any]:
-    """The plan as ``up --plan`` prints it; with ``actions``, what ``up`` would do about each instance now."""
+def plan_summary(
+    rf: RegionsFile, kinds: dict[str, str], actions: list[Action] | None = None, quotes: PlanQuotes | None = None
+) -> dict[str, Any]:
+    """The plan as ``up --plan`` prints it; with ``actions``, what ``up`` would do about each instance now;
+    with ``quotes``, each region's prices, egress and warnings, and the totals."""
     instances = plan(rf, kinds)
     known = [i.max_dollars_per_hour for i in instances if i.max_dollars_per_hour is not None]
     todo = {a.name: a for a in actions or [] if a.kind in ("create", "replace", "wait", "give_up")}
@@ -106,4 +113,4 @@ def plan_summary(rf: RegionsFile, kinds: dict[str, str], actions: list[Action] |
         ],
         "max_dollars_per_hour": round(sum(known), 4),
         "unpriced": sorted({i.region for i in instances if i.max_dollars_per_hour is None}),
-    }
+    } | (quotes.summary(rf, kinds, Counter(i.region for i in instances)) if quotes is not None else {})

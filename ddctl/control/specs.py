@@ -34,7 +34,7 @@ def syncer_port(info: RegionInfo) -> int:
         return int(probe.getsockname()[1])
 
 
-def syncer_spec(run: str, info: RegionInfo, port: int) -> InstanceSpec:
+def syncer_spec(run: str, info: RegionInfo, port: int, region: Region | None = None) -> InstanceSpec:
     """The synchronizer service of ``run`` in the region ``info`` describes, on ``port``."""
     rundir = RunDir(run)
     job = f"{REMOTE_ROOT}/job" if info.remote else str(rundir.job)
@@ -51,6 +51,9 @@ def syncer_spec(run: str, info: RegionInfo, port: int) -> InstanceSpec:
         files={f"{job}/{name}": str(rundir.job / name) for name in SYNCER_FILES} if info.remote else {},
         disks={f"{REMOTE_ROOT}/state": str(rundir.syncer_state)} if info.remote else {},
         summary=f"{state_dir}/summary.json",
+        cloud_region=region.cloud_region if region is not None else "",
+        zone=region.zones[0] if region is not None and region.zones else "",
+        machine=dict(info.machine),
     )
 
 
@@ -88,6 +91,7 @@ def learner_spec(run: str, info: RegionInfo, region: Region, learner: str, port:
         summary=summary,
         cloud_region=region.cloud_region,
         zone=region.zones[0] if region.zones else "",
+        machine=dict(info.machine),
     )
 
 

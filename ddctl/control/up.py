@@ -23,6 +23,7 @@ from ddctl.control.credentials import init_job_dir, token_for
 from ddctl.control.down import down
 from ddctl.control.launch import launch
 from ddctl.control.plan import PlannedInstance, desired, plan, plan_summary
+from ddctl.control.quotes import quote_plan
 from ddctl.control.reconcile import Action, Observed, reconcile
 from ddctl.control.rundir import RunDir
 from ddctl.control.runs import ENDED
@@ -128,14 +129,14 @@ def _bootstrap(rf: RegionsFile, kinds: dict[str, str], owners: dict[str, Provide
     for kind, provider in owners.items():
         regions = [r for r in rf.regions if kinds[r.name] == kind]
         say(f"bootstrapping the {kind} regions {', '.join(r.name for r in regions)}")
-        infos.update(provider.bootstrap(rf.run, regions))
+        infos.update(provider.bootstrap(rf.run, regions, rf.syncer))
     return infos
 
 
 def _spec(run: str, planned: PlannedInstance, infos: dict[str, RegionInfo], rf: RegionsFile, port: int) -> InstanceSpec:
     info = infos[planned.region]
     if planned.role == "syncer":
-        return syncer_spec(run, info, port)
+        return syncer_spec(run, info, port, rf.region(planned.region))
     return learner_spec(run, info, rf.region(planned.region), planned.name, port)
 
 
@@ -227,7 +228,7 @@ def _ensure_controller(run: str, state: State, say: Any) -> None:
 
 
 def plan_actions(rf: RegionsFile, *, dry_run: bool, say: Any = print) -> dict[str, Any]:
-    """``up --plan``: the plan, and what ``up`` would do about each instance given what runs now (read only)."""
+    """``up --plan``: the plan, what ``up`` would do about each instance given what runs now, and what it costs (read only)."""
     kinds = kinds_for(rf, dry_run, say)
     actions = reconcile(desired(plan(rf, kinds)), observe(rf.run, set(kinds.values())), time.time())
-    return plan_summary(rf, kinds, actions)
+    return plan_summary(rf, kinds, actions, quote_plan(rf, kinds))

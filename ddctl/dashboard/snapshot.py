@@ -99,7 +99,7 @@ def build(records: RunRecords, syncer: SyncerView, now: float) -> dict[str, Any]
             {
                 "id": record.name,
                 "state": learner_state(record, entry),
-                "zone": info.zones[0] if info.zones else None,
+                "zone": (record.detail.get("spec") or {}).get("zone") or (info.zones[0] if info.zones else None),
                 "step": (entry or {}).get("step", 0),
                 "tokens_per_s": (entry or {}).get("tokens_per_s", 0.0),
                 "loss": (entry or {}).get("loss"),

@@ -29,8 +29,9 @@ KINDS: dict[str, Kind] = {
     "process": Kind("process", "ddctl.providers.process:ProcessProvider", local=True),
     "docker": Kind("docker", "ddctl.providers.docker.vms:DockerProvider", local=True),
     "fake": Kind("fake", "ddctl.providers.fake:FakeProvider", local=True),
+    "aws": Kind("aws", "ddctl.providers.aws.provider:AwsProvider", local=False),
 }
-PLANNED = ("aws", "gcp")
+PLANNED = ("gcp",)
 """Accepted in regions.yaml; ``up`` refuses them (not built yet) before it makes anything, ``up --dry-run`` plays them."""
 LOCAL_KINDS = tuple(k for k, kind in KINDS.items() if kind.local and k != "fake")
 

@@ -4,7 +4,7 @@ In SkyPilot's spirit, a provider is a short list of verbs behind one registry
 (``ddctl.providers.get``), with typed records at the boundary and its SDK
 imported lazily:
 
-- ``bootstrap(run, regions)``: what a region needs before instances (networks,
+- ``bootstrap(run, regions, syncer_region)``: what a region needs before instances (networks,
   security groups, key material, a metadata endpoint), idempotent; answers a
   ``RegionInfo`` per region: the interpreter on its machines, where its learners
   reach the syncer, its notice URL, how files reach its machines.
@@ -61,6 +61,8 @@ class RegionInfo:
     """Prepended to a local instance's command (the shaped network namespace it runs in)."""
     shaped: tuple[float, float] | None = None
     """(up, down) Mbit/s the region's links are shaped to, where they are."""
+    machine: dict[str, Any] = field(default_factory=dict)
+    """How the provider makes this region's VMs (instance types, image, ...): copied into each instance's spec."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,6 +90,8 @@ class InstanceSpec:
     """Where to place it: a zone of ``cloud_region`` (empty: the provider's choice); set by failover."""
     cloud_region: str = ""
     """The cloud region to place it in (empty: the region's own); set by failover."""
+    machine: dict[str, Any] = field(default_factory=dict)
+    """The provider's own settings for the VM (from its region's ``RegionInfo.machine``); opaque to the control plane."""
 
     @property
     def label(self) -> str:
@@ -133,8 +137,10 @@ class Provider(Protocol):
     power_off: str
     """The command a machine runs when its agent ends, so that "alive" means "the agent runs"."""
 
-    def bootstrap(self, run: str, regions: list[Region]) -> dict[str, RegionInfo]:
-        """Make what the regions need before instances (idempotent); what each region's instances must know."""
+    def bootstrap(self, run: str, regions: list[Region], syncer_region: str = "") -> dict[str, RegionInfo]:
+        """Make what the regions need before instances (idempotent); what each region's instances must know.
+
+        ``syncer_region``: the region (by name) the syncer runs in; every region's learners must reach it."""
         ...
 
     def create(self, spec: InstanceSpec) -> Instance:
@@ -169,6 +175,12 @@ class Provider(Protocol):
 
     def cleanup(self, run: str) -> list[tuple[str, str]]:
         """Remove what the run left besides instances; returns (kind, name) of each: ("network", "ddctl-x-eu")."""
+        ...
+
+    def sweep(self, regions: list[Region], live: set[str], now: float) -> list[tuple[str, str]]:
+        """Remove what runs not in ``live`` (or past their expiry) left in these regions; (kind, name) of each.
+
+        Clouds only: local providers' runs live on this machine and ``ddctl down --run`` finds them."""
         ...
 
     def cut_link(self, run: str, region: str) -> None:

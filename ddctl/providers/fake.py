@@ -57,7 +57,7 @@ class FakeProvider:
     _cut: set[tuple[str, str]] = field(default_factory=set)
     _serial: int = 0
 
-    def bootstrap(self, run: str, regions: list[Region]) -> dict[str, RegionInfo]:
+    def bootstrap(self, run: str, regions: list[Region], syncer_region: str = "") -> dict[str, RegionInfo]:
         made = self._regions.setdefault(run, {})
         for r in regions:
             made.setdefault(
@@ -119,6 +119,10 @@ class FakeProvider:
 
     def cleanup(self, run: str) -> list[tuple[str, str]]:
         return [("network", f"fake-network-{region}") for region in self._regions.pop(run, {})]
+
+    def sweep(self, regions: list[Region], live: set[str], now: float) -> list[tuple[str, str]]:
+        """Nothing to sweep: this machine's runs are found by ``ddctl down --run`` and ``ddctl gc``."""
+        return []
 
     def cut_link(self, run: str, region: str) -> None:
         self._cut.add((run, region))

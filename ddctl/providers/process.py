@@ -62,7 +62,7 @@ class ProcessProvider:
     kind = "process"
     power_off = ""  # the process is the machine: when the agent ends, so does it
 
-    def bootstrap(self, run: str, regions: list[Region]) -> dict[str, RegionInfo]:
+    def bootstrap(self, run: str, regions: list[Region], syncer_region: str = "") -> dict[str, RegionInfo]:
         """A shaped namespace per region with a link profile (when this machine can shape links)."""
         shaping = linkshape.available() is None
         links = {
@@ -154,6 +154,10 @@ class ProcessProvider:
         for name in removed:
             linkshape.destroy_link(name)
         return [("network namespace", name) for name in removed]
+
+    def sweep(self, regions: list[Region], live: set[str], now: float) -> list[tuple[str, str]]:
+        """Nothing to sweep: this machine's runs are found by ``ddctl down --run`` and ``ddctl gc``."""
+        return []
 
     def cut_link(self, run: str, region: str) -> None:
         raise self._no_partition(region)

@@ -90,6 +90,7 @@ def status(rt: SyncerRuntime) -> dict[str, Any]:
             "quorum": s.config.quorum.quorum,
             "grace": s.config.quorum.grace,
             "live": sorted(s.live),
+            "finished": sorted(s.finished),
             "learners": learners,
             "regions": regions,
             "ledger": {**ledger.as_dict(), "balanced": ledger.balanced()},

@@ -70,7 +70,7 @@ class DockerProvider:
         return self._image
 
     # -- regions ------------------------------------------------------------------------------
-    def bootstrap(self, run: str, regions: list[Region]) -> dict[str, RegionInfo]:
+    def bootstrap(self, run: str, regions: list[Region], syncer_region: str = "") -> dict[str, RegionInfo]:
         """A network per region (kept if it exists) and the run's metadata endpoint; idempotent."""
         subnets = self.subnets(run)
         missing = [r.name for r in regions if r.name not in subnets]
@@ -259,6 +259,10 @@ class DockerProvider:
         return removed
 
     # -- chaos and errors ---------------------------------------------------------------------
+    def sweep(self, regions: list[Region], live: set[str], now: float) -> list[tuple[str, str]]:
+        """Nothing to sweep: this machine's runs are found by ``ddctl down --run`` and ``ddctl gc``."""
+        return []
+
     def cut_link(self, run: str, region: str) -> None:
         """Disconnect the syncer's container from ``region``'s network: that region's learners lose the syncer."""
         syncer = self._syncer(run)

@@ -1,0 +1,212 @@
+"""A region's network for a run: VPC and subnets, the run's security group, key pair and Elastic IP.
+
+Every call is idempotent and finds what it made by name or tag, so a failover
+region is prepared on first use and a second ``up`` changes nothing. The
+security group lets SSH and the syncer's port in from the laptop's address,
+and the syncer's port from the run's learners: one /32 rule per learner, added when it
+starts and revoked when it goes. The syncer's Elastic IP is allocated before
+the syncer exists, so the address goes into the job's certificate and every
+learner's URL, and a replacement syncer comes back at the same address.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ddctl.errors import DdctlError, ProvisionError
+from ddctl.providers.base import RUN_LABEL
+
+SSH_FROM_ENV = "DDCTL_SSH_FROM"
+"""The CIDR SSH is opened to (default: this machine's public address, asked of checkip.amazonaws.com)."""
+DUPLICATES = ("InvalidPermission.Duplicate", "InvalidKeyPair.Duplicate", "InvalidGroup.Duplicate")
+GONE = ("InvalidPermission.NotFound", "InvalidGroup.NotFound", "InvalidKeyPair.NotFound", "InvalidAllocationID.NotFound")
+
+
+def run_name(run: str) -> str:
+    """The name of the run's security group and key pair in every region."""
+    return f"ddctl-{run}"
+
+
+def run_filter(run: str) -> list[dict[str, Any]]:
+    return [{"Name": f"tag:{RUN_LABEL}", "Values": [run]}]
+
+
+def tagged(kind: str, run: str, **extra: str) -> list[dict[str, Any]]:
+    tags = [
+        {"Key": RUN_LABEL, "Value": run},
+        {"Key": "Name", "Value": run_name(run)},
+        *({"Key": k, "Value": v} for k, v in extra.items()),
+    ]
+    return [{"ResourceType": kind, "Tags": tags}]
+
+
+def code_of(error: Exception) -> str:
+    response = getattr(error, "response", None)
+    return str((response or {}).get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""
+
+
+@dataclass(frozen=True, slots=True)
+class Network:
+    """What instances of a run in one cloud region are created into."""
+
+    region: str
+    vpc: str
+    subnets: dict[str, str]
+    """Zone -> the subnet instances of that zone go into."""
+    security_group: str
+    key_name: str
+
+
+def find_vpc(ec2: Any, region: str, vpc: str) -> str:
+    """The VPC the file names (an id or a Name tag), or the region's default VPC."""
+    if vpc.startswith("vpc-"):
+        found = ec2.describe_vpcs(VpcIds=[vpc])["Vpcs"]
+    elif vpc:
+        found = ec2.describe_vpcs(Filters=[{"Name": "tag:Name", "Values": [vpc]}])["Vpcs"]
+    else:
+        found = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"]
+    if not found:
+        what = f"no VPC named {vpc!r}" if vpc else "no default VPC"
+        raise ProvisionError(
+            f"aws {region}: {what}; name one with `vpc:` (an id or its Name tag)", kind="config", scope="region", region=region,
+            provider="aws", code="NoVpc",
+        )  # fmt: skip
+    return str(found[0]["VpcId"])
+
+
+def zone_subnets(ec2: Any, vpc: str) -> dict[str, str]:
+    """One subnet per zone, preferring those that give public addresses (the learners reach the syncer's)."""
+    subnets = ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["Subnets"]
+    ranked = sorted(
+        subnets, key=lambda s: (not s.get("MapPublicIpOnLaunch", False), not s.get("DefaultForAz", False), s["SubnetId"])
+    )
+    chosen: dict[str, str] = {}
+    for subnet in ranked:
+        chosen.setdefault(str(subnet["AvailabilityZone"]), str(subnet["SubnetId"]))
+    return dict(sorted(chosen.items()))
+
+
+def ensure_security_group(ec2: Any, run: str, vpc: str, ssh_from: str, syncer_port: int) -> str:
+    """The run's security group in ``vpc``: SSH and the syncer's port open to the operator (``ssh_from``, a CIDR) only."""
+    found = ec2.describe_security_groups(
+        Filters=[{"Name": "group-name", "Values": [run_name(run)]}, {"Name": "vpc-id", "Values": [vpc]}]
+    )["SecurityGroups"]
+    if found:
+        group = str(found[0]["GroupId"])
+    else:
+        group = str(
+            ec2.create_security_group(
+                GroupName=run_name(run),
+                Description=f"ddctl run {run}: SSH from the operator, the syncer port from the run's learners",
+                VpcId=vpc,
+                TagSpecifications=tagged("security-group", run),
+            )["GroupId"]
+        )
+    allow(ec2, group, 22, ssh_from, "ssh from the operator")
+    allow(ec2, group, syncer_port, ssh_from, "status and admin from the operator")
+    return group
+
+
+def allow(ec2: Any, group: str, port: int, cidr: str, why: str) -> None:
+    """Open ``port`` to ``cidr`` (already open: fine)."""
+    rule = {"IpProtocol": "tcp", "FromPort": port, "ToPort": port, "IpRanges": [{"CidrIp": cidr, "Description": why}]}
+    try:
+        ec2.authorize_security_group_ingress(GroupId=group, IpPermissions=[rule])
+    except Exception as exc:
+        if code_of(exc) not in DUPLICATES:
+            raise
+
+
+def revoke(ec2: Any, group: str, port: int, cidr: str) -> None:
+    """Close ``port`` to ``cidr`` (already closed: fine)."""
+    rule = {"IpProtocol": "tcp", "FromPort": port, "ToPort": port, "IpRanges": [{"CidrIp": cidr}]}
+    try:
+        ec2.revoke_security_group_ingress(GroupId=group, IpPermissions=[rule])
+    except Exception as exc:
+        if code_of(exc) not in GONE:
+            raise
+
+
+def opened(ec2: Any, group: str, port: int) -> set[str]:
+    """The CIDRs ``port`` is open to."""
+    groups = ec2.describe_security_groups(GroupIds=[group])["SecurityGroups"]
+    return {
+        r["CidrIp"]
+        for g in groups
+        for p in g.get("IpPermissions", [])
+        if p.get("FromPort") == port
+        for r in p.get("IpRanges", [])
+    }
+
+
+def ensure_key_pair(ec2: Any, run: str, public_line: str) -> str:
+    """The run's client key imported as a key pair (EC2 wants one named; the user data installs it too)."""
+    try:
+        ec2.import_key_pair(
+            KeyName=run_name(run), PublicKeyMaterial=public_line.encode(), TagSpecifications=tagged("key-pair", run)
+        )
+    except Exception as exc:
+        if code_of(exc) not in DUPLICATES:
+            raise
+    return run_name(run)
+
+
+def ensure_address(ec2: Any, run: str) -> tuple[str, str]:
+    """The run's Elastic IP for the syncer in this region: (allocation id, public address)."""
+    found = ec2.describe_addresses(Filters=run_filter(run))["Addresses"]
+    if found:
+        return str(found[0]["AllocationId"]), str(found[0]["PublicIp"])
+    made = ec2.allocate_address(Domain="vpc", TagSpecifications=tagged("elastic-ip", run))
+    return str(made["AllocationId"]), str(made["PublicIp"])
+
+
+def remove_network(ec2: Any, run: str, wait_s: float = 120.0) -> list[tuple[str, str]]:
+    """Release the run's address, delete its key pair and security group (once its instances are gone)."""
+    removed: list[tuple[str, str]] = []
+    for address in ec2.describe_addresses(Filters=run_filter(run))["Addresses"]:
+        with contextlib.suppress(Exception):
+            if address.get("AssociationId"):
+                ec2.disassociate_address(AssociationId=address["AssociationId"])
+        ec2.release_address(AllocationId=address["AllocationId"])
+        removed.append(("elastic ip", f"{ec2.meta.region_name}/{address['PublicIp']}"))
+    try:
+        pairs = ec2.describe_key_pairs(KeyNames=[run_name(run)])["KeyPairs"]
+    except Exception as exc:
+        if code_of(exc) not in GONE:
+            raise
+        pairs = []
+    for pair in pairs:
+        ec2.delete_key_pair(KeyName=pair["KeyName"])
+        removed.append(("key pair", f"{ec2.meta.region_name}/{pair['KeyName']}"))
+    for group in ec2.describe_security_groups(Filters=run_filter(run))["SecurityGroups"]:
+        deadline = time.monotonic() + wait_s
+        while True:  # a group is in use until the instances in it have terminated
+            try:
+                ec2.delete_security_group(GroupId=group["GroupId"])
+                break
+            except Exception as exc:
+                if code_of(exc) in GONE:
+                    break
+                if code_of(exc) != "DependencyViolation" or time.monotonic() > deadline:
+                    raise
+                time.sleep(2.0)
+        removed.append(("security group", f"{ec2.meta.region_name}/{group['GroupId']}"))
+    return removed
+
+
+def ssh_cidr() -> str:
+    """Where SSH may come from: ``DDCTL_SSH_FROM``, else this machine's public address as a /32."""
+    chosen = os.environ.get(SSH_FROM_ENV)
+    if chosen:
+        return chosen if "/" in chosen else f"{chosen}/32"
+    import httpx
+
+    try:
+        address = httpx.get("https://checkip.amazonaws.com", timeout=5.0).text.strip()
+    except httpx.HTTPError as exc:
+        raise DdctlError(f"cannot learn this machine's public address ({exc}); set {SSH_FROM_ENV}=CIDR") from None
+    return f"{address}/32"
