@@ -335,7 +335,7 @@ class Hypervisor:
         """169.254.169.254 on lo, port 80: containers reach it through their gateway (the host), which owns it."""
         if f"inet {IMDS_ADDRESS}/" not in _ip("-4", "addr", "show", "dev", "lo"):
             _ip("addr", "add", f"{IMDS_ADDRESS}/32", "dev", "lo")
-            self._added_address = True
+        self._added_address = True  # ours either way: the lock makes this the only hypervisor, so one found is a leftover
         self._imds = ThreadingHTTPServer((IMDS_ADDRESS, 80), _handler(self.notices, self._rebalance_at))
         threading.Thread(target=self._imds.serve_forever, name="aws-hypervisor-imds", daemon=True).start()
 

@@ -273,6 +273,8 @@ def test_the_plan_totals() -> None:
     cost = plan_cost(quotes, {"a": 3, "b": 2, "c": 1})
     assert cost.per_hour == round(3 * 0.3 + 2 * 1.0, 4)  # b runs on demand; c's spot price is unknown, left out
     assert cost.on_demand_per_hour == round(3 * 0.8 + 2 * 1.0 + 2.0, 4)
+    with_syncer = plan_cost(quotes, {"a": 3, "b": 2, "c": 1}, {"a": 1})  # a's syncer runs on demand in a spot region
+    assert with_syncer.per_hour == round(2 * 0.3 + 0.8 + 2 * 1.0, 4) and with_syncer.on_demand_per_hour == cost.on_demand_per_hour
     assert cost.egress_per_hour == 0.165 and cost.total_per_hour == round(2.9 + 0.165, 4) and cost.unknown == ("c",)
     assert prices.egress_per_gb("inter_region", "us-east-1") == 0.02 and prices.egress_per_gb("internet", "eu-west-1") == 0.09
     assert (
@@ -298,7 +300,8 @@ def test_up_plan_on_the_example_prices_each_region_and_changes_nothing(aws: AwsC
     assert "up tries g6.xlarge in us-east-1a first ($0.4012/h); the cheapest is g5.xlarge in us-east-1a" in first
     assert "could not check quota L-3819A6DF" in ireland["warnings"][0]
     assert virginia["egress_gb_per_hour"] > 0 and ireland["egress_per_hour"] > 0
-    assert plan["cost"]["dollars_per_hour"] == round(3 * 0.33 + 2 * 0.31, 4)
+    syncer = virginia["on_demand_per_hour"]  # the syncer runs on demand beside virginia's two spot learners
+    assert plan["cost"]["dollars_per_hour"] == round(2 * 0.33 + syncer + 2 * 0.31, 4) and syncer > 0.33
     assert any("assumed 1 s per step" in note for note in plan["cost"]["notes"])
     actions = {c.action for c in aws.calls()}
     assert actions and all(a.startswith(("Describe", "Get", "List")) for a in actions), actions  # read only

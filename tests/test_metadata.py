@@ -12,6 +12,7 @@ import pytest
 from ddctl.errors import DdctlError
 from ddctl.providers.docker.metadata import ADMIN_PATH, NOTICE_PATH, TOKEN_PATH, Notices, make_handler, outstanding, post_notice
 from ddctl_agents.agent.notice import NoticeClient, Stop, is_notice, watch
+from ddctl_agents.waiting import wait_until
 
 
 @pytest.fixture
@@ -123,3 +124,46 @@ def test_the_watcher_reads_gcps_preempted_flag(gcp: tuple[int, list[str]]) -> No
     assert not stop.wait(0.3)  # FALSE is not a notice
     answer[0] = "TRUE"
     assert stop.wait(5) and stop.reason == "preemption_notice"
+
+
+def test_a_rebalance_recommendation_is_noted_and_training_goes_on() -> None:
+    """AWS's elevated-risk signal: the watcher notes it once (with its IMDSv2 token); it is not a notice."""
+    from http.server import BaseHTTPRequestHandler
+
+    posted, asked = [False], []
+
+    class Imds(BaseHTTPRequestHandler):
+        def do_PUT(self) -> None:  # noqa: N802 (the stdlib's name)
+            self._send(200, "token-1")
+
+        def do_GET(self) -> None:  # noqa: N802
+            asked.append(self.path)
+            if self.headers.get("X-aws-ec2-metadata-token") != "token-1":
+                self._send(401, "")
+            elif self.path.endswith("/rebalance") and posted[0]:
+                self._send(200, '{"noticeTime": "2026-11-30T22:00:00Z"}')
+            else:
+                self._send(404, "")
+
+        def _send(self, status: int, body: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Imds)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        stop = Stop()
+        watch(f"http://127.0.0.1:{server.server_address[1]}{NOTICE_PATH}", stop, every_s=0.05)
+        assert not stop.wait(0.3) and not stop.rebalance_recommended
+        posted[0] = True
+        wait_until(lambda: stop.rebalance_recommended, timeout_s=5, what="the recommendation to be noted")
+        assert not stop.wait(0.3)  # training goes on
+        assert any(path.endswith("/events/recommendations/rebalance") for path in asked)
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -66,15 +66,17 @@ def plan(rf: RegionsFile, kinds: dict[str, str]) -> list[PlannedInstance]:
     for region in rf.regions:
         roles = ["syncer"] if region.name == rf.syncer else []
         for role, name in [(r, "syncer") for r in roles] + [("learner", n) for n in names[region.name]]:
+            spot = region.spot and role != "syncer"  # the syncer runs on demand: its loss stalls every merge
+            cap = price(region, kinds[region.name])
             out.append(
                 PlannedInstance(
                     name=name,
                     region=region.name,
                     provider=kinds[region.name],
                     role=role,
-                    instance_type=region.instance_type,
-                    spot=region.spot,
-                    max_dollars_per_hour=price(region, kinds[region.name]),
+                    instance_type=" | ".join(region.types),
+                    spot=spot,
+                    max_dollars_per_hour=cap if spot or cap == 0.0 else None,  # a cap bounds spot bids only
                     placements=placements(region, kinds[region.name]),
                 )
             )
@@ -113,4 +115,8 @@ def plan_summary(
         ],
         "max_dollars_per_hour": round(sum(known), 4),
         "unpriced": sorted({i.region for i in instances if i.max_dollars_per_hour is None}),
-    } | (quotes.summary(rf, kinds, Counter(i.region for i in instances)) if quotes is not None else {})
+    } | (
+        quotes.summary(rf, kinds, Counter(i.region for i in instances), Counter(i.region for i in instances if not i.spot))
+        if quotes is not None
+        else {}
+    )

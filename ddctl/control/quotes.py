@@ -5,8 +5,8 @@ each fragment's outer gradient once (``sync.codec``, int4 by default, with its b
 receives each fragment's new version once (``down_codec``, bf16 by default), in the wire frames of
 ``ddctl_agents.core.wire``. Egress is what leaves a region (``egress_bytes``): a learner's uploads
 leave its region, the syncer's sends to learners leave the syncer's. A cloud provider prices its
-own regions with a ``prices`` module beside it (``quote_regions`` and ``notes``, as
-``providers/aws/prices.py``); regions played on this machine cost 0 and call nothing.
+own regions with the module its registry entry names (``Kind.prices``: ``quote_regions`` and
+``notes``, as ``providers/aws/prices.py``); regions played on this machine cost 0 and call nothing.
 
 The sizes are computed without torch (``ddctl --help`` and ``up --plan`` stay light):
 ``model_tensors`` mirrors ``train/model.py`` and ``payload_bytes`` the codec's wire contract;
@@ -179,15 +179,19 @@ class PlanCost:
         return round(self.per_hour + self.egress_per_hour, 4)
 
 
-def plan_cost(quotes: Mapping[str, RegionQuote], counts: Mapping[str, int]) -> PlanCost:
-    """The plan's totals from each region's quote and its instance count (pure)."""
+def plan_cost(
+    quotes: Mapping[str, RegionQuote], counts: Mapping[str, int], on_demand_counts: Mapping[str, int] | None = None
+) -> PlanCost:
+    """The plan's totals from each region's quote and its instance count (pure).
+
+    ``on_demand_counts``: of those, the instances that run on demand whatever the region says (the syncer)."""
     per_hour = on_demand = egress = 0.0
     unknown = []
     for name, quote in quotes.items():
-        n = counts.get(name, 0)
+        n, fixed = counts.get(name, 0), (on_demand_counts or {}).get(name, 0)
         if None in (quote.per_hour, quote.on_demand_per_hour, quote.egress_per_hour):
             unknown.append(name)
-        per_hour += n * (quote.per_hour or 0.0)
+        per_hour += (n - fixed) * (quote.per_hour or 0.0) + fixed * (quote.on_demand_per_hour or 0.0)
         on_demand += n * (quote.on_demand_per_hour or 0.0)
         egress += quote.egress_per_hour or 0.0
     return PlanCost(
@@ -205,9 +209,11 @@ class PlanQuotes:
     regions: dict[str, RegionQuote]
     notes: tuple[str, ...]
 
-    def summary(self, rf: RegionsFile, kinds: Mapping[str, str], counts: Mapping[str, int]) -> dict[str, Any]:
+    def summary(
+        self, rf: RegionsFile, kinds: Mapping[str, str], counts: Mapping[str, int], on_demand_counts: Mapping[str, int]
+    ) -> dict[str, Any]:
         """The plan's money as ``up --plan`` prints it (and ``--json`` gives it)."""
-        cost = plan_cost(self.regions, counts)
+        cost = plan_cost(self.regions, counts, on_demand_counts)
         rows = []
         for region in rf.regions:
             quote = self.regions[region.name]
@@ -241,16 +247,9 @@ def _flat(region: Region, leaving: Mapping[str, float], price: float | None, war
 
 
 def _prices_of(kind: str) -> Any:
-    """The ``prices`` module beside a provider's, or None when it has none (or the provider is not built)."""
-    if kind not in KINDS:
-        return None
-    package = KINDS[kind].factory.partition(":")[0].rpartition(".")[0]
-    try:
-        return importlib.import_module(f"{package}.prices")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{package}.prices":
-            raise
-        return None
+    """The provider's price module (``Kind.prices``), or None for a provider without prices (or not built)."""
+    chosen = KINDS.get(kind)
+    return importlib.import_module(chosen.prices) if chosen is not None and chosen.prices else None
 
 
 def quote_plan(rf: RegionsFile, kinds: dict[str, str]) -> PlanQuotes:

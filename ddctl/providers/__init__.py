@@ -23,13 +23,15 @@ class Kind:
     """``module:Class`` of the provider."""
     local: bool
     """It plays regions on this machine (a dry run's providers); clouds are not."""
+    prices: str = ""
+    """The module that prices its regions for ``up --plan`` (``quote_regions``, ``notes``); empty: free."""
 
 
 KINDS: dict[str, Kind] = {
     "process": Kind("process", "ddctl.providers.process:ProcessProvider", local=True),
     "docker": Kind("docker", "ddctl.providers.docker.vms:DockerProvider", local=True),
     "fake": Kind("fake", "ddctl.providers.fake:FakeProvider", local=True),
-    "aws": Kind("aws", "ddctl.providers.aws.provider:AwsProvider", local=False),
+    "aws": Kind("aws", "ddctl.providers.aws.provider:AwsProvider", local=False, prices="ddctl.providers.aws.prices"),
 }
 PLANNED = ("gcp",)
 """Accepted in regions.yaml; ``up`` refuses them (not built yet) before it makes anything, ``up --dry-run`` plays them."""

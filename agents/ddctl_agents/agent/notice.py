@@ -12,6 +12,10 @@ gradients while the instance still exists. Two protocols, told apart by the URL:
   once after a 401. ddctl's local endpoint (Docker regions) speaks the same.
 - GCP (``/computeMetadata/v1/instance/preempted``, ``TRUE``/``FALSE``), with the
   ``Metadata-Flavor: Google`` header it requires.
+
+AWS also posts a *rebalance recommendation* (``events/recommendations/rebalance``)
+when an instance is at elevated risk, often well before a notice. It is not a
+notice: training goes on; the learner logs it once and its exit summary says so.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import httpx
 
 log = logging.getLogger(__name__)
 TOKEN_PATH = "/latest/api/token"
+REBALANCE_PATH = "/latest/meta-data/events/recommendations/rebalance"
 TOKEN_TTL_S = 21_600
 """IMDSv2 session tokens live up to 6 hours; ours are renewed a minute before they expire."""
 
@@ -35,6 +40,8 @@ class Stop(threading.Event):
     def __init__(self) -> None:
         super().__init__()
         self.reason = "sigterm"
+        self.rebalance_recommended = False
+        """AWS said the instance is at elevated risk of interruption (training went on)."""
 
     def trigger(self, reason: str) -> None:
         if not self.is_set():
@@ -70,6 +77,13 @@ class NoticeClient:
             answer = self.http.get(self.url, headers=self._token_header())
         return answer
 
+    def rebalance(self) -> bool:
+        """AWS only: has a rebalance recommendation been posted for this instance (200 on its path)?"""
+        if is_gcp(self.url):
+            return False
+        answer = self.http.get(f"{self.token_url.removesuffix(TOKEN_PATH)}{REBALANCE_PATH}", headers=self._token_header())
+        return answer.status_code == 200
+
     def _token_header(self) -> dict[str, str]:
         now = self.clock()  # type: ignore[operator]
         if self.token is None or now >= self.token_until:
@@ -94,6 +108,14 @@ def watch(url: str, stop: Stop, every_s: float = 1.0) -> threading.Thread:
                 if is_notice(response.status_code, response.text):
                     log.warning("spot interruption notice: %s", response.text.strip()[:200])
                     stop.trigger("preemption_notice")
+                elif not stop.rebalance_recommended:
+                    try:
+                        recommended = client.rebalance()
+                    except httpx.HTTPError:
+                        continue
+                    if recommended:
+                        stop.rebalance_recommended = True
+                        log.warning("rebalance recommendation: this instance is at elevated risk of interruption")
 
     thread = threading.Thread(target=loop, name="notice-watch", daemon=True)
     thread.start()

@@ -136,6 +136,7 @@ def run_learner(opts: LearnerOptions, stop: threading.Event | None = None) -> di
         "learner": opts.name,
         "incarnation": me.incarnation,
         "reason": reason,
+        "rebalance_recommended": bool(getattr(stop, "rebalance_recommended", False)),
         "start_step": start_step,
         "step": learner.step,
         "bootstrap_s": round(bootstrap_s, 3),
