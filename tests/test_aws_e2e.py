@@ -90,12 +90,18 @@ def _first_summary(log: Path) -> dict[str, Any] | None:
 
 def test_two_aws_regions_train_survive_an_interruption_with_failover_and_leave_nothing(aws: AwsCloud, tmp_path: Path) -> None:
     with Hypervisor(aws, regions=REGIONS):
+        planned = runner.invoke(app, ["up", "-f", str(_regions(tmp_path)), "--plan", "--json"])
+        assert planned.exit_code == 0, planned.output
+        expected = json.loads(planned.stdout)["cost"]["total_dollars_per_hour"]  # moto's spot prices, our tables
         up = runner.invoke(app, ["up", "-f", str(_regions(tmp_path)), "--json"])
         assert up.exit_code == 0, up.output
         started = json.loads(up.stdout)
         run = started["run"]
         try:
             assert started["provider"] == "aws" and started["rounds"] >= 1
+            listed = runner.invoke(app, ["ls", "--json"])
+            [row] = [r for r in json.loads(listed.stdout)["runs"] if r["run"] == run]
+            assert row["dollars_per_hour"] == expected > 0  # the run is charged what its plan said
             vms = {next(t["Value"] for t in i["Tags"] if t["Key"] == "ddctl-name"): i for i in _live(aws, run)}
             assert sorted(vms) == ["L0", "L1", "syncer"]
             assert "InstanceLifecycle" not in vms["syncer"] and {vms[n]["InstanceLifecycle"] for n in ("L0", "L1")} == {"spot"}

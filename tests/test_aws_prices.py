@@ -28,7 +28,7 @@ from ddctl.config.regions import job_config, parse_regions
 from ddctl.control.quotes import RegionQuote, egress_bytes, model_tensors, payload_bytes, plan_cost, sync_traffic
 from ddctl.providers.aws import prices
 from ddctl.providers.aws.clients import Clients
-from ddctl.providers.aws.prices import SPOT_QUOTAS
+from ddctl.providers.aws.prices import ON_DEMAND_QUOTAS, SPOT_QUOTAS
 from ddctl_agents.core import codec
 from ddctl_agents.core.fragments import TensorSpec, fragment_tensors
 from ddctl_agents.core.messages import FragmentVersion, Update, encode_fragment, encode_update
@@ -135,6 +135,18 @@ def test_a_quota_shortfall_warns_with_the_code_the_numbers_and_the_fix(aws: AwsC
     aws.answer_quota("L-3819A6DF", 0, region="us-east-1")
     [zero] = prices.quota_warnings(sq, "us-east-1", {G: 4})
     assert "is 0 vCPUs, the plan needs 4" in zero
+
+
+def test_the_on_demand_syncer_draws_on_the_on_demand_quota_its_spot_learners_on_the_spot_one(aws: AwsCloud) -> None:
+    region = parse_regions(
+        {"syncer": "v", "regions": [{"name": "v", "provider": "aws", "cloud_region": "us-east-1", "instance_type": "g5.xlarge"}]},
+        Path("f.yaml"),
+    ).regions[0]
+    aws.answer_quota(G.code, 8, region="us-east-1")  # exactly the two spot learners' 8 vCPUs
+    aws.answer_quota(ON_DEMAND_QUOTAS["g"].code, 0, region="us-east-1")  # none for the syncer
+    [quote] = prices.quote_regions([region], {"v": 3}, {}, on_demand_counts={"v": 1}).values()
+    [warning] = [w for w in quote.warnings if "quota" in w]
+    assert ON_DEMAND_QUOTAS["g"].code in warning and "is 0 vCPUs, the plan needs 4" in warning
 
 
 def test_a_quota_that_cannot_be_read_is_a_warning_not_a_pass(aws: AwsCloud) -> None:
@@ -286,6 +298,7 @@ def test_up_plan_on_the_example_prices_each_region_and_changes_nothing(aws: AwsC
     answer_spot(aws, "us-east-1", US_EAST)
     answer_spot(aws, "eu-west-1", [[("g6.xlarge", "eu-west-1a", 0.31, NOW)]])
     aws.answer_quota("L-3819A6DF", 32, region="us-east-1")  # eu-west-1's cannot be read: moto does not know it
+    aws.answer_quota(ON_DEMAND_QUOTAS["g"].code, 4, region="us-east-1")  # the on-demand syncer's 4 vCPUs: exactly enough
     result = CliRunner().invoke(app, ["up", "-f", str(EXAMPLE), "--plan", "--json"])
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
@@ -296,7 +309,7 @@ def test_up_plan_on_the_example_prices_each_region_and_changes_nothing(aws: AwsC
         0.33,
         3,
     )
-    [first] = virginia["warnings"]  # its quota (32) holds its 12 vCPUs
+    [first] = virginia["warnings"]  # the spot quota (32) holds its learners' 8 vCPUs, the on-demand one its syncer's 4
     assert "up tries g6.xlarge in us-east-1a first ($0.4012/h); the cheapest is g5.xlarge in us-east-1a" in first
     assert "could not check quota L-3819A6DF" in ireland["warnings"][0]
     assert virginia["egress_gb_per_hour"] > 0 and ireland["egress_per_hour"] > 0

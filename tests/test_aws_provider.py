@@ -7,6 +7,7 @@ is asked is real and read back from moto.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -251,3 +252,42 @@ def test_down_leaves_nothing_and_orphans_are_swept_by_tag(booted: AwsCloud) -> N
     } == {"alive"}
     expired = AwsProvider().sweep([EAST], live={"alive"}, now=time.time() + 8 * 24 * 3600)  # a week on: past ddctl-expires-at
     assert sum(1 for kind, _ in expired if kind == "instance") == 2
+
+
+def test_a_partition_closes_the_syncer_port_to_one_regions_learners_and_healing_reopens_it(booted: AwsCloud) -> None:
+    provider = AwsProvider()
+    infos = provider.bootstrap(RUN, [EAST, WEST], "east")
+    provider.create(spec_of(infos, "syncer", EAST, role="syncer"))
+    east = provider.create(spec_of(infos, "L0", EAST))
+    west = provider.create(spec_of(infos, "L1", WEST))
+    (group,) = groups(booted, "us-east-1")  # the syncer's region holds every learner's rule
+    assert port_sources(group, SYNCER_PORT) == {OPERATOR, f"{east.address}/32", f"{west.address}/32"}
+    provider.cut_link(RUN, "west")
+    assert port_sources(groups(booted, "us-east-1")[0], SYNCER_PORT) == {OPERATOR, f"{east.address}/32"}
+    provider.heal_link(RUN, "west")
+    assert port_sources(groups(booted, "us-east-1")[0], SYNCER_PORT) == {OPERATOR, f"{east.address}/32", f"{west.address}/32"}
+
+
+def test_down_orphans_sweeps_the_files_regions_and_reports_what_went(booted: AwsCloud, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from ddctl.cli.app import app
+
+    provider = AwsProvider()
+    infos = provider.bootstrap("forgotten", [WEST], "west")
+    machine = infos["west"].machine
+    log = RunDir("forgotten").log("L0")
+    provider.create(InstanceSpec(run="forgotten", name="L0", region="west", role="learner", argv=("x",), log=log,
+                                 cloud_region="eu-west-1", machine=machine))  # fmt: skip
+    regions = tmp_path / "aws.yaml"
+    regions.write_text(
+        "run: other\nsyncer: west\nregions:\n"
+        f"  - {{name: west, provider: aws, cloud_region: eu-west-1, instance_type: g5.xlarge, image: {IMAGE}}}\n"
+    )
+    swept = CliRunner().invoke(app, ["down", "--orphans", "-f", str(regions), "--json"])
+    assert swept.exit_code == 0, swept.output
+    removed = json.loads(swept.stdout)["removed"]
+    assert [name.split("/")[1] for name in removed["instance"]] == ["forgotten"]
+    assert {"security group", "key pair", "elastic ip"} <= set(removed)
+    again = CliRunner().invoke(app, ["down", "--orphans", "-f", str(regions), "--json"])
+    assert again.exit_code == 0 and json.loads(again.stdout)["removed"] == {}

@@ -256,14 +256,16 @@ def quote_plan(rf: RegionsFile, kinds: dict[str, str]) -> PlanQuotes:
     """Quote every region of the plan (read-only cloud calls; none for local regions)."""
     traffic = sync_traffic(job_config(rf))
     leaving = egress_bytes(rf, kinds, traffic)
-    counts = Counter(i.region for i in plan(rf, kinds))
+    planned = plan(rf, kinds)
+    counts = Counter(i.region for i in planned)
+    on_demand = Counter(i.region for i in planned if not i.spot)
     quotes: dict[str, RegionQuote] = {}
     notes = [traffic.assumption()]
     for kind in sorted(set(kinds.values())):
         regions = [r for r in rf.regions if kinds[r.name] == kind]
         prices = None if _local(kind) else _prices_of(kind)
         if prices is not None:
-            quotes.update(prices.quote_regions(regions, counts, leaving))
+            quotes.update(prices.quote_regions(regions, counts, leaving, on_demand_counts=on_demand))
             notes += prices.notes()
             continue
         unknown = "" if _local(kind) else f"ddctl knows no {kind} prices yet"

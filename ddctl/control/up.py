@@ -75,8 +75,8 @@ def up(
             hosts = sorted({"127.0.0.1", "localhost", *(info.syncer_host for info in infos.values())})
             init_job_dir(rundir.job, job, run, hosts)
             port = syncer_port(infos[rf.syncer])
-            price = plan_summary(rf, kinds)
-            rate = None if price["unpriced"] else price["max_dollars_per_hour"]
+            cost = plan_summary(rf, kinds, quotes=quote_plan(rf, kinds))["cost"]  # today's prices, read-only
+            rate = None if cost["unknown"] else cost["total_dollars_per_hour"]
             detail = {"kinds": kinds, "learners": rf.learners, "port": port, "keep": keep, "dollars_per_hour": rate}
             state.create_run(run, str(rf.path), str(rundir.job), detail)
             rundir.syncer_url.write_text(f"https://{infos[rf.syncer].syncer_host}:{port}")

@@ -218,15 +218,19 @@ def quote_regions(
     counts: Mapping[str, int],
     leaving: Mapping[str, Mapping[str, float]],
     clients: Clients | None = None,
+    on_demand_counts: Mapping[str, int] | None = None,
 ) -> dict[str, RegionQuote]:
     """Quote each AWS region of a plan: ``counts`` instances each, ``leaving`` bytes per hour by route.
 
-    Quotas are per cloud region: the needs of regions that share one are summed, its warnings go to the first."""
+    ``on_demand_counts``: of those, the instances on demand whatever the region says (the syncer): their
+    vCPUs count against the on-demand quota. Quotas are per cloud region: the needs of regions that
+    share one are summed, its warnings go to the first."""
     clients = clients or Clients()
     parts: dict[str, dict[str, Any]] = {}
     needs: dict[str, dict[Quota, int]] = {}
     for region in regions:
-        part, need = _quote_one(clients, region, counts.get(region.name, 0), leaving.get(region.name, {}))
+        count, fixed = counts.get(region.name, 0), (on_demand_counts or {}).get(region.name, 0)
+        part, need = _quote_one(clients, region, count, fixed, leaving.get(region.name, {}))
         parts[region.name] = part
         for quota, vcpus_needed in need.items():
             bucket = needs.setdefault(region.cloud_region, {})
@@ -237,8 +241,10 @@ def quote_regions(
     return {name: RegionQuote(**{**p, "warnings": tuple(p["warnings"])}) for name, p in parts.items()}
 
 
-def _quote_one(clients: Clients, region: Region, count: int, out: Mapping[str, float]) -> tuple[dict[str, Any], dict[Quota, int]]:
-    """One region's figures (RegionQuote's fields) and the vCPUs it needs per quota."""
+def _quote_one(
+    clients: Clients, region: Region, count: int, on_demand: int, out: Mapping[str, float]
+) -> tuple[dict[str, Any], dict[Quota, int]]:
+    """One region's figures (RegionQuote's fields) and the vCPUs it needs per quota (spot and on demand)."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     from ddctl.providers.aws.errors import classify
@@ -285,4 +291,10 @@ def _quote_one(clients: Clients, region: Region, count: int, out: Mapping[str, f
         "egress_per_hour": round(egress, 4),
         "warnings": warnings,
     }
-    return part, ({quota: count * cpus} if quota is not None and cpus is not None else {})
+    spot_n = count - on_demand if region.spot else 0
+    need: dict[Quota, int] = {}
+    for market, n in ((True, spot_n), (False, count - spot_n)):
+        code = quota_for(chosen, spot=market) if chosen else None
+        if code is not None and cpus is not None and n > 0:
+            need[code] = need.get(code, 0) + n * cpus
+    return part, need

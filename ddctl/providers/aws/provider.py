@@ -378,7 +378,8 @@ class AwsProvider:
         for region in footprint.regions(run):
             for raw in self.describe(region, run=run):
                 if tag_map(raw).get(ROLE_TAG) == "syncer" and raw["State"]["Name"] == "running":
-                    return region, str(raw["SecurityGroups"][0]["GroupId"])
+                    found = self.ec2(region).describe_security_groups(Filters=network.run_filter(run))["SecurityGroups"]
+                    return region, str(found[0]["GroupId"])
         raise DdctlError(f"run {run} has no running syncer on aws")
 
     def classify(self, error: Exception, *, region: str = "", zone: str = "") -> ProvisionError:
