@@ -28,10 +28,10 @@ from pathlib import Path
 from ddctl import providers
 from ddctl.control.down import searched
 from ddctl.control.finish import conclude, parse_result
-from ddctl.control.launch import launch
+from ddctl.control.launch import launch_at
 from ddctl.control.reconcile import Action, Desired, Memory, Observed, Placement, reconcile, remember
 from ddctl.control.state import InstanceRecord, State
-from ddctl.errors import DdctlError
+from ddctl.errors import DdctlError, ProvisionError
 from ddctl.providers.base import Instance, InstanceSpec, Provider
 from ddctl_agents.agent.client import Unavailable
 from ddctl_agents.core.ending import FINISHED, STOPPED
@@ -121,12 +121,9 @@ class Controller:
             log.warning("%s: %s", action.kind, action.reason)
 
     def _start(self, action: Action, r: InstanceRecord, spec: InstanceSpec, provider: Provider, now: float) -> None:
-        if action.placement is not None:
-            spec = replace(spec, cloud_region=action.placement.cloud_region, zone=action.placement.zone)
         try:
-            started = launch(provider, spec)
-        except Exception as exc:  # noqa: BLE001 - a provider's refusal, classified, is what failover decides on
-            error = provider.classify(exc)
+            spec, started = launch_at(provider, spec, action.placement)
+        except ProvisionError as error:  # a provider's refusal, classified: what failover decides on
             self.memory = remember(self.memory, action, error, now)
             self.state.event(
                 self.run, "provision-failed", instance=r.name, region=r.region, error=error.kind, code=error.code,

@@ -8,10 +8,15 @@ the command in ``create``. A deploy that fails leaves no half-started machine.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ddctl.providers import deploy
 from ddctl.providers.base import Instance, InstanceSpec, Provider
+
+if TYPE_CHECKING:
+    from ddctl.control.reconcile import Placement
 
 
 def launch(provider: Provider, spec: InstanceSpec) -> Instance:
@@ -27,3 +32,13 @@ def launch(provider: Provider, spec: InstanceSpec) -> Instance:
         provider.terminate(instance, grace_s=0.0)
         raise
     return instance
+
+
+def launch_at(provider: Provider, spec: InstanceSpec, placement: Placement | None) -> tuple[InstanceSpec, Instance]:
+    """``launch`` at ``placement`` (None: where the spec says); a refusal is raised classified, for failover to decide on."""
+    if placement is not None:
+        spec = replace(spec, cloud_region=placement.cloud_region, zone=placement.zone)
+    try:
+        return spec, launch(provider, spec)
+    except Exception as exc:
+        raise provider.classify(exc) from exc

@@ -14,26 +14,28 @@ from __future__ import annotations
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from typing import Any
 
 from ddctl import providers
 from ddctl.config.regions import RegionsFile, job_config
 from ddctl.control.credentials import init_job_dir, token_for
 from ddctl.control.down import down
-from ddctl.control.launch import launch
+from ddctl.control.launch import launch_at
 from ddctl.control.plan import PlannedInstance, desired, plan, plan_summary
 from ddctl.control.quotes import quote_plan
-from ddctl.control.reconcile import Action, Observed, reconcile
+from ddctl.control.reconcile import Action, Desired, Memory, Observed, reconcile, remember
 from ddctl.control.rundir import RunDir
 from ddctl.control.runs import ENDED
 from ddctl.control.specs import helper_spec, learner_spec, syncer_port, syncer_spec
 from ddctl.control.state import InstanceRecord, State
-from ddctl.errors import DdctlError
+from ddctl.errors import DdctlError, ProvisionError
 from ddctl.providers import linkshape
 from ddctl.providers.base import Instance, InstanceSpec, Provider, RegionInfo
 from ddctl_agents.agent.client import SyncerClient, Unavailable
 from ddctl_agents.waiting import wait_until
+
+TRANSIENT_TRIES = 3
+"""A create refused as transient (throttling, 5xx) is retried this many times, backed off, before ``up`` gives up."""
 
 
 def kinds_for(rf: RegionsFile, dry_run: bool, say: Any = print) -> dict[str, str]:
@@ -151,14 +153,29 @@ def _carry_out(
     """Start the syncer, then every learner in parallel (Docker VMs boot and deploy concurrently); record each."""
     by_name = {i.name: i for i in planned}
     starting = [a for a in actions if a.kind in ("create", "replace")]
+    refusals: list[tuple[str, str, ProvisionError]] = []
 
     def start(action: Action) -> tuple[InstanceSpec, Instance]:
-        spec = specs[action.name]
-        if action.placement is not None:
-            spec = replace(spec, cloud_region=action.placement.cloud_region, zone=action.placement.zone)
-        instance = launch(owners[by_name[action.name].provider], spec)
-        say(f"{action.name} deployed in {spec.region}")  # from a worker thread, as each finishes
-        return spec, instance
+        """Launch at the action's placement; on a refusal, fail over as the controller would (next zone, region)."""
+        provider, item, memory = owners[by_name[action.name].provider], by_name[action.name], Memory()
+        while True:
+            try:
+                spec, instance = launch_at(provider, specs[action.name], action.placement)
+            except ProvisionError as error:  # a provider's refusal, classified: what failover decides on
+                refusals.append((action.name, str(action.placement), error))
+                memory = remember(memory, action, error, time.time())
+                if error.kind == "transient" and memory.failures.get(item.name, 0) <= TRANSIENT_TRIES:
+                    time.sleep(max(memory.retry_at[item.name] - time.time(), 0.0))  # backed off: the same placement again
+                    continue
+                [action] = reconcile(
+                    [Desired(name=item.name, role=item.role, placements=item.placements)], [], time.time(), memory
+                )
+                if action.kind not in ("create", "replace"):
+                    raise error from None
+                say(f"{item.name}: {error.kind} ({error.code or 'refused'}) at {refusals[-1][1]}; trying {action.placement}")
+                continue
+            say(f"{action.name} deployed in {spec.region}")  # from a worker thread, as each finishes
+            return spec, instance
 
     if not starting:
         say("every instance already runs")
@@ -166,7 +183,13 @@ def _carry_out(
         if group:
             say(f"starting {', '.join(a.name for a in group)}{' in parallel' if len(group) > 1 else ''}")
         with ThreadPoolExecutor(max_workers=4) as pool:
-            started = list(pool.map(start, group))
+            try:
+                started = list(pool.map(start, group))
+            finally:  # the state file is written on this thread: every refusal, with its reason, in the event log
+                for name, where, error in refusals:
+                    state.event(_run_of(specs), "provision-failed", instance=name, error=error.kind, code=error.code,
+                                reason=f"at {where}: {error}")  # fmt: skip
+                refusals.clear()
         for action, (spec, instance) in zip(group, started, strict=True):  # the state file is written on this thread
             item = by_name[action.name]
             placements = [{"provider": p.provider, "cloud_region": p.cloud_region, "zone": p.zone} for p in item.placements]
@@ -178,6 +201,10 @@ def _carry_out(
             state.put_instance(record)
             state.event(spec.run, "created", instance=spec.name, region=spec.region, reason=action.reason)
     return starting
+
+
+def _run_of(specs: dict[str, InstanceSpec]) -> str:
+    return next(iter(specs.values())).run
 
 
 def admin_client(run: str, timeout_s: float = 30.0) -> SyncerClient:

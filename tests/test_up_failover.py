@@ -1,0 +1,59 @@
+"""``up`` fails over while it creates, as the controller does later: a refused zone is left for the next placement."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from ddctl.control.plan import PlannedInstance, desired
+from ddctl.control.reconcile import Placement, reconcile
+from ddctl.control.state import State
+from ddctl.control.up import _carry_out
+from ddctl.errors import ProvisionError
+from ddctl.providers.base import InstanceSpec
+from ddctl.providers.fake import FakeProvider, Fault
+
+PLACES = (
+    Placement(provider="fake", cloud_region="eu", zone="eu-a"),
+    Placement(provider="fake", cloud_region="eu", zone="eu-b"),
+    Placement(provider="fake", cloud_region="us"),
+)
+
+
+def carry_out(tmp_path: Path, fake: FakeProvider) -> tuple[State, list[str]]:
+    state = State(tmp_path / "state.sqlite3")
+    state.create_run("r", "regions.yaml", str(tmp_path / "job"), {})
+    planned = [PlannedInstance(name="L0", region="east", provider="fake", role="learner", instance_type="g5.xlarge", spot=True,
+                               max_dollars_per_hour=0.5, placements=PLACES)]  # fmt: skip
+    specs = {"L0": InstanceSpec(run="r", name="L0", region="east", role="learner", argv=("agent",), log=tmp_path / "L0.log")}
+    said: list[str] = []
+    _carry_out(state, {"fake": fake}, planned, specs, reconcile(desired(planned), [], time.time()), said.append)
+    return state, said
+
+
+def test_capacity_moves_up_to_the_next_zone_and_quota_to_the_next_region(tmp_path: Path) -> None:
+    fake = FakeProvider(faults=[Fault("capacity", "zone", "InsufficientInstanceCapacity", cloud_region="eu", zone="eu-a")])
+    state, said = carry_out(tmp_path, fake)
+    [record] = state.instances("r")
+    assert (record.detail["spec"]["cloud_region"], record.detail["spec"]["zone"]) == ("eu", "eu-b")
+    failed = [e for e in state.events("r", 100) if e.get("kind") == "provision-failed"]
+    assert [(e["instance"], e["error"], e["code"]) for e in failed] == [("L0", "capacity", "InsufficientInstanceCapacity")]
+    assert "L0: capacity (InsufficientInstanceCapacity) at eu/eu-a; trying eu/eu-b" in said
+
+    fake = FakeProvider(faults=[Fault("quota", "region", "MaxSpotInstanceCountExceeded", cloud_region="eu")])
+    state, _ = carry_out(tmp_path / "quota", fake)
+    assert state.instances("r")[0].detail["spec"]["cloud_region"] == "us"  # the whole region is out, both zones skipped
+    assert sum(1 for verb, _ in fake.calls if verb == "create") == 2
+
+
+def test_a_throttled_create_is_retried_and_nowhere_left_is_an_error_that_says_why(tmp_path: Path) -> None:
+    fake = FakeProvider(faults=[Fault("transient", "region", "RequestLimitExceeded", times=1)])
+    state, _ = carry_out(tmp_path, fake)
+    assert state.instances("r")[0].detail["spec"]["zone"] == "eu-a"  # backed off, then the same placement
+    fake = FakeProvider(faults=[Fault("capacity", "zone", "InsufficientInstanceCapacity")])
+    with pytest.raises(ProvisionError, match="InsufficientInstanceCapacity"):
+        carry_out(tmp_path / "none", fake)
+    failed = [e for e in State(tmp_path / "none" / "state.sqlite3").events("r", 100) if e.get("kind") == "provision-failed"]
+    assert len(failed) == 3  # every placement tried once, each refusal in the event log
