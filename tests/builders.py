@@ -95,6 +95,17 @@ def dry_run_up(regions: Path) -> dict[str, Any]:
     return dict(json.loads(up.stdout))
 
 
+def status_json() -> dict[str, Any]:
+    """``ddctl status --json`` through the CLI, which must succeed; its answer."""
+    from typer.testing import CliRunner
+
+    from ddctl.cli.app import app
+
+    result = CliRunner().invoke(app, ["status", "--json"])
+    assert result.exit_code == 0, result.output
+    return dict(json.loads(result.stdout))
+
+
 def run_to_its_end(run: str, timeout_s: float = 300.0) -> dict[str, Any]:
     """Wait (through ``ddctl ls --json``) until ``run`` has finished; ``ddctl status --run RUN --json`` then."""
     from typer.testing import CliRunner

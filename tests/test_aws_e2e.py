@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 
 from aws_cloud import AwsCloud
 from aws_hypervisor import HV_LABEL, Hypervisor
+from builders import status_json
 from ddctl.cli.app import app
 from ddctl.control.up import admin_client
 from ddctl.providers.docker.engine import Engine, engine_unavailable
@@ -48,12 +49,6 @@ def _regions(tmp_path: Path) -> Path:
     path = tmp_path / "aws.yaml"
     path.write_text(yaml.safe_dump(regions))
     return path
-
-
-def _status() -> dict[str, Any]:
-    result = runner.invoke(app, ["status", "--json"])
-    assert result.exit_code == 0, result.output
-    return dict(json.loads(result.stdout))
 
 
 def _learner(status: dict[str, Any], name: str) -> dict[str, Any]:
@@ -110,7 +105,7 @@ def test_two_aws_regions_train_survive_an_interruption_with_failover_and_leave_n
             ].startswith("eu-west-1")
             eip = aws.client("ec2", "us-east-1").describe_addresses()["Addresses"][0]["PublicIp"]
             assert started["url"] == f"https://{eip}:8443" and vms["syncer"]["PublicIpAddress"] == eip
-            status = _status()
+            status = status_json()
             assert {r["name"]: r["learners"][0]["state"] for r in status["regions"]} == {
                 "virginia": "training",
                 "ireland": "training",
@@ -140,7 +135,7 @@ def test_two_aws_regions_train_survive_an_interruption_with_failover_and_leave_n
             )  # fmt: skip
             recovery_s = time.monotonic() - noticed
             print(f"\nnotice -> the replacement's first accepted update: {recovery_s:.1f} s")
-            after = _status()
+            after = status_json()
             assert after["rounds"] > rounds and _learner(after, "L0")["zone"] == "us-east-1b"
             vms = {next(t["Value"] for t in i["Tags"] if t["Key"] == "ddctl-name"): i for i in _live(aws, run)}
             assert vms["L0"]["Placement"]["AvailabilityZone"] == "us-east-1b"

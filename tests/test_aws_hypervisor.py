@@ -22,6 +22,8 @@ from aws_cloud import AwsCloud
 from aws_hypervisor import HV_LABEL, IMDS_ADDRESS, NETWORK, REBALANCE_PATH, Hypervisor, interruptions, parse_duration
 from ddctl.errors import DeployError
 from ddctl.providers import deploy, unavailable
+from ddctl.providers.aws import interruptions as fis
+from ddctl.providers.aws.clients import Clients
 from ddctl.providers.docker.engine import Engine
 from ddctl_agents.waiting import wait_until
 
@@ -172,28 +174,8 @@ def test_elastic_ip_imds_and_a_fis_spot_interruption(hv: Hypervisor, aws: AwsClo
     hv.rebalance(vm.id)
     assert vm.imds()["rebalance"][0] == 200 and vm.imds()["rebalance"][1]["noticeTime"].endswith("Z")
 
-    fis = aws.client("fis", vm.region)
-    template = fis.create_experiment_template(
-        description="interrupt the syncer",
-        roleArn=f"arn:aws:iam::{ACCOUNT}:role/ddctl-fis",
-        stopConditions=[{"source": "none"}],
-        targets={
-            "spot": {
-                "resourceType": "aws:ec2:spot-instance",
-                "resourceArns": [f"arn:aws:ec2:{vm.region}:{ACCOUNT}:instance/{vm.id}"],
-                "selectionMode": "ALL",
-            }
-        },
-        actions={
-            "interrupt": {
-                "actionId": "aws:ec2:send-spot-instance-interruptions",
-                "parameters": {"durationBeforeInterruption": "PT3S"},
-                "targets": {"SpotInstances": "spot"},
-            }
-        },
-    )["experimentTemplate"]
     started = time.monotonic()
-    fis.start_experiment(experimentTemplateId=template["id"])
+    fis.interrupt(Clients(), vm.region, "hv", vm.id, notice_s=3.0)  # the FIS experiment `ddctl chaos preempt` starts
     notice = wait_until(lambda: (n := vm.imds()["notice"])[0] == 200 and n, timeout_s=3, every_s=0.2, what="the notice")
     assert notice[1]["action"] == "terminate" and notice[1]["time"].endswith("Z")
     if time.monotonic() - started < 2.5:  # not killed at the notice (unless this machine was too slow to look in time)

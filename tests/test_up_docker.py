@@ -24,7 +24,7 @@ from ddctl.providers.base import RUN_LABEL
 from ddctl.providers.docker.engine import Engine, engine_unavailable
 from ddctl.providers.docker.vms import DockerProvider
 from ddctl_agents.waiting import wait_until
-from tests.builders import dry_run_up, instances_removed
+from tests.builders import dry_run_up, instances_removed, status_json
 
 pytestmark = [
     pytest.mark.slow,
@@ -57,12 +57,6 @@ def _regions(tmp_path: Path) -> Path:
     path = tmp_path / "regions.yaml"
     path.write_text(yaml.safe_dump(regions))
     return path
-
-
-def _status() -> dict[str, Any]:
-    result = runner.invoke(app, ["status", "--json"])
-    assert result.exit_code == 0, result.output
-    return dict(json.loads(result.stdout))
 
 
 def test_docker_regions_train_shaped_survive_a_preemption_and_leave_nothing(
@@ -105,7 +99,7 @@ def test_docker_regions_train_shaped_survive_a_preemption_and_leave_nothing(
         _partition_and_heal(run, engine)
 
         # a spot notice through the metadata endpoint: early push, the job keeps merging, a replacement rejoins
-        rounds = _status()["rounds"]
+        rounds = status_json()["rounds"]
         chaos = runner.invoke(app, ["chaos", "preempt", "mid", "--notice", "20", "--json"])
         assert chaos.exit_code == 0, chaos.output
         assert json.loads(chaos.stdout)["seconds_to_exit"] < 20  # it left on the notice, before the kill
@@ -115,7 +109,7 @@ def test_docker_regions_train_shaped_survive_a_preemption_and_leave_nothing(
         assert sum(summary["acked_tokens"].values()) == summary["sent_tokens"] > 0
 
         def rejoined() -> bool:
-            status = _status()
+            status = status_json()
             row = next(r["learners"][0] for r in status["regions"] if r["name"] == "mid")
             return bool(status["rounds"] > rounds and row["state"] == "training" and row["step"] > summary["step"])
 
@@ -168,17 +162,17 @@ def _row(status: dict[str, Any], region: str) -> dict[str, Any]:
 
 
 def _partition_and_heal(run: str, engine: Engine, seconds: float = 25.0) -> None:
-    before = _status()
+    before = status_json()
     [vm] = [c["Id"] for c in engine.containers({RUN_LABEL: run}) if c["Labels"]["ddctl-name"] == "L2"]
     command = [sys.executable, "-c", "from ddctl.cli.app import main; main()", "chaos", "partition", "slow"]
     cut = subprocess.Popen([*command, "--for", str(seconds), "--json"], stdout=subprocess.PIPE, text=True)
     try:
         wait_until(
-            lambda: _row(_status(), "slow")["seen_s_ago"] > 5, timeout_s=20, every_s=0.5, what="the slow region goes quiet"
+            lambda: _row(status_json(), "slow")["seen_s_ago"] > 5, timeout_s=20, every_s=0.5, what="the slow region goes quiet"
         )
-        during = _status()
+        during = status_json()
         wait_until(
-            lambda: _status()["rounds"] >= during["rounds"] + 2,
+            lambda: status_json()["rounds"] >= during["rounds"] + 2,
             timeout_s=20,
             every_s=0.5,
             what="the other regions keep merging while it is cut off",
@@ -191,7 +185,7 @@ def _partition_and_heal(run: str, engine: Engine, seconds: float = 25.0) -> None
     assert cut.returncode == 0 and json.loads(out)["seconds"] >= seconds, out
 
     def rejoined() -> dict[str, Any] | None:
-        status = _status()
+        status = status_json()
         row = _row(status, "slow")
         return (
             status
