@@ -39,11 +39,15 @@ EXAMPLE = Path(__file__).parent.parent / "docs" / "examples" / "aws.yaml"
 G = SPOT_QUOTAS["g"]
 
 
-def history(items: list[tuple[str, str, float, str]], next_token: str = "") -> str:
+def history(items: list[tuple[str, str, float | str, str]], next_token: str = "") -> str:
     """An EC2 DescribeSpotPriceHistory answer of (type, zone, price, timestamp) items."""
+
+    def text(p: float | str) -> str:
+        return p if isinstance(p, str) else f"{p:.6f}"
+
     rows = "".join(
         f"<item><instanceType>{t}</instanceType><productDescription>Linux/UNIX</productDescription>"
-        f"<spotPrice>{p:.6f}</spotPrice><timestamp>{ts}</timestamp><availabilityZone>{z}</availabilityZone></item>"
+        f"<spotPrice>{text(p)}</spotPrice><timestamp>{ts}</timestamp><availabilityZone>{z}</availabilityZone></item>"
         for t, z, p, ts in items
     )
     token = f"<nextToken>{next_token}</nextToken>" if next_token else ""
@@ -67,7 +71,7 @@ US_EAST = [  # page 1, then page 2
 ]
 
 
-def answer_spot(cloud: AwsCloud, region: str, pages: list[list[tuple[str, str, float, str]]]) -> None:
+def answer_spot(cloud: AwsCloud, region: str, pages: list[list[tuple[str, str, float | str, str]]]) -> None:
     """Canned pages: the first for the first call, page i for the call that carries token ``p{i}``."""
     cloud.answer("DescribeSpotPriceHistory", history(pages[0], "p1" if len(pages) > 1 else ""), region=region)
     for i, page in enumerate(pages[1:], start=1):
@@ -329,3 +333,36 @@ def test_a_dry_run_plan_prices_every_region_at_zero_and_calls_no_cloud(aws: AwsC
     plan = json.loads(result.stdout)
     assert plan["cost"]["total_dollars_per_hour"] == 0 and all(r["egress_gb_per_hour"] == 0 for r in plan["regions"])
     assert aws.calls() == []
+
+
+def test_hostile_answers_are_skipped_or_unknown_never_a_crash_or_a_nan(aws: AwsCloud) -> None:
+    """What EC2 or Service Quotas answer is checked: a price or count that is not a finite, sane number is not used."""
+    hostile: list[tuple[str, str, float | str, str]] = [
+        ("g6.xlarge", "us-east-1a", "NaN", NOW),
+        ("g6.xlarge", "us-east-1b", "Infinity", NOW),
+        ("g6.xlarge", "us-east-1c", "-0.5", NOW),
+        ("g5.xlarge", "us-east-1a", "1e308", NOW),
+        ("g5.xlarge", "us-east-1b", 0.29, NOW),  # the one usable offer
+    ]
+    answer_spot(aws, "us-east-1", [hostile])
+    ec2 = Clients().client("ec2", "us-east-1")
+    quote = prices.spot_quote(ec2, ["g6.xlarge", "g5.xlarge"], [])
+    assert quote is not None and (quote.instance_type, quote.zone, quote.price) == ("g5.xlarge", "us-east-1b", 0.29)
+    answer_spot(aws, "us-east-1", [hostile[:4]])
+    assert prices.spot_quote(ec2, ["g6.xlarge", "g5.xlarge"], []) is None  # nothing usable: unknown, not nan
+    assert prices.latest_prices([{"SpotPrice": "0.3"}, {"InstanceType": True, "SpotPrice": [1]}], ["g5.xlarge"], []) == {}
+
+    sq = Clients().client("service-quotas", "us-east-1")
+    for broken in ("NaN", "-3", "1e300"):
+        aws.answer_quota(G.code, float(broken), region="us-east-1")
+        [warning] = prices.quota_warnings(sq, "us-east-1", {G: 4})
+        assert "could not check quota L-3819A6DF" in warning and "not a number of vCPUs" in warning and "nan vCPUs" not in warning
+
+    class Paginated:  # DescribeInstanceTypes answers with counts that are not counts
+        def get_paginator(self, name: str) -> Any:
+            types = [
+                {"InstanceType": f"t{i}", "VCpuInfo": {"DefaultVCpus": v}} for i, v in enumerate([4, -1, 10**9, "x", None, 2.5])
+            ]
+            return type("P", (), {"paginate": lambda self, **kw: [{"InstanceTypes": types}]})()
+
+    assert prices.vcpus(Paginated(), ["t0"]) == {"t0": 4}

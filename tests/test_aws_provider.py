@@ -19,7 +19,7 @@ from ddctl.config.regions import Region
 from ddctl.control.controller import Controller
 from ddctl.control.rundir import RunDir
 from ddctl.control.state import InstanceRecord, State
-from ddctl.errors import DeployError, ProvisionError
+from ddctl.errors import DdctlError, DeployError, ProvisionError
 from ddctl.providers import deploy
 from ddctl.providers.aws import provider as aws_provider
 from ddctl.providers.aws.clients import Clients
@@ -291,3 +291,18 @@ def test_down_orphans_sweeps_the_files_regions_and_reports_what_went(booted: Aws
     assert {"security group", "key pair", "elastic ip"} <= set(removed)
     again = CliRunner().invoke(app, ["down", "--orphans", "-f", str(regions), "--json"])
     assert again.exit_code == 0 and json.loads(again.stdout)["removed"] == {}
+
+
+def test_an_instance_without_its_pinned_host_key_is_never_connected_to(booted: AwsCloud) -> None:
+    provider = AwsProvider()
+    infos = provider.bootstrap(RUN, [EAST], "east")
+    made = provider.create(spec_of(infos, "L0", EAST))
+    ident = made.provider_id.split("/")[1]
+    ec2 = booted.client("ec2", "us-east-1")
+    ec2.create_tags(Resources=[ident], Tags=[{"Key": "ddctl-host-key", "Value": "ssh-rsa AAAA-someone-elses"}])
+    with pytest.raises(DdctlError, match="no ddctl-host-key tag ddctl could pin"):
+        provider.ssh_target(made)
+    ec2.delete_tags(Resources=[ident], Tags=[{"Key": "ddctl-host-key"}])
+    with pytest.raises(DdctlError, match="no ddctl-host-key tag"):
+        provider.ssh_target(made)
+    assert provider.read_file(made, "/opt/ddctl/summary.json") is None  # nothing read, nothing crashed

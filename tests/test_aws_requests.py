@@ -9,8 +9,9 @@ import botocore.exceptions
 import pytest
 
 from ddctl.errors import ProvisionError
+from ddctl.providers.aws.console import last_files, log_text
 from ddctl.providers.aws.errors import classify
-from ddctl.providers.aws.machines import Machine, launch_request, tags, user_data
+from ddctl.providers.aws.machines import Machine, launch_request, public_address, tags, user_data
 from ddctl.providers.aws.orphans import expired, orphaned
 from ddctl.providers.base import InstanceSpec
 
@@ -111,3 +112,27 @@ def test_orphans_are_dead_runs_and_expired_machines_only() -> None:
     assert orphaned(fleet, {"live"}, now) == [fleet[1], fleet[2]]  # a dead run, an expired machine of a live one
     assert not expired({"ddctl-expires-at": "soon"}, now)  # unreadable: never guessed to delete
     assert expired({"ddctl-expires-at": earlier}, now) and not expired({"ddctl-expires-at": later}, 1.8e9)
+
+
+def test_what_ec2_says_about_an_instance_is_checked_before_it_becomes_a_host_or_a_rule() -> None:
+    assert public_address({"PublicIpAddress": "100.100.0.7"}) == "100.100.0.7"
+    for hostile in ("", None, "100.100.0.7/0", "0.0.0.0/0", "::1", "999.1.1.1", "a" * 10_000, 7, "1.2.3.4; rm -rf /"):
+        assert public_address({"PublicIpAddress": hostile}) is None
+    assert public_address({}) is None
+
+
+def test_a_consoles_last_words_survive_garbage_around_them() -> None:
+    good = base64.b64encode(b'{"reason": "finished"}').decode()
+    console = "\n".join(
+        [
+            "[    0.000] Linux version ...",
+            f"ddctl-file /opt/ddctl/summary.json {good[:-4]}",  # truncated: skipped
+            "ddctl-file /opt/ddctl/agent.exit not!base64",
+            "ddctl-file only-two-fields",
+            f"ddctl-file /opt/ddctl/summary.json {good}",
+            "\x1b[31mcolour\x1b[0m and a NUL \x00",
+        ]
+    )
+    assert last_files(console) == {"/opt/ddctl/summary.json": b'{"reason": "finished"}'}
+    assert "ddctl-file" not in log_text(console) and "Linux version" in log_text(console)
+    assert last_files("ddctl-file x " + "A" * 1_000_000) == {"x": b"\x00" * 750_000}  # big, but EC2 keeps 64 KB

@@ -12,6 +12,7 @@ the image lacks it; ``/opt/ddctl/ready`` says it is done.
 
 from __future__ import annotations
 
+import ipaddress
 import shlex
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -147,3 +148,11 @@ def machine_settings(region: Region, syncer_region: str, ssh_from: str) -> dict[
         "syncer_region": syncer_region,
         "ssh_from": ssh_from,
     }
+
+
+def public_address(raw: dict[str, Any]) -> str | None:
+    """The instance's public IPv4 address as EC2 described it, if it is one (it becomes an SSH host and a /32 rule)."""
+    try:
+        return str(ipaddress.IPv4Address(str(raw.get("PublicIpAddress") or "")))
+    except ValueError:
+        return None

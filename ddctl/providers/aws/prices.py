@@ -16,6 +16,7 @@ Quotas ``GetServiceQuota``), on clients handed in, so tests point them at moto.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -81,16 +82,35 @@ Offers = dict[tuple[str, str], float]
 """Spot USD per hour by (instance type, zone)."""
 
 
+MAX_DOLLARS_PER_HOUR = 1_000.0
+"""No instance type costs more an hour (p5.48xlarge lists near $55): a larger price is a broken answer."""
+MAX_VCPUS = 4_096
+MAX_QUOTA_VCPUS = 10_000_000.0
+
+
+def checked(raw: Any, low: float, high: float) -> float | None:
+    """A number an API answered, if it is one and finite within [low, high]; None otherwise (never guessed)."""
+    if isinstance(raw, bool):
+        return None
+    try:
+        value = float(raw)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return value if math.isfinite(value) and low <= value <= high else None
+
+
 def latest_prices(history: Iterable[Mapping[str, Any]], instance_types: Sequence[str], zones: Sequence[str]) -> Offers:
-    """Each allowed (type, zone) at its latest price in EC2's history (pure)."""
-    latest: dict[tuple[str, str], tuple[Any, float]] = {}
+    """Each allowed (type, zone) at its latest usable price in EC2's history (pure); malformed items are skipped."""
+    latest: dict[tuple[str, str], tuple[datetime, float]] = {}
     for item in history:
-        key = (str(item["InstanceType"]), str(item["AvailabilityZone"]))
+        key = (str(item.get("InstanceType", "")), str(item.get("AvailabilityZone", "")))
         if key[0] not in instance_types or (zones and key[1] not in zones):
             continue  # EC2 filters too; a canned or older answer may not
-        stamp = item.get("Timestamp") or datetime.min.replace(tzinfo=UTC)
-        if key not in latest or stamp > latest[key][0]:
-            latest[key] = (stamp, float(item["SpotPrice"]))
+        price = checked(item.get("SpotPrice"), 0.0, MAX_DOLLARS_PER_HOUR)
+        stamp = item.get("Timestamp")
+        stamp = stamp if isinstance(stamp, datetime) and stamp.tzinfo is not None else datetime.min.replace(tzinfo=UTC)
+        if price is not None and price > 0 and (key not in latest or stamp > latest[key][0]):
+            latest[key] = (stamp, price)
     return {key: price for key, (_, price) in latest.items()}
 
 
@@ -126,7 +146,12 @@ def spot_quote(ec2: Any, instance_types: Sequence[str], zones: Sequence[str], no
 def vcpus(ec2: Any, instance_types: Sequence[str]) -> dict[str, int]:
     """vCPUs per instance type, as EC2 describes it (quotas count vCPUs, not instances)."""
     pages = ec2.get_paginator("describe_instance_types").paginate(InstanceTypes=list(instance_types))
-    return {str(t["InstanceType"]): int(t["VCpuInfo"]["DefaultVCpus"]) for page in pages for t in page["InstanceTypes"]}
+    out = {}
+    for t in (t for page in pages for t in page["InstanceTypes"]):
+        count = checked((t.get("VCpuInfo") or {}).get("DefaultVCpus"), 1, MAX_VCPUS)
+        if count is not None and count == int(count):  # a broken answer leaves the type's vCPUs unknown
+            out[str(t.get("InstanceType", ""))] = int(count)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,9 +218,13 @@ def quota_warnings(service_quotas: Any, region: str, needs: Mapping[Quota, int],
     out = []
     for quota, needed in sorted(needs.items(), key=lambda kv: kv[0].code):
         try:
-            value = float(service_quotas.get_service_quota(ServiceCode="ec2", QuotaCode=quota.code)["Quota"]["Value"])
+            answer = service_quotas.get_service_quota(ServiceCode="ec2", QuotaCode=quota.code).get("Quota") or {}
         except (BotoCoreError, ClientError) as exc:
-            why = classify(exc, region=region, credentials=credentials)
+            answer, why = {}, str(classify(exc, region=region, credentials=credentials))
+        else:
+            why = f"Service Quotas answered {str(answer.get('Value'))[:40]!r}, not a number of vCPUs"
+        value = checked(answer.get("Value"), 0.0, MAX_QUOTA_VCPUS)
+        if value is None:
             out.append(f"{region}: could not check quota {quota.code} ({quota.name}; the plan needs {needed} vCPUs): {why}")
             continue
         problem = quota_shortfall(quota, value, needed, region)

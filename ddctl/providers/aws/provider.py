@@ -31,10 +31,12 @@ from ddctl.providers.aws.machines import (
     LIVE_STATES,
     POWER_OFF,
     READY,
+    REGION_TAG,
     ROLE_TAG,
     Machine,
     launch_request,
     machine_settings,
+    public_address,
     tag_map,
     tags,
     user_data,
@@ -198,17 +200,15 @@ class AwsProvider:
             allocation, _ = network.ensure_address(ec2, spec.run)
             wait_until(lambda: self._state(region, ident) == "running", timeout_s=BOOT_TIMEOUT_S, what=f"{spec.name} to run")
             ec2.associate_address(AllocationId=allocation, InstanceId=ident, AllowReassociation=True)
-
-        def address() -> str | None:
-            found = self.describe(region, [ident])
-            return str(found[0].get("PublicIpAddress") or "") or None if found else None
-
-        public = wait_until(address, timeout_s=BOOT_TIMEOUT_S, every_s=0.5, what=f"a public address of {spec.name}")
+        public = wait_until(
+            lambda: public_address(next(iter(self.describe(region, [ident])), {})),
+            timeout_s=BOOT_TIMEOUT_S, every_s=0.5, what=f"a public address of {spec.name}",
+        )  # fmt: skip
         if spec.role == "learner":
             home = str(settings["syncer_region"])
             group = self.network(spec.run, home, str(settings["ssh_from"])).security_group
             network.allow(self.ec2(home), group, SYNCER_PORT, f"{public}/32", f"learner {spec.name}")
-        return str(public)
+        return public
 
     def describe(self, region: str, ids: list[str] | None = None, run: str = "") -> list[dict[str, Any]]:
         filters = network.run_filter(run) if run else []
@@ -235,7 +235,7 @@ class AwsProvider:
                         provider_id=f"{region}/{raw['InstanceId']}",
                         run=run,
                         alive=state in LIVE_STATES,
-                        address=str(raw.get("PublicIpAddress") or ""),
+                        address=public_address(raw) or "",
                         zone=str(raw.get("Placement", {}).get("AvailabilityZone", "")),
                     )
                 )
@@ -244,9 +244,13 @@ class AwsProvider:
     def ssh_target(self, instance: Instance) -> deploy.Target:
         region, ident = split_id(instance.provider_id)
         found = self.describe(region, [ident])
-        if not found or found[0]["State"]["Name"] != "running" or not found[0].get("PublicIpAddress"):
-            raise DdctlError(f"{instance.name} is not running")
-        return deploy.Target(str(found[0]["PublicIpAddress"]), tag_map(found[0])[HOST_KEY_TAG], RunDir(instance.run).ssh_key)
+        address = public_address(found[0]) if found and found[0]["State"]["Name"] == "running" else None
+        if address is None:
+            raise DdctlError(f"{instance.name} is not running (or has no public address)")
+        host_key = tag_map(found[0]).get(HOST_KEY_TAG, "")
+        if not host_key.startswith("ssh-ed25519 "):  # the pin ddctl tagged it with; without it nothing is trusted
+            raise DdctlError(f"{instance.name} carries no {HOST_KEY_TAG} tag ddctl could pin; not connecting")
+        return deploy.Target(address, host_key, RunDir(instance.run).ssh_key)
 
     def terminate(self, instance: Instance, grace_s: float = 10.0) -> None:
         """SIGTERM the agent (it pushes and leaves, the VM powers off), wait, then collect its log and terminate."""
@@ -318,8 +322,8 @@ class AwsProvider:
 
     def _close_port(self, run: str, raw: dict[str, Any]) -> None:
         """A learner's /32 rule on the syncer's port goes with it."""
-        address = raw.get("PublicIpAddress")
-        if not address or tag_map(raw).get(ROLE_TAG) != "learner":
+        address = public_address(raw)
+        if address is None or tag_map(raw).get(ROLE_TAG) != "learner":
             return
         for region in footprint.regions(run):
             for group in self.ec2(region).describe_security_groups(Filters=network.run_filter(run))["SecurityGroups"]:
@@ -366,12 +370,12 @@ class AwsProvider:
 
     def _learner_addresses(self, run: str, region: str) -> list[str]:
         return [
-            str(raw["PublicIpAddress"])
+            address
             for cloud_region in footprint.regions(run)
             for raw in self.describe(cloud_region, run=run)
-            if tag_map(raw).get("ddctl-region") == region
+            if tag_map(raw).get(REGION_TAG) == region
             and tag_map(raw).get(ROLE_TAG) == "learner"
-            and raw.get("PublicIpAddress")
+            and (address := public_address(raw)) is not None
         ]
 
     def _syncer_group(self, run: str) -> tuple[str, str]:
