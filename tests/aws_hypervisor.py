@@ -12,7 +12,9 @@ Spot interruptions come through the real FIS API: each new experiment's ``send-s
 posts the notice on an IMDSv2 endpoint at 169.254.169.254 (the docker provider's handler: callers known by
 source address); when ``durationBeforeInterruption`` runs out the container is killed and the instance
 terminated. Needs root (an address on ``lo``, port 80) and Docker; one Hypervisor per machine at a time
-(a lock file: the network and the address are machine-wide).
+(a lock file: the network and the address are machine-wide). Given a ``gcp`` fake too, it plays GCE's
+instances on the same bridge (``gcp_guests.py``) and its metadata server answers GCE's paths, so one job
+can span both clouds.
 """
 
 from __future__ import annotations
@@ -33,10 +35,13 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Protocol
 
+from ddctl.providers import linkshape
 from ddctl.providers.docker import metadata
 from ddctl.providers.docker.engine import Engine, tar_of
 from ddctl.providers.docker.image import VmImage, ensure_image
 from ddctl_agents.waiting import wait_until
+from gcp_cloud import GcpCloud
+from gcp_guests import GcpGuests
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +105,16 @@ def _utc(at: float) -> str:
 class Hypervisor:
     """Plays moto's instances in ``regions`` as containers until ``stop()``; ``errors`` keeps what failed, by subject."""
 
-    def __init__(self, cloud: Cloud, regions: Iterable[str] = ("us-east-1",), every_s: float = 0.2) -> None:
-        self.cloud, self.regions, self.every_s = cloud, list(regions), every_s
+    def __init__(
+        self, cloud: Cloud, regions: Iterable[str] = ("us-east-1",), every_s: float = 0.2, gcp: GcpCloud | None = None,
+        links: dict[str, tuple[float, float]] | None = None,
+    ) -> None:  # fmt: skip
+        self.cloud, self.regions, self.every_s, self.gcp = cloud, list(regions), every_s, gcp
+        self.links = dict(links or {})
+        """Cloud region -> (up, down) Mbit/s every VM booted there is shaped to (tc tbf, as the docker provider's VMs)."""
+        self.shaped: dict[str, tuple[float, float]] = {}
+        """Container -> the (up, down) Mbit/s it was shaped to."""
+        self.guests: GcpGuests | None = None
         self.engine = Engine()
         self.notices = metadata.Notices(self._instance_at)
         self.errors: dict[str, str] = {}
@@ -133,6 +146,8 @@ class Hypervisor:
             self._remove_all()  # a crashed session's leftovers: we hold the lock, nobody else owns them
             self.image = ensure_image(self.engine)
             self.engine.create_network(NETWORK, str(INTERNET), GATEWAY, {HV_LABEL: "1"})
+            if self.gcp is not None:
+                self.guests = GcpGuests(self.gcp, self.engine, self.image, NETWORK, {HV_LABEL: "1"}, self.shape)
             self._serve_imds()
             self._clients = {(s, r): self.cloud.client(s, r) for s in ("ec2", "fis") for r in self.regions}
         except BaseException:
@@ -192,6 +207,8 @@ class Hypervisor:
             self._guard(f"instances in {region}", partial(self._sync_instances, region, containers))
             self._guard(f"experiments in {region}", partial(self._sync_experiments, region))
         self._guard("interruptions", self._interrupt_due)
+        if self.guests is not None:
+            self._guard("gce", partial(self.guests.tick, containers, _demux))
 
     def _guard(self, subject: str, step: Callable[[], object]) -> None:
         """Run one step; a failure is logged (once per distinct message) and kept in ``errors``, never fatal."""
@@ -291,12 +308,20 @@ class Hypervisor:
         try:
             self.engine.put_archive(ident, tar_of({USER_DATA: (script, 0o700)}))
             self.engine.start(ident)
+            self.shape(region, ident)
         except BaseException:
             self.engine.remove(ident)
             raise
         with self._lock:
             self._vms[iid] = Vm(ident, region, address)
         log.info("aws hypervisor: %s boots at %s", iid, address)
+
+    def shape(self, region: str, container: str) -> None:
+        """Shape a booted VM's link as its cloud region's WAN link (when ``links`` names the region)."""
+        if region in self.links:
+            pid = int((self.engine.inspect(container) or {})["State"]["Pid"])
+            linkshape.shape_netns_of(pid, *self.links[region])
+            self.shaped[container] = self.links[region]
 
     # -- spot interruptions -------------------------------------------------------------------
     def _sync_experiments(self, region: str) -> None:
@@ -336,7 +361,7 @@ class Hypervisor:
         if f"inet {IMDS_ADDRESS}/" not in _ip("-4", "addr", "show", "dev", "lo"):
             _ip("addr", "add", f"{IMDS_ADDRESS}/32", "dev", "lo")
         self._added_address = True  # ours either way: the lock makes this the only hypervisor, so one found is a leftover
-        self._imds = ThreadingHTTPServer((IMDS_ADDRESS, 80), _handler(self.notices, self._rebalance_at))
+        self._imds = ThreadingHTTPServer((IMDS_ADDRESS, 80), _handler(self.notices, self._rebalance_at, self.guests))
         threading.Thread(target=self._imds.serve_forever, name="aws-hypervisor-imds", daemon=True).start()
 
     # -- plumbing -----------------------------------------------------------------------------
@@ -349,14 +374,22 @@ class Hypervisor:
             self._vms.clear()
 
 
-def _handler(notices: metadata.Notices, rebalance_at: Callable[[str], str | None]) -> type:
-    """The docker provider's IMDSv2 handler (tokens, spot notices), plus EC2's rebalance recommendation path."""
+def _handler(notices: metadata.Notices, rebalance_at: Callable[[str], str | None], guests: GcpGuests | None) -> type:
+    """The docker provider's IMDSv2 handler (tokens, spot notices), EC2's rebalance recommendation, GCE's paths."""
     tokens = metadata.Tokens()
     base: Any = metadata.make_handler(notices, tokens)
 
     class Handler(base):  # type: ignore[misc]
         def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
-            if self.path != REBALANCE_PATH:
+            gce = guests.answer(self.path, self.client_address[0], self.headers.get("Metadata-Flavor", "")) if guests else None
+            if gce is not None:
+                body = gce[1].encode()
+                self.send_response(gce[0])
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Metadata-Flavor", "Google")
+                self.end_headers()
+                self.wfile.write(body)
+            elif self.path != REBALANCE_PATH:
                 super().do_GET()
             elif not tokens.valid(self.headers.get("X-aws-ec2-metadata-token", "")):
                 self._send(401)

@@ -142,3 +142,33 @@ def check_finished(status: dict[str, Any], learners: list[str], budget: int) -> 
     assert Path(summary["result"], "summary.json").exists()  # the result is where it says, on this machine
     assert any(e.get("event", e.get("kind")) == "finished" for e in status["events"])
     return dict(summary)
+
+
+def machines_that_would_answer(monkeypatch: Any, provider_module: Any) -> None:
+    """A cloud provider's VMs as if they answered: its first-boot wait passes and the deploy is a no-op (no VM boots)."""
+    from ddctl.errors import DeployError
+    from ddctl.providers import deploy
+
+    monkeypatch.setattr(provider_module, "_ready", lambda target: True)
+    monkeypatch.setattr(deploy, "deploy", lambda *args, **kwargs: 4242)
+
+    def no_machine(target: deploy.Target, *args: object, **kwargs: object) -> tuple[int, str, str]:
+        raise DeployError(f"no machine answers at {target.host} in these tests", host=target.host)
+
+    monkeypatch.setattr(deploy, "run_command", no_machine)
+
+
+def syncer_row(run: str, name: str) -> dict[str, Any]:
+    """The syncer's own view of a learner (its incarnation, its updates by outcome), asked with the admin token."""
+    from ddctl.control.up import admin_client
+
+    client = admin_client(run)
+    try:
+        return next(row for row in client.status()["learners"] if row["id"] == name)
+    finally:
+        client.close()
+
+
+def merged(row: dict[str, Any]) -> int:
+    """A learner's updates merged into the model (on time or late)."""
+    return int(row["updates"].get("accepted", 0) + row["updates"].get("late", 0))

@@ -12,6 +12,7 @@ from hypothesis import settings
 
 if TYPE_CHECKING:
     from aws_cloud import AwsCloud
+    from gcp_cloud import GcpCloud
 
 settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
 settings.register_profile("dev", deadline=None)
@@ -38,3 +39,23 @@ def aws(aws_cloud: AwsCloud, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
     monkeypatch.setenv("DDCTL_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("DDCTL_SSH_FROM", "100.100.0.1/32")
     return aws_cloud
+
+
+@pytest.fixture(scope="session")
+def gcp_cloud() -> Iterator[GcpCloud]:
+    """One fake Compute Engine API for the whole session (its preemptions give 3 s of notice, not GCE's 30)."""
+    from gcp_cloud import GcpCloud
+
+    with GcpCloud(preempt_notice_s=3.0) as cloud:
+        yield cloud
+
+
+@pytest.fixture
+def gcp(gcp_cloud: GcpCloud, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> GcpCloud:
+    """A wiped fake that this process's google-cloud-compute (and any process it starts) talks to, anonymously."""
+    gcp_cloud.reset()
+    for name, value in gcp_cloud.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("DDCTL_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("DDCTL_SSH_FROM", "100.100.0.1/32")
+    return gcp_cloud

@@ -22,9 +22,8 @@ from typer.testing import CliRunner
 
 from aws_cloud import AwsCloud
 from aws_hypervisor import HV_LABEL, Hypervisor
-from builders import status_json
+from builders import merged, status_json, syncer_row
 from ddctl.cli.app import app
-from ddctl.control.up import admin_client
 from ddctl.providers.docker.engine import Engine, engine_unavailable
 from ddctl_agents.waiting import wait_until
 
@@ -53,19 +52,6 @@ def _regions(tmp_path: Path) -> Path:
 
 def _learner(status: dict[str, Any], name: str) -> dict[str, Any]:
     return next(row for region in status["regions"] for row in region["learners"] if row["id"] == name)
-
-
-def _syncer_row(run: str, name: str) -> dict[str, Any]:
-    """The syncer's own view of a learner (its incarnation, its updates by outcome)."""
-    client = admin_client(run)
-    try:
-        return next(row for row in client.status()["learners"] if row["id"] == name)
-    finally:
-        client.close()
-
-
-def _merged(row: dict[str, Any]) -> int:
-    return int(row["updates"].get("accepted", 0) + row["updates"].get("late", 0))
 
 
 def _live(aws: AwsCloud, run: str) -> list[dict[str, Any]]:
@@ -114,7 +100,7 @@ def test_two_aws_regions_train_survive_an_interruption_with_failover_and_leave_n
             # an interruption through FIS while us-east-1a has no capacity: the learner leaves on its notice, pushing
             # its drift; the controller replaces it in us-east-1b; the job keeps merging
             aws.fail("RunInstances", "InsufficientInstanceCapacity", zone="us-east-1a")
-            rounds, before, noticed = status["rounds"], _syncer_row(run, "L0"), time.monotonic()
+            rounds, before, noticed = status["rounds"], syncer_row(run, "L0"), time.monotonic()
             chaos = runner.invoke(app, ["chaos", "preempt", "virginia", "--notice", "30", "--json"])
             assert chaos.exit_code == 0, chaos.output
             assert json.loads(chaos.stdout)["seconds_to_exit"] < 30  # it left on the notice, before FIS's kill
@@ -124,13 +110,13 @@ def test_two_aws_regions_train_survive_an_interruption_with_failover_and_leave_n
             assert sum(summary["acked_tokens"].values()) == summary["sent_tokens"] > 0
 
             def joined() -> dict[str, Any] | None:
-                row = _syncer_row(run, "L0")
+                row = syncer_row(run, "L0")
                 return row if row["incarnation"] != before["incarnation"] else None
 
             first = wait_until(joined, timeout_s=240, every_s=0.25, what="the replacement to register")
-            assert _merged(first) > _merged(before)  # the first incarnation's early push was merged
+            assert merged(first) > merged(before)  # the first incarnation's early push was merged
             wait_until(
-                lambda: _merged(_syncer_row(run, "L0")) > _merged(first), timeout_s=120, every_s=0.25,
+                lambda: merged(syncer_row(run, "L0")) > merged(first), timeout_s=120, every_s=0.25,
                 what="the replacement's first accepted update",
             )  # fmt: skip
             recovery_s = time.monotonic() - noticed

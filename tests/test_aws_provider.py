@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from aws_cloud import AwsCloud
+from builders import machines_that_would_answer
 from ddctl.config.regions import Region
 from ddctl.control.controller import Controller
 from ddctl.control.rundir import RunDir
 from ddctl.control.state import InstanceRecord, State
-from ddctl.errors import DdctlError, DeployError, ProvisionError
-from ddctl.providers import deploy
+from ddctl.errors import DdctlError, ProvisionError
 from ddctl.providers.aws import provider as aws_provider
 from ddctl.providers.aws.clients import Clients
 from ddctl.providers.aws.provider import SYNCER_PORT, AwsProvider
@@ -46,13 +46,7 @@ WEST = Region(
 @pytest.fixture
 def booted(aws: AwsCloud, monkeypatch: pytest.MonkeyPatch) -> AwsCloud:
     """VMs that would answer: the first-boot wait passes and the deploy is a no-op (no machine boots in these tests)."""
-    monkeypatch.setattr(aws_provider, "_ready", lambda target: True)
-    monkeypatch.setattr(deploy, "deploy", lambda *args, **kwargs: 4242)
-
-    def no_machine(target: deploy.Target, *args: object, **kwargs: object) -> tuple[int, str, str]:
-        raise DeployError(f"no machine answers at {target.host} in these tests", host=target.host)
-
-    monkeypatch.setattr(deploy, "run_command", no_machine)
+    machines_that_would_answer(monkeypatch, aws_provider)
     return aws
 
 

@@ -9,11 +9,12 @@ import botocore.exceptions
 import pytest
 
 from ddctl.errors import ProvisionError
-from ddctl.providers.aws.console import last_files, log_text
 from ddctl.providers.aws.errors import classify
-from ddctl.providers.aws.machines import Machine, launch_request, public_address, tags, user_data
+from ddctl.providers.aws.machines import Machine, launch_request, public_address, tags
 from ddctl.providers.aws.orphans import expired, orphaned
 from ddctl.providers.base import InstanceSpec
+from ddctl.providers.console import last_files, log_text
+from ddctl.providers.firstboot import first_boot
 
 SPEC = InstanceSpec(run="r1", name="L3", region="east", role="learner", argv=("python",), log=Path("/tmp/l"))
 
@@ -84,7 +85,7 @@ def test_a_learner_is_one_time_spot_that_terminates_with_imdsv2_and_its_tags_on_
 
 
 def test_the_user_data_installs_the_pinned_host_key_and_the_run_key_then_says_ready() -> None:
-    script = user_data(
+    script = first_boot(
         b"-----BEGIN OPENSSH PRIVATE KEY-----\nabc\n-----END OPENSSH PRIVATE KEY-----\n",
         "ssh-ed25519 HOST",
         "ssh-ed25519 CLIENT",

@@ -93,15 +93,17 @@ def test_imdsv2_is_enforced_as_on_ec2_and_a_token_is_renewed_after_a_401(endpoin
 
 @pytest.fixture
 def gcp() -> Iterator[tuple[int, list[str]]]:
-    """GCE's metadata server for ``instance/preempted``: FALSE until told, and only with Metadata-Flavor."""
+    """GCE's metadata server for ``instance/preempted`` and ``maintenance-event``: FALSE and NONE until told, only with
+    Metadata-Flavor."""
     from http.server import BaseHTTPRequestHandler
 
-    answer = ["FALSE"]
+    answer = ["FALSE", "NONE"]
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802
-            ok = self.path == "/computeMetadata/v1/instance/preempted" and self.headers.get("Metadata-Flavor") == "Google"
-            body = answer[0].encode() if ok else b"Missing Metadata-Flavor:Google header"
+            paths = {"/computeMetadata/v1/instance/preempted": 0, "/computeMetadata/v1/instance/maintenance-event": 1}
+            ok = self.path in paths and self.headers.get("Metadata-Flavor") == "Google"
+            body = answer[paths[self.path]].encode() if ok else b"Missing Metadata-Flavor:Google header"
             self.send_response(200 if ok else 403)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -123,6 +125,16 @@ def test_the_watcher_reads_gcps_preempted_flag(gcp: tuple[int, list[str]]) -> No
     watch(f"http://127.0.0.1:{port}/computeMetadata/v1/instance/preempted", stop, every_s=0.05)
     assert not stop.wait(0.3)  # FALSE is not a notice
     answer[0] = "TRUE"
+    assert stop.wait(5) and stop.reason == "preemption_notice"
+
+
+def test_a_maintenance_event_that_ends_the_vm_is_a_notice_a_migration_is_not(gcp: tuple[int, list[str]]) -> None:
+    port, answer = gcp
+    stop = Stop()
+    watch(f"http://127.0.0.1:{port}/computeMetadata/v1/instance/preempted", stop, every_s=0.05)
+    answer[1] = "MIGRATE_ON_HOST_MAINTENANCE"
+    assert not stop.wait(0.3)  # a live migration: training goes on
+    answer[1] = "TERMINATE_ON_HOST_MAINTENANCE"
     assert stop.wait(5) and stop.reason == "preemption_notice"
 
 

@@ -1,4 +1,4 @@
-"""The provider contract: the same lifecycle against every provider (fake, process, Docker; aws and gcp next).
+"""The provider contract: the same lifecycle against every provider (fake, process, Docker, aws, gcp).
 
 bootstrap (twice: idempotent) -> launch (create, then the shared deploy where
 there is a machine) -> the instance is listed alive under the run's label ->
@@ -24,14 +24,15 @@ from ddctl.providers import deploy
 from ddctl.providers.base import InstanceSpec, Provider, RegionInfo
 from ddctl_agents.waiting import wait_until
 
-KINDS = ["fake", "process", pytest.param("docker", marks=pytest.mark.slow), pytest.param("aws", marks=pytest.mark.slow)]
+KINDS = ["fake", "process", *(pytest.param(k, marks=pytest.mark.slow) for k in ("docker", "aws", "gcp"))]
+CLOUDS = ("aws", "gcp")
 
 
 @pytest.fixture(params=KINDS)
 def provider(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Provider]:
     monkeypatch.setenv("DDCTL_HOME", str(tmp_path / "home"))
     kind = request.param
-    why = providers.unavailable("docker" if kind == "aws" else kind)  # aws VMs are Docker containers here (the hypervisor)
+    why = providers.unavailable("docker" if kind in CLOUDS else kind)  # cloud VMs are Docker containers here (the hypervisor)
     if why:
         pytest.skip(f"{kind}: {why}")
     with contextlib.ExitStack() as stack:
@@ -41,6 +42,12 @@ def provider(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest
             cloud = request.getfixturevalue("aws")  # moto's server; DDCTL_HOME and the SSH CIDR set for this test
             monkeypatch.setenv("DDCTL_HOME", str(tmp_path / "home"))
             stack.enter_context(Hypervisor(cloud, regions=["us-east-1"]))
+        if kind == "gcp":
+            from aws_hypervisor import Hypervisor
+
+            gcp = request.getfixturevalue("gcp")  # the fake Compute API; DDCTL_HOME and the SSH CIDR set for this test
+            monkeypatch.setenv("DDCTL_HOME", str(tmp_path / "home"))
+            stack.enter_context(Hypervisor(request.getfixturevalue("aws_cloud"), regions=[], gcp=gcp))
         chosen = providers.get(kind)
         yield chosen
         for instance in chosen.list_run(run_of(tmp_path)):
@@ -52,6 +59,9 @@ def region_for(kind: str) -> Region:
     """The region the contract runs in: what a file would say for this provider (local ones play "process")."""
     if kind == "aws":
         return Region(name="west", provider="aws", cloud_region="us-east-1", instance_type="t3.medium", image="ami-12c6146b",
+                      python=sys.executable)  # fmt: skip
+    if kind == "gcp":
+        return Region(name="west", provider="gcp", cloud_region="us-central1", instance_type="e2-standard-2",
                       python=sys.executable)  # fmt: skip
     return Region(name="west", provider="docker" if kind == "docker" else "process", link=LinkProfile(up_mbps=50, down_mbps=50))
 
@@ -118,8 +128,9 @@ def test_a_local_process_cannot_be_partitioned_and_says_why(tmp_path: Path) -> N
 
 
 def test_the_registry_names_what_is_built() -> None:
-    with pytest.raises(DdctlError, match="provider 'gcp' is not built yet; built: process, docker, aws"):
-        providers.get("gcp")
+    with pytest.raises(DdctlError, match="provider 'azure' is not built yet; built: process, docker, aws, gcp"):
+        providers.get("azure")
+    assert providers.PLANNED == () and providers.get("gcp").kind == "gcp"  # every kind regions.yaml accepts is built
     assert providers.dry_run_kind({"process"}) == ("process", None)
 
 

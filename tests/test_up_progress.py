@@ -125,17 +125,23 @@ def test_an_all_docker_file_hears_nothing_about_clouds(tmp_path: Path, monkeypat
     assert not re.search(r"aws|gcp|cloud|not built", " ".join(said))
 
 
-def test_a_cloud_region_is_refused_before_anything_is_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_cloud_learner_with_a_syncer_on_this_machine_is_refused_before_anything_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("DDCTL_HOME", str(tmp_path / "home"))
-    cloudy = {**REGIONS, "regions": [{"name": "east", "provider": "gcp", "cloud_region": "us-east1"}]}
+    cloudy = {
+        **REGIONS,
+        "syncer": "here",
+        "regions": [{"name": "here", "provider": "process"}, {"name": "east", "provider": "gcp", "cloud_region": "us-east1"}],
+    }
     result = runner.invoke(app, ["up", "-f", str(write_regions(tmp_path, cloudy))])
     assert result.exit_code == 2
-    assert "provider 'gcp' is not built yet; built: process, docker, aws" in result.stderr
-    assert "ddctl up --dry-run" in result.stderr
+    assert "'here' is a process region on this machine, which gcp VMs cannot reach" in result.stderr
+    assert "put the syncer in a cloud region" in result.stderr
     assert not (tmp_path / "home" / "runs").exists()
-    with pytest.raises(DdctlError, match="not built yet"):
-        providers.require_built(["docker", "gcp"])
-    providers.require_built(["docker", "process"])
+    with pytest.raises(DdctlError, match="'azure' is not built yet"):
+        providers.require_built(["docker", "azure"])
+    providers.require_built(["docker", "process", "aws", "gcp"])
 
 
 def test_the_example_regions_file_comments_are_true() -> None:

@@ -113,6 +113,11 @@ def _print_money(result: dict[str, Any]) -> None:
         f"expected ${cost['total_dollars_per_hour']:.2f}/h: instances ${cost['dollars_per_hour']:.2f}/h "
         f"(on demand ${cost['on_demand_dollars_per_hour']:.2f}/h) + egress ${cost['egress_dollars_per_hour']:.2f}/h{unknown}"
     )
+    for pair in cost["egress_by_cloud"]:
+        if pair["from"] != pair["to"]:
+            typer.echo(
+                f"egress {pair['from']} -> {pair['to']}: {pair['gb_per_hour']:.3f} GB/h, ${usd(pair['dollars_per_hour'])}/h"
+            )
     for note in cost["notes"]:
         typer.echo(f"note: {note}")
 

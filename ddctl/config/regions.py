@@ -51,6 +51,13 @@ class PreemptionProfile(_Model):
     notice_s: Annotated[float, Field(ge=0, description="a number >= 0")]
 
 
+class PriceOverride(_Model):
+    """Prices the file sets for a region, over the provider's table (USD per instance-hour)."""
+
+    spot_per_hour: Annotated[float | None, Field(ge=0, description="USD per spot instance-hour, a number >= 0")] = None
+    on_demand_per_hour: Annotated[float | None, Field(ge=0, description="USD per on-demand instance-hour, a number >= 0")] = None
+
+
 class Region(_Model):
     name: Name
     provider: Annotated[Provider, Field(description=" | ".join(PROVIDERS))]
@@ -64,10 +71,22 @@ class Region(_Model):
     instance_types: Annotated[
         tuple[str, ...], Field(description="instance types in order of preference, such as [g6.xlarge, g5.xlarge]")
     ] = ()
-    image: Annotated[str, Field(description="a machine image: an AMI id (ami-...) or ssm:/path/of/a/public/parameter")] = ""
-    vpc: Annotated[str, Field(description="a VPC id (vpc-...) or Name tag; default: the region's default VPC")] = ""
+    image: Annotated[
+        str,
+        Field(
+            description="a machine image: aws: an AMI id (ami-...) or ssm:/path/of/a/public/parameter; "
+            "gcp: an image URL such as projects/debian-cloud/global/images/family/debian-12"
+        ),
+    ] = ""
+    vpc: Annotated[
+        str, Field(description="aws: a VPC id (vpc-...) or Name tag; gcp: a VPC network name; default: the default one")
+    ] = ""
+    project: Annotated[str, Field(description="gcp: the project id; default: GOOGLE_CLOUD_PROJECT")] = ""
     python: Annotated[str, Field(description="the interpreter on the VMs, an absolute path")] = ""
     accelerator: Annotated[str, Field(description="an accelerator such as nvidia-l4")] = ""
+    accelerator_count: Annotated[int, Field(ge=1, le=16, description="accelerators per VM, an integer 1..16")] = 1
+    disk_gb: Annotated[int, Field(ge=10, le=65536, description="the boot disk in GB, an integer 10..65536")] = 50
+    prices: Annotated[PriceOverride | None, Field(description="{spot_per_hour, on_demand_per_hour}")] = None
     spot: Annotated[bool, Field(description="true or false")] = True
     price_cap: Annotated[float | None, Field(gt=0, description="USD per instance-hour, a number > 0")] = None
     """USD per instance-hour we are willing to pay (spot bids above it are refused)."""

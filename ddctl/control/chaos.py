@@ -7,7 +7,8 @@ its pending outer gradients and leaves; when the notice runs out the instance
 is killed. The controller then replaces it.
 
 ``partition``: a network fault, not a crash. A Docker region's network is
-disconnected from the syncer for a while and then restored; its learners keep
+disconnected from the syncer for a while and then restored (in a cloud, the
+syncer's firewall leaves the region's learners out: ``control/admission.py``); its learners keep
 training, keep their drift and reconnect on their own, while the other regions
 keep merging. The link is restored even if the command is interrupted.
 """
@@ -20,6 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 from ddctl import providers
+from ddctl.control import admission
 from ddctl.control.state import State
 from ddctl.errors import DdctlError
 
@@ -65,14 +67,32 @@ def partition(run: str, state: State, region: str, seconds: float, on_cut: Calla
         regions = sorted({i.region for i in records})
         raise DdctlError(f"run {run} has no learners in region {region!r}; regions with learners: {', '.join(regions)}")
     provider = providers.get(here[0].provider)
-    provider.cut_link(run, region)
+    admission.set_partitioned(run, region, True)  # the syncer's port leaves the region out, on any cloud
+    try:
+        provider.cut_link(run, region)
+        _readmit(run, state)
+    except BaseException:
+        admission.set_partitioned(run, region, False)
+        raise
     cut_at = time.time()
     state.event(run, "partition", region=region, seconds=seconds)
     on_cut()
     try:
         time.sleep(seconds)
     finally:
+        admission.set_partitioned(run, region, False)
         provider.heal_link(run, region)
+        _readmit(run, state)
         healed_at = time.time()
         state.event(run, "partition-healed", region=region, seconds=round(healed_at - cut_at, 2))
     return {"run": run, "region": region, "seconds": round(healed_at - cut_at, 2), "cut_at": cut_at, "healed_at": healed_at}
+
+
+def _readmit(run: str, state: State) -> None:
+    """A cloud syncer's port opened to the learners again, less the partitioned regions (``control/admission.py``)."""
+    records = state.instances(run)
+    syncer = next((r for r in records if r.role == "syncer"), None)
+    if syncer is None or providers.KINDS[syncer.provider].local:
+        return
+    owners = {r.provider: providers.get(r.provider) for r in records}
+    admission.admit(run, owners[syncer.provider], owners, {r.name: r.region for r in records if r.role == "learner"})

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ddctl import providers
+from ddctl.control import admission
 from ddctl.control.down import searched
 from ddctl.control.finish import conclude, parse_result
 from ddctl.control.launch import launch_at
@@ -59,6 +60,8 @@ class Controller:
     memory: Memory = field(default_factory=Memory)
     said: dict[str, str] = field(default_factory=dict)
     """The last reason recorded per instance: a wait is logged when its reason changes, not every second."""
+    admitted: dict[str, str] | None = None
+    """The learners the syncer's port was last opened to (``control/admission.py``); None: not yet this process."""
 
     def provider(self, kind: str) -> Provider:
         if kind not in self.owners:
@@ -84,7 +87,28 @@ class Controller:
         done = {o.name for o in observed if o.finished}
         for action in actions:
             self._act(action, records[action.name], listed.get(action.name), now, action.name in done)
+        started = any(a.kind in ("create", "replace") for a in actions)  # they opened it themselves; ``listed`` is stale
+        if "syncer" in records and not providers.KINDS[records["syncer"].provider].local and not started:
+            self._admit(records, listed)
         return actions
+
+    def _admit(self, records: dict[str, InstanceRecord], listed: dict[str, Instance]) -> None:
+        """The syncer's port follows the learners: opened to a new address, closed to a gone one (when the set changed)."""
+        regions = {name: r.region for name, r in records.items() if r.role == "learner"}
+        chosen = admission.wanted(listed, regions, admission.partitioned(self.run))
+        if chosen != self.admitted:
+            self.provider(records["syncer"].provider).admit(self.run, chosen)
+            self.admitted = chosen
+
+    def _admit_one(self, records: dict[str, InstanceRecord]) -> object:
+        """For a replacement as it comes up: list everywhere and admit (before its agent starts)."""
+        syncer = records.get("syncer")
+        if syncer is None or providers.KINDS[syncer.provider].local:
+            return None
+        regions = {name: r.region for name, r in records.items() if r.role == "learner"}
+        owners = {r.provider: self.provider(r.provider) for r in records.values()}
+        self.admitted = admission.admit(self.run, self.provider(syncer.provider), owners, regions)
+        return None
 
     def _concluded(self, r: InstanceRecord, syncer: Instance) -> bool:
         """The syncer wrote its result: record it, remove the machines (unless kept); nothing is replaced after."""
@@ -122,7 +146,9 @@ class Controller:
 
     def _start(self, action: Action, r: InstanceRecord, spec: InstanceSpec, provider: Provider, now: float) -> None:
         try:
-            spec, started = launch_at(provider, spec, action.placement)
+            records = {x.name: x for x in self.state.instances(self.run) if x.role in AGENTS}
+            opened = (lambda _: self._admit_one(records)) if r.role == "learner" else None
+            spec, started = launch_at(provider, spec, action.placement, opened)
         except ProvisionError as error:  # a provider's refusal, classified: what failover decides on
             self.memory = remember(self.memory, action, error, now)
             self.state.event(

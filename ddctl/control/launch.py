@@ -8,6 +8,7 @@ the command in ``create``. A deploy that fails leaves no half-started machine.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,10 +20,17 @@ if TYPE_CHECKING:
     from ddctl.control.reconcile import Placement
 
 
-def launch(provider: Provider, spec: InstanceSpec) -> Instance:
-    """``provider.create(spec)``, then the agent over SSH where there is a machine to deploy to."""
+def launch(provider: Provider, spec: InstanceSpec, on_created: Callable[[Instance], object] | None = None) -> Instance:
+    """``provider.create(spec)``, ``on_created`` (the syncer's port opened to it), then the agent over SSH where there is a
+    machine to deploy to."""
     instance = provider.create(spec)
-    target = provider.ssh_target(instance)
+    try:
+        if on_created is not None:
+            on_created(instance)
+        target = provider.ssh_target(instance)
+    except BaseException:
+        provider.terminate(instance, grace_s=0.0)
+        raise
     if target is None:
         return instance
     try:
@@ -34,11 +42,13 @@ def launch(provider: Provider, spec: InstanceSpec) -> Instance:
     return instance
 
 
-def launch_at(provider: Provider, spec: InstanceSpec, placement: Placement | None) -> tuple[InstanceSpec, Instance]:
+def launch_at(
+    provider: Provider, spec: InstanceSpec, placement: Placement | None, on_created: Callable[[Instance], object] | None = None
+) -> tuple[InstanceSpec, Instance]:
     """``launch`` at ``placement`` (None: where the spec says); a refusal is raised classified, for failover to decide on."""
     if placement is not None:
         spec = replace(spec, cloud_region=placement.cloud_region, zone=placement.zone)
     try:
-        return spec, launch(provider, spec)
+        return spec, launch(provider, spec, on_created)
     except Exception as exc:
         raise provider.classify(exc) from exc

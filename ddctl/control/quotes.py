@@ -141,6 +141,41 @@ def egress_bytes(rf: RegionsFile, kinds: Mapping[str, str], traffic: SyncTraffic
     return out
 
 
+def cloud_pairs(rf: RegionsFile, kinds: Mapping[str, str], traffic: SyncTraffic) -> list[dict[str, Any]]:
+    """Egress per (from, to) provider pair: GB and USD per hour, the sender's rate per route (None: unknown).
+
+    The learners' uploads flow from their cloud to the syncer's, its sends back the other way; what stays
+    inside a region is left out. A pair is priced by the cloud the bytes leave (``egress_per_gb``)."""
+    syncer = rf.region(rf.syncer)
+    pairs: dict[tuple[str, str], dict[str, Any]] = {}
+    for region in rf.regions:
+        way = route(region, kinds[region.name], syncer, kinds[syncer.name])
+        if region.name == syncer.name or way == "same_region":
+            continue
+        up, down = (region.learners * b * traffic.syncs_per_hour for b in (traffic.up_bytes, traffic.down_bytes))
+        for source, sink, sent in ((region, syncer, up), (syncer, region, down)):
+            pair = pairs.setdefault((kinds[source.name], kinds[sink.name]), {"gb_per_hour": 0.0, "dollars_per_hour": 0.0})
+            rate = _egress_rate(kinds[source.name], way, source.cloud_region)
+            pair["gb_per_hour"] += sent / GB
+            pair["dollars_per_hour"] = (
+                None if rate is None or pair["dollars_per_hour"] is None else pair["dollars_per_hour"] + sent / GB * rate
+            )
+    return [
+        {"from": a, "to": b, "gb_per_hour": round(p["gb_per_hour"], 3),
+         "dollars_per_hour": None if p["dollars_per_hour"] is None else round(p["dollars_per_hour"], 4)}
+        for (a, b), p in sorted(pairs.items())
+    ]  # fmt: skip
+
+
+def _egress_rate(kind: str, way: str, cloud_region: str) -> float | None:
+    """USD per GB leaving ``cloud_region`` of ``kind`` by ``way``; 0 on this machine, None where unknown."""
+    if _local(kind):
+        return 0.0
+    prices = _prices_of(kind)
+    rate = prices.egress_per_gb(way, cloud_region) if prices is not None else None
+    return None if rate is None else float(rate)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RegionQuote:
     """One region of a plan: its instance type and zone, USD per instance-hour, its egress per hour; None is unknown."""
@@ -208,6 +243,8 @@ class PlanQuotes:
 
     regions: dict[str, RegionQuote]
     notes: tuple[str, ...]
+    pairs: tuple[dict[str, Any], ...] = ()
+    """Egress per (from, to) provider pair (``cloud_pairs``)."""
 
     def summary(
         self, rf: RegionsFile, kinds: Mapping[str, str], counts: Mapping[str, int], on_demand_counts: Mapping[str, int]
@@ -226,6 +263,7 @@ class PlanQuotes:
             "egress_dollars_per_hour": cost.egress_per_hour,
             "total_dollars_per_hour": cost.total_per_hour,
             "unknown": list(cost.unknown),
+            "egress_by_cloud": list(self.pairs),
             "notes": list(self.notes),
         }
         return {"regions": rows, "cost": money}
@@ -270,4 +308,4 @@ def quote_plan(rf: RegionsFile, kinds: dict[str, str]) -> PlanQuotes:
             continue
         unknown = "" if _local(kind) else f"ddctl knows no {kind} prices yet"
         quotes.update({r.name: _flat(r, leaving[r.name], None if unknown else 0.0, unknown) for r in regions})
-    return PlanQuotes(regions=quotes, notes=tuple(notes))
+    return PlanQuotes(regions=quotes, notes=tuple(notes), pairs=tuple(cloud_pairs(rf, kinds, traffic)))

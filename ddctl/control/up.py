@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ddctl import providers
 from ddctl.config.regions import RegionsFile, job_config
+from ddctl.control import admission
 from ddctl.control.credentials import init_job_dir, token_for
 from ddctl.control.down import down
 from ddctl.control.launch import launch_at
@@ -42,6 +44,13 @@ def kinds_for(rf: RegionsFile, dry_run: bool, say: Any = print) -> dict[str, str
     """Each region's provider: its own, or for a dry run the one local provider that plays them all."""
     if not dry_run:
         providers.require_built(r.provider for r in rf.regions)  # before anything is made or archived
+        home = rf.region(rf.syncer)
+        clouds = sorted({r.provider for r in rf.regions if not providers.KINDS[r.provider].local})
+        if clouds and providers.KINDS[home.provider].local:
+            raise DdctlError(
+                f"{rf.path}: syncer: {home.name!r} is a {home.provider} region on this machine, which {' and '.join(clouds)} "
+                "VMs cannot reach; put the syncer in a cloud region (learners on this machine reach it there)"
+            )
         return {r.name: r.provider for r in rf.regions}
     kind, note = providers.dry_run_kind({r.provider for r in rf.regions})
     if note:
@@ -120,6 +129,15 @@ def _archive(run: str, state: State) -> None:
         state.delete_run(run)
 
 
+def _admitter(run: str, owners: dict[str, Provider], planned: list[PlannedInstance]) -> Callable[[Instance], object] | None:
+    """What opens the syncer's port to a new learner (``control/admission.py``); None where the syncer is local."""
+    syncer = next((i for i in planned if i.role == "syncer"), None)
+    if syncer is None or providers.KINDS[syncer.provider].local:
+        return None
+    regions = {i.name: i.region for i in planned if i.role == "learner"}
+    return lambda _: admission.admit(run, owners[syncer.provider], owners, regions)
+
+
 def _bootstrap(rf: RegionsFile, kinds: dict[str, str], owners: dict[str, Provider], say: Any) -> dict[str, RegionInfo]:
     linked = [r.name for r in rf.regions if r.link is not None]
     why = linkshape.available() if linked else None
@@ -128,10 +146,12 @@ def _bootstrap(rf: RegionsFile, kinds: dict[str, str], owners: dict[str, Provide
     elif any(r.link is not None and r.link.latency_ms > 0 for r in rf.regions):
         say("latency_ms is not emulated: netem is not available in this kernel; bandwidths are shaped with tbf")
     infos: dict[str, RegionInfo] = {}
-    for kind, provider in owners.items():
+    home = kinds[rf.syncer]  # first: the syncer's address is what every other cloud's learners are told
+    for kind in sorted(owners, key=lambda k: k != home):
         regions = [r for r in rf.regions if kinds[r.name] == kind]
         say(f"bootstrapping the {kind} regions {', '.join(r.name for r in regions)}")
-        infos.update(provider.bootstrap(rf.run, regions, rf.syncer))
+        host = "" if kind == home else infos[rf.syncer].syncer_host
+        infos.update(owners[kind].bootstrap(rf.run, regions, rf.syncer, host))
     return infos
 
 
@@ -154,13 +174,16 @@ def _carry_out(
     by_name = {i.name: i for i in planned}
     starting = [a for a in actions if a.kind in ("create", "replace")]
     refusals: list[tuple[str, str, ProvisionError]] = []
+    admit = _admitter(_run_of(specs), owners, planned)
 
     def start(action: Action) -> tuple[InstanceSpec, Instance]:
         """Launch at the action's placement; on a refusal, fail over as the controller would (next zone, region)."""
         provider, item, memory = owners[by_name[action.name].provider], by_name[action.name], Memory()
         while True:
             try:
-                spec, instance = launch_at(provider, specs[action.name], action.placement)
+                spec, instance = launch_at(
+                    provider, specs[action.name], action.placement, admit if item.role == "learner" else None
+                )
             except ProvisionError as error:  # a provider's refusal, classified: what failover decides on
                 refusals.append((action.name, str(action.placement), error))
                 memory = remember(memory, action, error, time.time())

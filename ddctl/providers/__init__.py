@@ -32,9 +32,10 @@ KINDS: dict[str, Kind] = {
     "docker": Kind("docker", "ddctl.providers.docker.vms:DockerProvider", local=True),
     "fake": Kind("fake", "ddctl.providers.fake:FakeProvider", local=True),
     "aws": Kind("aws", "ddctl.providers.aws.provider:AwsProvider", local=False, prices="ddctl.providers.aws.prices"),
+    "gcp": Kind("gcp", "ddctl.providers.gcp.provider:GcpProvider", local=False, prices="ddctl.providers.gcp.prices"),
 }
-PLANNED = ("gcp",)
-"""Accepted in regions.yaml; ``up`` refuses them (not built yet) before it makes anything, ``up --dry-run`` plays them."""
+PLANNED: tuple[str, ...] = ()
+"""Accepted in regions.yaml but not built: ``up`` refuses them before it makes anything, ``up --dry-run`` plays them."""
 LOCAL_KINDS = tuple(k for k, kind in KINDS.items() if kind.local and k != "fake")
 
 
@@ -47,7 +48,7 @@ def get(kind: str) -> Provider:
 
 
 def require_built(kinds: Iterable[str]) -> None:
-    """Refuse a kind that is not built yet (aws, gcp), saying what is built and what a dry run does instead."""
+    """Refuse a kind that is not built yet, saying what is built and what a dry run does instead."""
     for kind in sorted(set(kinds)):
         if kind not in KINDS:
             built = ", ".join(k for k in KINDS if k != "fake")

@@ -15,8 +15,9 @@ imported lazily:
 - ``list_run(run)``, ``terminate(instance)``, ``ssh_target(instance)``,
   ``preempt(instance, notice_s)`` (chaos), ``notices(run)``, ``read_file``,
   ``retire`` (collect the log, remove), ``cleanup(run)`` (what is left besides
-  instances), ``cut_link`` / ``heal_link`` (chaos partitions, where the
-  provider can), and ``classify(error) -> ProvisionError`` so that failover can
+  instances), ``admit(run, learners)`` (the syncer's port open to exactly the
+  run's learners, in whatever cloud they run), ``cut_link`` / ``heal_link``
+  (chaos partitions, where the provider can), and ``classify(error) -> ProvisionError`` so that failover can
   decide without reading messages.
 
 Labels (tags) are the truth: every instance carries the run and its name, so a
@@ -25,6 +26,7 @@ run is found and removed with the local state gone.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -137,10 +139,12 @@ class Provider(Protocol):
     power_off: str
     """The command a machine runs when its agent ends, so that "alive" means "the agent runs"."""
 
-    def bootstrap(self, run: str, regions: list[Region], syncer_region: str = "") -> dict[str, RegionInfo]:
+    def bootstrap(self, run: str, regions: list[Region], syncer_region: str = "", syncer_host: str = "") -> dict[str, RegionInfo]:
         """Make what the regions need before instances (idempotent); what each region's instances must know.
 
-        ``syncer_region``: the region (by name) the syncer runs in; every region's learners must reach it."""
+        ``syncer_region``: the region (by name) the syncer runs in; every region's learners must reach it.
+        ``syncer_host``: where the syncer is reached when it runs in another provider's region (that
+        provider's bootstrap, run first, said); empty when the syncer's region is one of ``regions``."""
         ...
 
     def create(self, spec: InstanceSpec) -> Instance:
@@ -181,6 +185,11 @@ class Provider(Protocol):
         """Remove what runs not in ``live`` (or past their expiry) left in these regions; (kind, name) of each.
 
         Clouds only: local providers' runs live on this machine and ``ddctl down --run`` finds them."""
+        ...
+
+    def admit(self, run: str, learners: Mapping[str, str]) -> None:
+        """Where this provider runs the run's syncer: open its port to exactly these learners (name -> public
+        address, in any cloud) besides the operator, and close it to the rest; elsewhere nothing to do."""
         ...
 
     def cut_link(self, run: str, region: str) -> None:

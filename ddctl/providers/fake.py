@@ -10,6 +10,7 @@ transient hiccups. The controller's failover is tested against it.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -55,14 +56,16 @@ class FakeProvider:
     _slots: dict[tuple[str, str], _Slot] = field(default_factory=dict)
     _regions: dict[str, dict[str, RegionInfo]] = field(default_factory=dict)
     _cut: set[tuple[str, str]] = field(default_factory=set)
+    admitted: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Per run, the learners (name -> address) the syncer's port was last opened to."""
     _serial: int = 0
 
-    def bootstrap(self, run: str, regions: list[Region], syncer_region: str = "") -> dict[str, RegionInfo]:
+    def bootstrap(self, run: str, regions: list[Region], syncer_region: str = "", syncer_host: str = "") -> dict[str, RegionInfo]:
         made = self._regions.setdefault(run, {})
+        host = syncer_host or "127.0.0.1"
         for r in regions:
             made.setdefault(
-                r.name,
-                RegionInfo(region=r.name, provider=self.kind, python=sys.executable, remote=False, syncer_host="127.0.0.1"),
+                r.name, RegionInfo(region=r.name, provider=self.kind, python=sys.executable, remote=False, syncer_host=host)
             )
         self.calls.append(("bootstrap", ",".join(r.name for r in regions)))
         return {r.name: made[r.name] for r in regions}
@@ -124,6 +127,10 @@ class FakeProvider:
         """Nothing to sweep: this machine's runs are found by ``ddctl down --run`` and ``ddctl gc``."""
         return []
 
+    def admit(self, run: str, learners: Mapping[str, str]) -> None:
+        self.admitted[run] = dict(learners)
+        self.calls.append(("admit", ",".join(sorted(learners))))
+
     def cut_link(self, run: str, region: str) -> None:
         self._cut.add((run, region))
 
@@ -149,4 +156,7 @@ class FakeProvider:
         return (run, region) in self._cut
 
     def _instance(self, slot: _Slot) -> Instance:
-        return Instance(name=slot.spec.name, provider_id=slot.ident, run=slot.spec.run, alive=slot.alive, zone=slot.spec.zone)
+        address = f"198.51.100.{int(slot.ident.rsplit('-', 1)[1]) % 250 + 1}"  # TEST-NET-2: each incarnation its own
+        return Instance(
+            name=slot.spec.name, provider_id=slot.ident, run=slot.spec.run, alive=slot.alive, zone=slot.spec.zone, address=address
+        )

@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -62,8 +63,10 @@ class ProcessProvider:
     kind = "process"
     power_off = ""  # the process is the machine: when the agent ends, so does it
 
-    def bootstrap(self, run: str, regions: list[Region], syncer_region: str = "") -> dict[str, RegionInfo]:
-        """A shaped namespace per region with a link profile (when this machine can shape links)."""
+    def bootstrap(self, run: str, regions: list[Region], syncer_region: str = "", syncer_host: str = "") -> dict[str, RegionInfo]:
+        """A shaped namespace per region with a link profile (when this machine can shape links).
+
+        ``syncer_host``: the syncer runs in another provider's region (a cloud's), reached at that address."""
         shaping = linkshape.available() is None
         links = {
             r.name: linkshape.ensure_link(namespace(run, r.name), r.link.up_mbps, r.link.down_mbps)
@@ -77,7 +80,7 @@ class ProcessProvider:
                 provider=self.kind,
                 python=sys.executable,
                 remote=False,
-                syncer_host=links[r.name].host_ip if r.name in links else "127.0.0.1",
+                syncer_host=syncer_host or (links[r.name].host_ip if r.name in links else "127.0.0.1"),
                 syncer_bind=bind,
                 command_prefix=tuple(links[r.name].command()) if r.name in links else (),
                 shaped=(r.link.up_mbps, r.link.down_mbps) if r.name in links and r.link else None,
@@ -158,6 +161,9 @@ class ProcessProvider:
     def sweep(self, regions: list[Region], live: set[str], now: float) -> list[tuple[str, str]]:
         """Nothing to sweep: this machine's runs are found by ``ddctl down --run`` and ``ddctl gc``."""
         return []
+
+    def admit(self, run: str, learners: Mapping[str, str]) -> None:
+        """Nothing to open: this machine's regions reach the syncer without firewall rules."""
 
     def cut_link(self, run: str, region: str) -> None:
         raise self._no_partition(region)

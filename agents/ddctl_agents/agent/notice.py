@@ -11,7 +11,10 @@ gradients while the instance still exists. Two protocols, told apart by the URL:
   real notice would be missed. The token is renewed before it expires, and at
   once after a 401. ddctl's local endpoint (Docker regions) speaks the same.
 - GCP (``/computeMetadata/v1/instance/preempted``, ``TRUE``/``FALSE``), with the
-  ``Metadata-Flavor: Google`` header it requires.
+  ``Metadata-Flavor: Google`` header it requires; and its sibling
+  ``instance/maintenance-event``: ``TERMINATE_ON_HOST_MAINTENANCE`` ends the VM
+  too (a GPU VM cannot live-migrate), so it is a notice; ``MIGRATE_...`` and
+  ``NONE`` are not.
 
 AWS also posts a *rebalance recommendation* (``events/recommendations/rebalance``)
 when an instance is at elevated risk, often well before a notice. It is not a
@@ -77,6 +80,14 @@ class NoticeClient:
             answer = self.http.get(self.url, headers=self._token_header())
         return answer
 
+    def maintenance(self) -> str | None:
+        """GCP only: a host-maintenance event that ends the VM (``TERMINATE_ON_HOST_MAINTENANCE``), else None."""
+        if not is_gcp(self.url):
+            return None
+        answer = self.http.get(f"{self.url.rsplit('/', 1)[0]}/maintenance-event", headers={"Metadata-Flavor": "Google"})
+        event = answer.text.strip().upper()
+        return event if answer.status_code == 200 and event.startswith("TERMINATE") else None
+
     def rebalance(self) -> bool:
         """AWS only: has a rebalance recommendation been posted for this instance (200 on its path)?"""
         if is_gcp(self.url):
@@ -108,6 +119,14 @@ def watch(url: str, stop: Stop, every_s: float = 1.0) -> threading.Thread:
                 if is_notice(response.status_code, response.text):
                     log.warning("spot interruption notice: %s", response.text.strip()[:200])
                     stop.trigger("preemption_notice")
+                elif is_gcp(url):
+                    try:
+                        event = client.maintenance()
+                    except httpx.HTTPError:
+                        continue
+                    if event is not None:
+                        log.warning("host maintenance ends this VM: %s", event[:200])
+                        stop.trigger("preemption_notice")
                 elif not stop.rebalance_recommended:
                     try:
                         recommended = client.rebalance()

@@ -4,23 +4,19 @@ The request is built here and nowhere else, so a test reads exactly what EC2
 is sent. A learner is spot (one-time, terminated on interruption), the syncer
 on-demand; both terminate when their OS shuts down, so the agent's exit (its
 dead-man too) powers the VM off for good. IMDSv2 is required (no token, no
-metadata). The user data is what cloud-init runs as root at first boot: it
-installs the host key ddctl generated (pinned in ``known_hosts`` before the VM
-exists), the run's client key, the power-off hook (``console.py``), and the agents' Python where
-the image lacks it; ``/opt/ddctl/ready`` says it is done.
+metadata). The user data is the shared first-boot script (``firstboot.py``), which cloud-init
+runs as root.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import shlex
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from ddctl.providers.aws.console import power_off_hook
 from ddctl.providers.base import NAME_LABEL, RUN_LABEL, InstanceSpec
-from ddctl.providers.deploy import REMOTE_ROOT
+from ddctl.providers.firstboot import DEFAULT_PYTHON
 
 if TYPE_CHECKING:
     from ddctl.config.regions import Region
@@ -29,20 +25,6 @@ ROLE_TAG = "ddctl-role"
 REGION_TAG = "ddctl-region"
 HOST_KEY_TAG = "ddctl-host-key"
 EXPIRES_TAG = "ddctl-expires-at"
-POWER_OFF = f"{REMOTE_ROOT}/poweroff"
-READY = f"{REMOTE_ROOT}/ready"
-AGENT_REQUIREMENTS = (
-    "torch==2.13.0",
-    "numpy>=1.26",
-    "httpx[http2]>=0.27",
-    "hypercorn>=0.17,<0.19",
-    "cryptography>=42",
-    "prometheus-client>=0.20",
-    "pydantic>=2.7,<3",
-)
-"""What the agents import, installed into the VM's own venv when the image has no interpreter at ``python``."""
-DEFAULT_PYTHON = "/opt/ddctl/venv/bin/python"
-"""Where the user data puts the agents' interpreter when the region names none."""
 DEFAULT_IMAGE_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
 """A public SSM parameter naming the current Deep Learning Base AMI (NVIDIA driver, CUDA, Ubuntu 22.04)."""
 LIVE_STATES = ("pending", "running")
@@ -69,31 +51,6 @@ def tags(spec: InstanceSpec, host_key: str, expires_at: float) -> dict[str, str]
         EXPIRES_TAG: datetime.fromtimestamp(expires_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "Name": f"ddctl-{spec.run}-{spec.name}",
     }
-
-
-def user_data(host_private: bytes, host_public: str, client_public: str, python: str) -> str:
-    """The first-boot script: pinned host key, the run's client key, power-off hook, the agents' Python."""
-    venv = f"{REMOTE_ROOT}/venv"
-    install = (
-        f"if [ ! -x {shlex.quote(python)} ]; then\n"
-        f"  python3 -m venv {venv} && {venv}/bin/pip install -q {shlex.join(AGENT_REQUIREMENTS)}\n"
-        "fi\n"
-    )
-    return (
-        "#!/bin/sh\n"
-        "# ddctl first boot: the host key ddctl pinned, the run's key, the power-off hook, the agents' Python.\n"
-        "set -e\n"
-        f"mkdir -p /etc/ssh /root/.ssh {REMOTE_ROOT}\n"
-        "umask 077\n"
-        f"cat >/etc/ssh/ssh_host_ed25519_key <<'KEY'\n{host_private.decode().strip()}\nKEY\n"
-        f"echo {shlex.quote(host_public)} >/etc/ssh/ssh_host_ed25519_key.pub\n"
-        f"echo {shlex.quote(client_public)} >/root/.ssh/authorized_keys\n"
-        "umask 022\n"
-        f"cat >{POWER_OFF} <<'HOOK'\n{power_off_hook()}HOOK\nchmod 755 {POWER_OFF}\n"
-        "(systemctl restart ssh || systemctl restart sshd) >/dev/null 2>&1 || true\n"
-        f"{install}"
-        f"touch {READY}\n"
-    )
 
 
 def launch_request(

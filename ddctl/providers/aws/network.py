@@ -12,16 +12,13 @@ learner's URL, and a replacement syncer comes back at the same address.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from ddctl.errors import DdctlError, ProvisionError
+from ddctl.errors import ProvisionError
 from ddctl.providers.base import RUN_LABEL
 
-SSH_FROM_ENV = "DDCTL_SSH_FROM"
-"""The CIDR SSH is opened to (default: this machine's public address, asked of checkip.amazonaws.com)."""
 DUPLICATES = ("InvalidPermission.Duplicate", "InvalidKeyPair.Duplicate", "InvalidGroup.Duplicate")
 GONE = ("InvalidPermission.NotFound", "InvalidGroup.NotFound", "InvalidKeyPair.NotFound", "InvalidAllocationID.NotFound")
 
@@ -143,6 +140,16 @@ def opened(ec2: Any, group: str, port: int) -> set[str]:
     }
 
 
+def admit(ec2: Any, group: str, port: int, wanted: set[str], keep: set[str]) -> None:
+    """Make ``port``'s /32 rules exactly ``wanted`` (CIDRs), besides those in ``keep`` (the operator's)."""
+    current = opened(ec2, group, port)
+    for cidr in sorted(current - wanted - keep):
+        if cidr.endswith("/32"):
+            revoke(ec2, group, port, cidr)
+    for cidr in sorted(wanted - current):
+        allow(ec2, group, port, cidr, "a learner of the run")
+
+
 def ensure_key_pair(ec2: Any, run: str, public_line: str) -> str:
     """The run's client key imported as a key pair (EC2 wants one named; the user data installs it too)."""
     try:
@@ -196,17 +203,3 @@ def remove_network(ec2: Any, run: str, wait_s: float = 120.0) -> list[tuple[str,
                 time.sleep(2.0)
         removed.append(("security group", f"{ec2.meta.region_name}/{group['GroupId']}"))
     return removed
-
-
-def ssh_cidr() -> str:
-    """Where SSH may come from: ``DDCTL_SSH_FROM``, else this machine's public address as a /32."""
-    chosen = os.environ.get(SSH_FROM_ENV)
-    if chosen:
-        return chosen if "/" in chosen else f"{chosen}/32"
-    import httpx
-
-    try:
-        address = httpx.get("https://checkip.amazonaws.com", timeout=5.0).text.strip()
-    except httpx.HTTPError as exc:
-        raise DdctlError(f"cannot learn this machine's public address ({exc}); set {SSH_FROM_ENV}=CIDR") from None
-    return f"{address}/32"

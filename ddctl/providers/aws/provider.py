@@ -15,22 +15,20 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ddctl.control.rundir import RunDir
-from ddctl.errors import DdctlError, DeployError, ProvisionError
-from ddctl.providers import deploy
-from ddctl.providers.aws import console, footprint, interruptions, network, orphans
+from ddctl.errors import DdctlError, ProvisionError
+from ddctl.providers import console, deploy
+from ddctl.providers.aws import footprint, interruptions, network, orphans
 from ddctl.providers.aws.clients import Clients
 from ddctl.providers.aws.errors import CAPACITY, classify
 from ddctl.providers.aws.machines import (
     DEFAULT_IMAGE_PARAMETER,
-    DEFAULT_PYTHON,
     HOST_KEY_TAG,
     LIVE_STATES,
-    POWER_OFF,
-    READY,
     REGION_TAG,
     ROLE_TAG,
     Machine,
@@ -39,10 +37,11 @@ from ddctl.providers.aws.machines import (
     public_address,
     tag_map,
     tags,
-    user_data,
 )
 from ddctl.providers.aws.network import Network
 from ddctl.providers.base import NAME_LABEL, Instance, InstanceSpec, PreemptionNotice, RegionInfo
+from ddctl.providers.firstboot import BOOT_TIMEOUT_S, DEFAULT_PYTHON, LIFETIME_S, POWER_OFF, first_boot, ssh_cidr
+from ddctl.providers.firstboot import ready as _ready
 from ddctl_agents.waiting import wait_until
 
 if TYPE_CHECKING:
@@ -50,9 +49,6 @@ if TYPE_CHECKING:
 
 SYNCER_PORT = 8443
 NOTICE_URL = "http://169.254.169.254/latest/meta-data/spot/instance-action"
-LIFETIME_S = 7 * 24 * 3600.0
-"""``ddctl-expires-at``: after this long a VM is an orphan for ``down --orphans``, whatever its run says."""
-BOOT_TIMEOUT_S = 900.0
 TERMINATE_TIMEOUT_S = 300.0
 
 
@@ -73,35 +69,27 @@ class AwsProvider:
         return self.clients.client("ec2", region, fail_fast=fail_fast)
 
     # -- regions ------------------------------------------------------------------------------
-    def bootstrap(self, run: str, regions: list[Region], syncer_region: str = "") -> dict[str, RegionInfo]:
-        """Each region's network, and the syncer's Elastic IP in its region; idempotent."""
+    def bootstrap(self, run: str, regions: list[Region], syncer_region: str = "", syncer_host: str = "") -> dict[str, RegionInfo]:
+        """Each region's network, and the syncer's Elastic IP where it runs here (else ``syncer_host``); idempotent."""
         home = next((r for r in regions if r.name == syncer_region), None)
-        if home is None:
-            raise DdctlError(
-                f"the syncer's region {syncer_region!r} is not an aws region of this file; one cloud per run for now"
-            )
-        ssh_from = network.ssh_cidr()
+        if home is None and not syncer_host:
+            raise DdctlError(f"the syncer's region {syncer_region!r} is elsewhere and its address is unknown yet")
+        ssh_from = ssh_cidr()
         try:
             for region in regions:
                 self.network(run, region.cloud_region, ssh_from, vpc=region.vpc)
-            _, address = network.ensure_address(self.ec2(home.cloud_region), run)
+            if home is not None:
+                _, syncer_host = network.ensure_address(self.ec2(home.cloud_region), run)
         except Exception as exc:
             raise self.classify(exc) from None
-        footprint.remember(run, home.cloud_region)
-        machine_of = {r.name: machine_settings(r, home.cloud_region, ssh_from) for r in regions}
+        machine_of = {r.name: machine_settings(r, home.cloud_region if home else "", ssh_from) for r in regions}
         return {
             r.name: RegionInfo(
-                region=r.name,
-                provider=self.kind,
-                python=r.python or DEFAULT_PYTHON,
-                remote=True,
-                syncer_host=address,
-                syncer_port=SYNCER_PORT,
-                notice_url=NOTICE_URL,
-                machine=machine_of[r.name],
+                region=r.name, provider=self.kind, python=r.python or DEFAULT_PYTHON, remote=True, syncer_host=syncer_host,
+                syncer_port=SYNCER_PORT, notice_url=NOTICE_URL, machine=machine_of[r.name],
             )
             for r in regions
-        }
+        }  # fmt: skip
 
     def network(self, run: str, region: str, ssh_from: str, vpc: str = "") -> Network:
         """The run's network in ``region`` (made on first use: a failover region is prepared here)."""
@@ -138,7 +126,7 @@ class AwsProvider:
             spot=bool(settings.get("spot", True)) and spec.role == "learner",
             max_price=settings.get("max_price"),
         )
-        script = user_data(host_private, host_public, client_public, machine.python)
+        script = first_boot(host_private, host_public, client_public, machine.python)
         labels = tags(spec, host_public, time.time() + LIFETIME_S)
         ident = self._run_instance(spec, machine, list(settings["instance_types"]), net, zone, script, labels)
         provider_id = f"{region}/{ident}"
@@ -204,8 +192,7 @@ class AwsProvider:
             lambda: public_address(next(iter(self.describe(region, [ident])), {})),
             timeout_s=BOOT_TIMEOUT_S, every_s=0.5, what=f"a public address of {spec.name}",
         )  # fmt: skip
-        if spec.role == "learner":
-            home = str(settings["syncer_region"])
+        if spec.role == "learner" and (home := str(settings["syncer_region"])):  # else the syncer is in another cloud
             group = self.network(spec.run, home, str(settings["ssh_from"])).security_group
             network.allow(self.ec2(home), group, SYNCER_PORT, f"{public}/32", f"learner {spec.name}")
         return public
@@ -282,11 +269,7 @@ class AwsProvider:
 
     def read_file(self, instance: Instance, path: str) -> bytes | None:
         """A file of a running VM (over SSH), or of a gone one from its last words on the console; None if neither has it."""
-        try:
-            status, out, _ = deploy.run_command(self.ssh_target(instance), f"cat {path}", wait_s=5.0)
-        except DdctlError:
-            return console.last_files(self._console(instance)).get(path)
-        return out.encode() if status == 0 else None
+        return console.read_file(lambda: self.ssh_target(instance), lambda: self._console(instance), path)
 
     def _console(self, instance: Instance) -> str:
         """The VM's serial console as EC2 kept it ("" where there is none)."""
@@ -298,15 +281,7 @@ class AwsProvider:
 
     def retire(self, instance: Instance, log: Path) -> None:
         """Append the agent's log to ``log`` (over SSH, or its tail from the console), close its port, terminate it."""
-        try:
-            _, text, _ = deploy.run_command(self.ssh_target(instance), f"cat {deploy.REMOTE_ROOT}/agent.log", wait_s=5.0)
-            where = instance.provider_id
-        except DdctlError:
-            text, where = console.log_text(self._console(instance)), f"console of {instance.provider_id}"
-        if text:
-            log.parent.mkdir(parents=True, exist_ok=True)
-            with log.open("ab") as out:
-                out.write(f"==> {where} <==\n{text}".encode())
+        console.collect_log(lambda: self.ssh_target(instance), lambda: self._console(instance), log, instance.provider_id)
         region, ident = split_id(instance.provider_id)
         found = self.describe(region, [ident])
         if found and found[0]["State"]["Name"] != "terminated":
@@ -356,7 +331,15 @@ class AwsProvider:
             removed += orphans.sweep(ec2, live, now, terminate)
         return removed
 
-    # -- chaos and errors ---------------------------------------------------------------------
+    # -- the syncer's port, chaos and errors --------------------------------------------------
+    def admit(self, run: str, learners: Mapping[str, str]) -> None:
+        """Where the run's syncer is on EC2: its port open to the operator and exactly these learners' addresses."""
+        try:
+            home, group = self._syncer_group(run)
+        except DdctlError:
+            return  # the syncer runs in another cloud (or not yet)
+        network.admit(self.ec2(home), group, SYNCER_PORT, {f"{a}/32" for a in learners.values()}, {ssh_cidr()})
+
     def cut_link(self, run: str, region: str) -> None:
         """Close the syncer's port to ``region``'s learners (their /32 rules go): a real partition on EC2."""
         home, group = self._syncer_group(run)
@@ -388,12 +371,3 @@ class AwsProvider:
 
     def classify(self, error: Exception, *, region: str = "", zone: str = "") -> ProvisionError:
         return classify(error, region=region, zone=zone, credentials=self.clients.described)
-
-
-def _ready(target: deploy.Target) -> bool:
-    """SSH answers and the first-boot script has finished (its marker exists)."""
-    try:
-        status, _, _ = deploy.run_command(target, f"test -e {READY}", wait_s=3.0)
-    except DeployError:
-        return False
-    return status == 0

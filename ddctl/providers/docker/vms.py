@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -70,7 +71,7 @@ class DockerProvider:
         return self._image
 
     # -- regions ------------------------------------------------------------------------------
-    def bootstrap(self, run: str, regions: list[Region], syncer_region: str = "") -> dict[str, RegionInfo]:
+    def bootstrap(self, run: str, regions: list[Region], syncer_region: str = "", syncer_host: str = "") -> dict[str, RegionInfo]:
         """A network per region (kept if it exists) and the run's metadata endpoint; idempotent."""
         subnets = self.subnets(run)
         missing = [r.name for r in regions if r.name not in subnets]
@@ -83,7 +84,7 @@ class DockerProvider:
                 provider=self.kind,
                 python=self.image.python,
                 remote=True,
-                syncer_host=str(subnets[r.name][SYNCER_HOST]),
+                syncer_host=syncer_host or str(subnets[r.name][SYNCER_HOST]),
                 syncer_port=SYNCER_PORT,
                 notice_url=f"http://{subnets[r.name][1]}:{port}{metadata.NOTICE_PATH}",
                 shaped=(r.link.up_mbps, r.link.down_mbps) if r.link is not None and shaping else None,
@@ -262,6 +263,9 @@ class DockerProvider:
     def sweep(self, regions: list[Region], live: set[str], now: float) -> list[tuple[str, str]]:
         """Nothing to sweep: this machine's runs are found by ``ddctl down --run`` and ``ddctl gc``."""
         return []
+
+    def admit(self, run: str, learners: Mapping[str, str]) -> None:
+        """Nothing to open: this machine's regions reach the syncer without firewall rules."""
 
     def cut_link(self, run: str, region: str) -> None:
         """Disconnect the syncer's container from ``region``'s network: that region's learners lose the syncer."""

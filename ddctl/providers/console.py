@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Callable
+from pathlib import Path
 
+from ddctl.errors import DdctlError
+from ddctl.providers import deploy
 from ddctl.providers.deploy import REMOTE_ROOT
 
 MARK = "ddctl-file"
@@ -48,3 +52,25 @@ def last_files(console: str) -> dict[str, bytes]:
 def log_text(console: str) -> str:
     """The console without the file lines: the log's tail as the VM printed it."""
     return "".join(line for line in console.splitlines(keepends=True) if not line.startswith(MARK))
+
+
+def read_file(ssh_target: Callable[[], deploy.Target], console: Callable[[], str], path: str) -> bytes | None:
+    """A file of a running VM (over SSH), or of an ended one from its last words on the console; None if neither has it."""
+    try:
+        status, out, _ = deploy.run_command(ssh_target(), f"cat {path}", wait_s=5.0)
+    except DdctlError:
+        return last_files(console()).get(path)
+    return out.encode() if status == 0 else None
+
+
+def collect_log(ssh_target: Callable[[], deploy.Target], console: Callable[[], str], log: Path, provider_id: str) -> None:
+    """Append the agent's log to ``log``: all of it over SSH while the VM answers, else the tail its console kept."""
+    try:
+        _, text, _ = deploy.run_command(ssh_target(), f"cat {REMOTE_ROOT}/agent.log", wait_s=5.0)
+        where = provider_id
+    except DdctlError:
+        text, where = log_text(console()), f"console of {provider_id}"
+    if text:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("ab") as out:
+            out.write(f"==> {where} <==\n{text}".encode())

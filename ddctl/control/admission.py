@@ -1,0 +1,56 @@
+"""The syncer's port, open to exactly the run's live learners, in whatever cloud each one runs.
+
+A learner in one cloud reaching a syncer in another comes from a public address
+only its own provider knows. The control plane joins the two: after a learner
+is created (before its agent starts) and whenever the controller sees the set
+change (a replacement came up at a new address, an old one went), the syncer's
+provider is told the exact set (``Provider.admit``) and makes its firewall say
+so. A region cut off by ``ddctl chaos partition`` is left out until it heals,
+so a partition holds on any cloud. ``wanted`` is the pure part.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+
+from ddctl.control.rundir import RunDir
+from ddctl.providers.base import Instance, Provider
+
+_lock = threading.Lock()
+"""One admission at a time per process: two threads rewriting one firewall would drop each other's learner."""
+
+
+def wanted(listed: Mapping[str, Instance], regions: Mapping[str, str], partitioned: set[str]) -> dict[str, str]:
+    """Learner name -> address for every live learner with an address outside a partitioned region (pure)."""
+    return {
+        name: instance.address
+        for name, instance in sorted(listed.items())
+        if name in regions and instance.alive and instance.address and regions[name] not in partitioned
+    }
+
+
+def partitioned(run: str) -> set[str]:
+    """The regions ``ddctl chaos partition`` has cut off right now."""
+    path = RunDir(run).root / "partitioned"
+    return set(path.read_text().split()) if path.exists() else set()
+
+
+def set_partitioned(run: str, region: str, cut: bool) -> None:
+    path = RunDir(run).root / "partitioned"
+    regions = (partitioned(run) | {region}) if cut else (partitioned(run) - {region})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{r}\n" for r in sorted(regions)))
+
+
+def list_learners(run: str, owners: Mapping[str, Provider], regions: Mapping[str, str]) -> dict[str, Instance]:
+    """The run's learners as each of their providers lists them (``regions``: learner name -> region)."""
+    return {i.name: i for provider in owners.values() for i in provider.list_run(run) if i.name in regions}
+
+
+def admit(run: str, syncer: Provider, owners: Mapping[str, Provider], regions: Mapping[str, str]) -> dict[str, str]:
+    """List the learners everywhere, and open the syncer's port to exactly the live ones; returns the set."""
+    with _lock:
+        chosen = wanted(list_learners(run, owners, regions), regions, partitioned(run))
+        syncer.admit(run, chosen)
+    return chosen

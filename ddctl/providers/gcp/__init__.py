@@ -1,0 +1,1 @@
+"""The GCP provider: Compute Engine VMs, and what they cost (``prices``)."""

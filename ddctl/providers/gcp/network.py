@@ -1,0 +1,180 @@
+"""A run's network on GCE: two firewall rules on the VPC network, the syncer's reserved address, the project used.
+
+Firewall rules are global and target network tags: ``ddctl-RUN-ssh`` opens SSH
+to the operator's CIDR on every VM of the run; ``ddctl-RUN-syncer`` opens the
+syncer's port on the syncer's VM to the operator and to exactly the run's
+learners' addresses, wherever they run (``admit`` rewrites its source ranges,
+so rules follow replacements). The syncer's external address is reserved
+before the syncer exists, so it goes into the job's certificate and every
+learner's URL, and a replacement syncer comes back at the same address.
+Everything is found by name, so each call is idempotent.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from ddctl.control.rundir import RunDir
+from ddctl.providers.gcp.clients import CALL_TIMEOUT_S, Clients
+from ddctl.providers.gcp.machines import label, resource_name, run_tag, syncer_tag
+
+
+def ssh_rule(run: str) -> str:
+    return resource_name(run, "ssh")
+
+
+def syncer_rule(run: str) -> str:
+    return resource_name(run, "syncer")
+
+
+def address_name(run: str) -> str:
+    return resource_name(run, "syncer")
+
+
+def _missing(error: Exception) -> bool:
+    return int(getattr(error, "code", 0) or 0) == 404 if isinstance(getattr(error, "code", 0), int) else False
+
+
+def _conflict(error: Exception) -> bool:
+    return int(getattr(error, "code", 0) or 0) == 409 if isinstance(getattr(error, "code", 0), int) else False
+
+
+def check_network(clients: Clients, project: str, network: str) -> None:
+    """The VPC network exists (else GCE would refuse every insert with a less clear message)."""
+    clients.client("NetworksClient").get(project=project, network=network, **clients.read)
+
+
+def _firewall(name: str, run: str, network: str, port: int, sources: Iterable[str], tag: str, why: str) -> Any:
+    from google.cloud import compute_v1
+
+    body = {
+        "name": name,
+        "network": f"global/networks/{network}",
+        "direction": "INGRESS",
+        "priority": 1000,
+        "allowed": [{"IPProtocol": "tcp", "ports": [str(port)]}],
+        "sourceRanges": sorted(set(sources)),
+        "targetTags": [tag],
+        "description": f"{why} (ddctl run {label(run)})",
+    }
+    return compute_v1.Firewall.from_json(json.dumps(body))
+
+
+def ensure_firewalls(clients: Clients, project: str, run: str, network: str, ssh_from: str, port: int, syncer: bool) -> None:
+    """SSH to the run's VMs from the operator; with ``syncer``, the syncer's port from the operator (learners: ``admit``)."""
+    wanted = [(ssh_rule(run), 22, run_tag(run), "SSH from the operator")]
+    if syncer:
+        wanted.append((syncer_rule(run), port, syncer_tag(run), "the syncer's port: the operator and the run's learners"))
+    firewalls = clients.client("FirewallsClient")
+    for name, rule_port, tag, why in wanted:
+        try:
+            firewalls.get(project=project, firewall=name, **clients.read)
+            continue
+        except Exception as exc:
+            if not _missing(exc):
+                raise
+        try:
+            op = firewalls.insert_unary(
+                project=project, firewall_resource=_firewall(name, run, network, rule_port, [ssh_from], tag, why),
+                timeout=CALL_TIMEOUT_S,
+            )  # fmt: skip
+        except Exception as exc:
+            if not _conflict(exc):
+                raise
+            continue
+        clients.wait(op, project)
+
+
+def admitted(clients: Clients, project: str, run: str) -> set[str] | None:
+    """The source ranges of the syncer's port, or None where the run's syncer is not on GCE."""
+    try:
+        rule = clients.client("FirewallsClient").get(project=project, firewall=syncer_rule(run), **clients.read)
+    except Exception as exc:
+        if _missing(exc):
+            return None
+        raise
+    return {str(r) for r in rule.source_ranges}
+
+
+def set_sources(clients: Clients, project: str, run: str, sources: Iterable[str]) -> None:
+    """Rewrite the syncer rule's source ranges (patch: the rest of the rule stays)."""
+    from google.cloud import compute_v1
+
+    patch = compute_v1.Firewall(source_ranges=sorted(set(sources)))
+    op = clients.client("FirewallsClient").patch_unary(
+        project=project, firewall=syncer_rule(run), firewall_resource=patch, timeout=CALL_TIMEOUT_S
+    )
+    clients.wait(op, project)
+
+
+def ensure_address(clients: Clients, project: str, region: str, run: str) -> str:
+    """The syncer's reserved external address in ``region`` (reserved on first use)."""
+    from google.cloud import compute_v1
+
+    addresses = clients.client("AddressesClient")
+    name = address_name(run)
+    try:
+        return str(addresses.get(project=project, region=region, address=name, **clients.read).address)
+    except Exception as exc:
+        if not _missing(exc):
+            raise
+    body = compute_v1.Address(name=name, address_type="EXTERNAL", description=f"the syncer of ddctl run {label(run)}")
+    op = addresses.insert_unary(project=project, region=region, address_resource=body, timeout=CALL_TIMEOUT_S)
+    clients.wait(op, project, region=region)
+    return str(addresses.get(project=project, region=region, address=name, **clients.read).address)
+
+
+def remove_network(clients: Clients, project: str, run: str, regions: Iterable[str]) -> list[tuple[str, str]]:
+    """Delete the run's firewall rules and release its reserved address (each gone already: fine)."""
+    removed: list[tuple[str, str]] = []
+    firewalls = clients.client("FirewallsClient")
+    for name in (ssh_rule(run), syncer_rule(run)):
+        try:
+            clients.wait(firewalls.delete_unary(project=project, firewall=name, timeout=CALL_TIMEOUT_S), project)
+            removed.append(("firewall", f"{project}/{name}"))
+        except Exception as exc:
+            if not _missing(exc):
+                raise
+    addresses = clients.client("AddressesClient")
+    for region in sorted(set(regions)):
+        try:
+            op = addresses.delete_unary(project=project, region=region, address=address_name(run), timeout=CALL_TIMEOUT_S)
+            clients.wait(op, project, region=region)
+            removed.append(("address", f"{project}/{region}/{address_name(run)}"))
+        except Exception as exc:
+            if not _missing(exc):
+                raise
+    return removed
+
+
+# -- where the run went --------------------------------------------------------------------------
+def _footprint(run: str) -> Any:
+    return RunDir(run).root / "gcp"
+
+
+def remember(run: str, project: str, region: str) -> None:
+    """The project and the cloud regions the run made something in (``down`` looks there)."""
+    known = footprint(run)
+    if known.get("project") not in (None, project):
+        from ddctl.errors import DdctlError
+
+        raise DdctlError(f"run {run} uses GCP project {known['project']!r}; one project per run (got {project!r})")
+    regions = sorted({*known.get("regions", []), region})
+    path = _footprint(run)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"project": project, "regions": regions}))
+
+
+def footprint(run: str) -> dict[str, Any]:
+    """``{"project": ..., "regions": [...]}`` of the run on GCE, or {} if it made nothing there."""
+    try:
+        raw = json.loads(_footprint(run).read_text())
+    except (OSError, ValueError):
+        return {}
+    return raw if isinstance(raw, dict) else {}
+
+
+def forget(run: str) -> None:
+    _footprint(run).unlink(missing_ok=True)
