@@ -420,3 +420,36 @@ def test_waits_and_requests_run_side_by_side() -> None:
         assert got.status == "PROVISIONING" and not done
         waiter.join(timeout=5)
         assert done and done[0].status == DONE
+
+
+def test_a_reserved_address_is_drawn_from_the_nat_pool_and_an_instance_can_take_it(
+    cloud: GcpCloud, clients: dict[str, Any]
+) -> None:
+    addresses, waiter = cloud.client("AddressesClient"), cloud.client("RegionOperationsClient")
+    op = addresses.insert_unary(project=cloud.project, region="us-central1",
+                                address_resource=compute_v1.Address(name="syncer-ip"), timeout=10)  # fmt: skip
+    done = waiter.wait(project=cloud.project, region="us-central1", operation=op.name, timeout=10)
+    assert done.status == compute_v1.Operation.Status.DONE and done.region.endswith("/regions/us-central1")
+    reserved = addresses.get(project=cloud.project, region="us-central1", address="syncer-ip", timeout=10)
+    assert ipaddress.IPv4Address(reserved.address) in NAT_POOL and reserved.status == "RESERVED"
+    inst = vm("at-reserved")
+    inst.network_interfaces[0].access_configs[0].nat_i_p = reserved.address
+    create(clients, cloud, inst)
+    assert live(cloud, "at-reserved")["networkInterfaces"][0]["accessConfigs"][0]["natIP"] == reserved.address
+    with pytest.raises(gexc.Conflict):
+        addresses.insert_unary(project=cloud.project, region="us-central1", address_resource=compute_v1.Address(name="syncer-ip"))
+    with pytest.raises(gexc.NotFound):
+        addresses.get(project=cloud.project, region="mars-north1", address="syncer-ip", timeout=10)
+    op = addresses.delete_unary(project=cloud.project, region="us-central1", address="syncer-ip", timeout=10)
+    waiter.wait(project=cloud.project, region="us-central1", operation=op.name, timeout=10)
+    assert cloud.addresses() == []
+
+
+def test_serial_port_one_keeps_what_the_vm_printed_while_the_instance_exists(cloud: GcpCloud, clients: dict[str, Any]) -> None:
+    create(clients, cloud, vm("talker"))
+    cloud.set_console(ZONE, "talker", "boot ok\nddctl-file /opt/ddctl/summary.json e30=\n")
+    out = clients["Instances"].get_serial_port_output(project=cloud.project, zone=ZONE, instance="talker", timeout=10)
+    assert out.contents.endswith("summary.json e30=\n") and out.next_ == len(out.contents)
+    cloud.remove(ZONE, "talker")
+    with pytest.raises(gexc.NotFound):  # a deleted VM's console is gone with it
+        clients["Instances"].get_serial_port_output(project=cloud.project, zone=ZONE, instance="talker", timeout=10)

@@ -290,3 +290,23 @@ def test_down_orphans_cleans_both_clouds_of_a_mixed_file(
     assert [
         i for r in ec2.describe_instances()["Reservations"] for i in r["Instances"] if i["State"]["Name"] != "terminated"
     ] == []
+
+
+def test_a_vm_that_powered_itself_off_is_read_from_its_serial_port_then_deleted(booted: GcpCloud) -> None:
+    """Its exit summary (why it ended) and its log's tail come from serial port 1; retire collects them, then deletes it."""
+    import base64
+
+    provider = GcpProvider()
+    infos = provider.bootstrap(RUN, [IOWA], "iowa")
+    made = provider.create(spec_of(infos, "L0", IOWA))
+    zone, name = made.provider_id.split("/")
+    summary = b'{"reason": "preemption_notice", "drained": true}'
+    booted.set_console(zone, name, f"ddctl-file /opt/ddctl/summary.json {base64.b64encode(summary).decode()}\nstep 40 loss 3.1\n")
+    booted.set_status(zone, name, "TERMINATED")  # the power-off hook ran: GCE keeps a stopped VM and its console
+    (ended,) = provider.list_run(RUN)
+    assert not ended.alive
+    assert provider.read_file(ended, "/opt/ddctl/summary.json") == summary
+    assert provider.read_file(ended, "/opt/ddctl/agent.exit") is None
+    provider.retire(ended, RunDir(RUN).log("L0"))
+    assert "step 40 loss 3.1" in RunDir(RUN).log("L0").read_text() and "ddctl-file" not in RunDir(RUN).log("L0").read_text()
+    assert booted.instances() == [] and provider.list_run(RUN) == []
