@@ -310,3 +310,16 @@ def test_a_vm_that_powered_itself_off_is_read_from_its_serial_port_then_deleted(
     provider.retire(ended, RunDir(RUN).log("L0"))
     assert "step 40 loss 3.1" in RunDir(RUN).log("L0").read_text() and "ddctl-file" not in RunDir(RUN).log("L0").read_text()
     assert booted.instances() == [] and provider.list_run(RUN) == []
+
+
+def test_a_footprint_file_that_is_not_ours_is_read_as_nothing(gcp: GcpCloud) -> None:
+    """The run directory's record of the project: torn, edited or of the wrong shape, it never names a project."""
+    from ddctl.providers.gcp import network
+
+    network.remember(RUN, "p1", "us-central1")
+    assert network.project_of(RUN) == "p1" and network.footprint(RUN)["regions"] == ["us-central1"]
+    path = RunDir(RUN).root / "gcp"
+    for text in ('{"project": "p1", "regions": "us-central1"}', '{"project": 7, "regions": []}', '["p1"]', '{"proj', ""):
+        path.write_text(text)
+        assert network.footprint(RUN) == {} and network.project_of(RUN) == ""
+    assert GcpProvider().list_run(RUN) == [] and GcpProvider().cleanup(RUN) == []

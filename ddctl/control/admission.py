@@ -12,10 +12,15 @@ so a partition holds on any cloud. ``wanted`` is the pure part.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
+from ddctl import providers
 from ddctl.control.rundir import RunDir
 from ddctl.providers.base import Instance, Provider
+
+if TYPE_CHECKING:
+    from ddctl.control.state import InstanceRecord
 
 _lock = threading.Lock()
 """One admission at a time per process: two threads rewriting one firewall would drop each other's learner."""
@@ -54,3 +59,13 @@ def admit(run: str, syncer: Provider, owners: Mapping[str, Provider], regions: M
         chosen = wanted(list_learners(run, owners, regions), regions, partitioned(run))
         syncer.admit(run, chosen)
     return chosen
+
+
+def admit_run(run: str, records: Iterable[InstanceRecord], provider_of: Callable[[str], Provider]) -> dict[str, str] | None:
+    """``admit`` for a run as the state records it; None where its syncer runs on this machine (no port to open)."""
+    records = list(records)
+    syncer = next((r for r in records if r.role == "syncer"), None)
+    if syncer is None or providers.KINDS[syncer.provider].local:
+        return None
+    owners = {r.provider: provider_of(r.provider) for r in records}
+    return admit(run, owners[syncer.provider], owners, {r.name: r.region for r in records if r.role == "learner"})

@@ -70,7 +70,7 @@ def partition(run: str, state: State, region: str, seconds: float, on_cut: Calla
     admission.set_partitioned(run, region, True)  # the syncer's port leaves the region out, on any cloud
     try:
         provider.cut_link(run, region)
-        _readmit(run, state)
+        admission.admit_run(run, state.instances(run), providers.get)
     except BaseException:
         admission.set_partitioned(run, region, False)
         raise
@@ -82,17 +82,7 @@ def partition(run: str, state: State, region: str, seconds: float, on_cut: Calla
     finally:
         admission.set_partitioned(run, region, False)
         provider.heal_link(run, region)
-        _readmit(run, state)
+        admission.admit_run(run, state.instances(run), providers.get)
         healed_at = time.time()
         state.event(run, "partition-healed", region=region, seconds=round(healed_at - cut_at, 2))
     return {"run": run, "region": region, "seconds": round(healed_at - cut_at, 2), "cut_at": cut_at, "healed_at": healed_at}
-
-
-def _readmit(run: str, state: State) -> None:
-    """A cloud syncer's port opened to the learners again, less the partitioned regions (``control/admission.py``)."""
-    records = state.instances(run)
-    syncer = next((r for r in records if r.role == "syncer"), None)
-    if syncer is None or providers.KINDS[syncer.provider].local:
-        return
-    owners = {r.provider: providers.get(r.provider) for r in records}
-    admission.admit(run, owners[syncer.provider], owners, {r.name: r.region for r in records if r.role == "learner"})

@@ -100,15 +100,11 @@ class Controller:
             self.provider(records["syncer"].provider).admit(self.run, chosen)
             self.admitted = chosen
 
-    def _admit_one(self, records: dict[str, InstanceRecord]) -> object:
+    def _admit_one(self, records: dict[str, InstanceRecord]) -> None:
         """For a replacement as it comes up: list everywhere and admit (before its agent starts)."""
-        syncer = records.get("syncer")
-        if syncer is None or providers.KINDS[syncer.provider].local:
-            return None
-        regions = {name: r.region for name, r in records.items() if r.role == "learner"}
-        owners = {r.provider: self.provider(r.provider) for r in records.values()}
-        self.admitted = admission.admit(self.run, self.provider(syncer.provider), owners, regions)
-        return None
+        chosen = admission.admit_run(self.run, records.values(), self.provider)
+        if chosen is not None:
+            self.admitted = chosen
 
     def _concluded(self, r: InstanceRecord, syncer: Instance) -> bool:
         """The syncer wrote its result: record it, remove the machines (unless kept); nothing is replaced after."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,43 +127,41 @@ def _local(kind: str) -> bool:
     return kind in KINDS and KINDS[kind].local
 
 
-def egress_bytes(rf: RegionsFile, kinds: Mapping[str, str], traffic: SyncTraffic) -> dict[str, dict[str, float]]:
-    """Bytes per hour leaving each region, by route: learners' uploads from theirs, the syncer's sends from its own."""
+def flows(rf: RegionsFile, kinds: Mapping[str, str], traffic: SyncTraffic) -> Iterator[tuple[Region, Region, str, float]]:
+    """Every stream of sync bytes that leaves a region: (from, to, route, bytes per hour).
+
+    A learner region's uploads go to the syncer's region, the syncer's sends come back; what stays inside a
+    region (the syncer's own region, or local regions on one machine) leaves nothing."""
     syncer = rf.region(rf.syncer)
-    out: dict[str, dict[str, float]] = {r.name: {} for r in rf.regions}
     for region in rf.regions:
         way = route(region, kinds[region.name], syncer, kinds[syncer.name])
         if region.name == syncer.name or way == "same_region":
             continue
-        up, down = (region.learners * b * traffic.syncs_per_hour for b in (traffic.up_bytes, traffic.down_bytes))
-        out[region.name][way] = out[region.name].get(way, 0.0) + up
-        out[syncer.name][way] = out[syncer.name].get(way, 0.0) + down
+        yield region, syncer, way, region.learners * traffic.up_bytes * traffic.syncs_per_hour
+        yield syncer, region, way, region.learners * traffic.down_bytes * traffic.syncs_per_hour
+
+
+def egress_bytes(rf: RegionsFile, kinds: Mapping[str, str], traffic: SyncTraffic) -> dict[str, dict[str, float]]:
+    """Bytes per hour leaving each region, by route: learners' uploads from theirs, the syncer's sends from its own."""
+    out: dict[str, dict[str, float]] = {r.name: {} for r in rf.regions}
+    for source, _, way, sent in flows(rf, kinds, traffic):
+        out[source.name][way] = out[source.name].get(way, 0.0) + sent
     return out
 
 
 def cloud_pairs(rf: RegionsFile, kinds: Mapping[str, str], traffic: SyncTraffic) -> list[dict[str, Any]]:
-    """Egress per (from, to) provider pair: GB and USD per hour, the sender's rate per route (None: unknown).
-
-    The learners' uploads flow from their cloud to the syncer's, its sends back the other way; what stays
-    inside a region is left out. A pair is priced by the cloud the bytes leave (``egress_per_gb``)."""
-    syncer = rf.region(rf.syncer)
-    pairs: dict[tuple[str, str], dict[str, Any]] = {}
-    for region in rf.regions:
-        way = route(region, kinds[region.name], syncer, kinds[syncer.name])
-        if region.name == syncer.name or way == "same_region":
-            continue
-        up, down = (region.learners * b * traffic.syncs_per_hour for b in (traffic.up_bytes, traffic.down_bytes))
-        for source, sink, sent in ((region, syncer, up), (syncer, region, down)):
-            pair = pairs.setdefault((kinds[source.name], kinds[sink.name]), {"gb_per_hour": 0.0, "dollars_per_hour": 0.0})
-            rate = _egress_rate(kinds[source.name], way, source.cloud_region)
-            pair["gb_per_hour"] += sent / GB
-            pair["dollars_per_hour"] = (
-                None if rate is None or pair["dollars_per_hour"] is None else pair["dollars_per_hour"] + sent / GB * rate
-            )
+    """Egress per (from, to) provider pair: GB and USD per hour at the sending cloud's rate (None: unknown)."""
+    gb: dict[tuple[str, str], float] = {}
+    dollars: dict[tuple[str, str], float | None] = {}
+    for source, sink, way, sent in flows(rf, kinds, traffic):
+        pair, rate = (kinds[source.name], kinds[sink.name]), _egress_rate(kinds[source.name], way, source.cloud_region)
+        gb[pair] = gb.get(pair, 0.0) + sent / GB
+        so_far = dollars.get(pair, 0.0)
+        dollars[pair] = None if rate is None or so_far is None else so_far + sent / GB * rate
     return [
-        {"from": a, "to": b, "gb_per_hour": round(p["gb_per_hour"], 3),
-         "dollars_per_hour": None if p["dollars_per_hour"] is None else round(p["dollars_per_hour"], 4)}
-        for (a, b), p in sorted(pairs.items())
+        {"from": a, "to": b, "gb_per_hour": round(gb[a, b], 3),
+         "dollars_per_hour": None if (d := dollars[a, b]) is None else round(d, 4)}
+        for a, b in sorted(gb)
     ]  # fmt: skip
 
 

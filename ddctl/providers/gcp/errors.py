@@ -72,9 +72,15 @@ def _operation_error(operation: Any) -> tuple[str, int, dict[str, str], str]:
     return _cloudwide(code, f"{metric} {message}"), int(operation.http_error_status_code or 0), dimensions, message
 
 
+def http_status(error: Exception) -> int:
+    """The HTTP status of a ``google.api_core`` exception (its ``code``), 0 for anything else."""
+    code = getattr(error, "code", 0)
+    return code if isinstance(code, int) else 0
+
+
 def _raised_error(error: Exception) -> tuple[str, int, str]:
     """(reason, HTTP status, message) of a ``google.api_core`` exception (its first ``errors[].reason``)."""
-    status = int(getattr(error, "code", 0) or 0) if isinstance(getattr(error, "code", 0), int) else 0
+    status = http_status(error)
     details = getattr(error, "errors", None) or []
     reasons = [str(d.get("reason", "")) for d in details if isinstance(d, dict)]
     message = str(getattr(error, "message", "") or error)

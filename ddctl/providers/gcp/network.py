@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from ddctl.control.rundir import RunDir
 from ddctl.providers.gcp.clients import CALL_TIMEOUT_S, Clients
+from ddctl.providers.gcp.errors import http_status
 from ddctl.providers.gcp.machines import label, resource_name, run_tag, syncer_tag
 
 
@@ -31,14 +33,6 @@ def syncer_rule(run: str) -> str:
 
 def address_name(run: str) -> str:
     return resource_name(run, "syncer")
-
-
-def _missing(error: Exception) -> bool:
-    return int(getattr(error, "code", 0) or 0) == 404 if isinstance(getattr(error, "code", 0), int) else False
-
-
-def _conflict(error: Exception) -> bool:
-    return int(getattr(error, "code", 0) or 0) == 409 if isinstance(getattr(error, "code", 0), int) else False
 
 
 def check_network(clients: Clients, project: str, network: str) -> None:
@@ -73,7 +67,7 @@ def ensure_firewalls(clients: Clients, project: str, run: str, network: str, ssh
             firewalls.get(project=project, firewall=name, **clients.read)
             continue
         except Exception as exc:
-            if not _missing(exc):
+            if not http_status(exc) == 404:
                 raise
         try:
             op = firewalls.insert_unary(
@@ -81,7 +75,7 @@ def ensure_firewalls(clients: Clients, project: str, run: str, network: str, ssh
                 timeout=CALL_TIMEOUT_S,
             )  # fmt: skip
         except Exception as exc:
-            if not _conflict(exc):
+            if not http_status(exc) == 409:
                 raise
             continue
         clients.wait(op, project)
@@ -92,7 +86,7 @@ def admitted(clients: Clients, project: str, run: str) -> set[str] | None:
     try:
         rule = clients.client("FirewallsClient").get(project=project, firewall=syncer_rule(run), **clients.read)
     except Exception as exc:
-        if _missing(exc):
+        if http_status(exc) == 404:
             return None
         raise
     return {str(r) for r in rule.source_ranges}
@@ -118,7 +112,7 @@ def ensure_address(clients: Clients, project: str, region: str, run: str) -> str
     try:
         return str(addresses.get(project=project, region=region, address=name, **clients.read).address)
     except Exception as exc:
-        if not _missing(exc):
+        if not http_status(exc) == 404:
             raise
     body = compute_v1.Address(name=name, address_type="EXTERNAL", description=f"the syncer of ddctl run {label(run)}")
     op = addresses.insert_unary(project=project, region=region, address_resource=body, timeout=CALL_TIMEOUT_S)
@@ -135,7 +129,7 @@ def remove_network(clients: Clients, project: str, run: str, regions: Iterable[s
             clients.wait(firewalls.delete_unary(project=project, firewall=name, timeout=CALL_TIMEOUT_S), project)
             removed.append(("firewall", f"{project}/{name}"))
         except Exception as exc:
-            if not _missing(exc):
+            if not http_status(exc) == 404:
                 raise
     addresses = clients.client("AddressesClient")
     for region in sorted(set(regions)):
@@ -144,13 +138,13 @@ def remove_network(clients: Clients, project: str, run: str, regions: Iterable[s
             clients.wait(op, project, region=region)
             removed.append(("address", f"{project}/{region}/{address_name(run)}"))
         except Exception as exc:
-            if not _missing(exc):
+            if not http_status(exc) == 404:
                 raise
     return removed
 
 
 # -- where the run went --------------------------------------------------------------------------
-def _footprint(run: str) -> Any:
+def _footprint(run: str) -> Path:
     return RunDir(run).root / "gcp"
 
 
@@ -173,7 +167,18 @@ def footprint(run: str) -> dict[str, Any]:
         raw = json.loads(_footprint(run).read_text())
     except (OSError, ValueError):
         return {}
-    return raw if isinstance(raw, dict) else {}
+    ok = (
+        isinstance(raw, dict)
+        and isinstance(raw.get("project"), str)
+        and isinstance(raw.get("regions"), list)
+        and all(isinstance(r, str) for r in raw["regions"])
+    )
+    return raw if ok else {}  # a file that is not ours (edited, torn): as if the run made nothing here
+
+
+def project_of(run: str) -> str:
+    """The project the run used on GCE ("" if none)."""
+    return str(footprint(run).get("project", ""))
 
 
 def forget(run: str) -> None:

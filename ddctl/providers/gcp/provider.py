@@ -14,6 +14,7 @@ preemption, which the learner reads from ``instance/preempted``.
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,7 +28,7 @@ from ddctl.providers.firstboot import BOOT_TIMEOUT_S, DEFAULT_PYTHON, LIFETIME_S
 from ddctl.providers.firstboot import ready as _ready
 from ddctl.providers.gcp import network
 from ddctl.providers.gcp.clients import CALL_TIMEOUT_S, Clients
-from ddctl.providers.gcp.errors import CAPACITY, classify
+from ddctl.providers.gcp.errors import CAPACITY, classify, http_status
 from ddctl.providers.gcp.machines import (
     LIVE_STATES,
     Machine,
@@ -156,10 +157,10 @@ class GcpProvider:
         self, spec: InstanceSpec, machine: Machine, types: list[str], zone: str, metadata: dict[str, str], address: str
     ) -> str:
         """``instances.insert`` with each preferred machine type until one has capacity; the last refusal if none has."""
+        from google.cloud import compute_v1
+
         refusal: ProvisionError | None = None
         for machine_type in types:
-            from google.cloud import compute_v1
-
             name = instance_name(spec)
             body = insert_body(
                 spec, machine, name=name, zone=zone, machine_type=machine_type, metadata=metadata,
@@ -167,7 +168,7 @@ class GcpProvider:
             )  # fmt: skip
             try:
                 op = self.instances.insert_unary(
-                    project=machine.project, zone=zone, instance_resource=compute_v1.Instance.from_json(_json(body)),
+                    project=machine.project, zone=zone, instance_resource=compute_v1.Instance.from_json(json.dumps(body)),
                     timeout=CALL_TIMEOUT_S,
                 )  # fmt: skip
                 self.clients.wait(op, machine.project, zone=zone)
@@ -184,7 +185,7 @@ class GcpProvider:
         try:
             return self.instances.get(project=project, zone=zone, instance=name, **self.clients.read)
         except Exception as exc:
-            if getattr(exc, "code", None) == 404:
+            if http_status(exc) == 404:
                 return None
             raise
 
@@ -196,7 +197,7 @@ class GcpProvider:
 
     def listed(self, run: str) -> list[Any]:
         """Every instance of ``run`` (found by label, kept when its metadata names the run exactly)."""
-        project = network.footprint(run).get("project")
+        project = network.project_of(run)
         if not project:
             return []
         from google.cloud import compute_v1
@@ -224,7 +225,7 @@ class GcpProvider:
 
     def _raw(self, instance: Instance) -> Any | None:
         zone, name = split_id(instance.provider_id)
-        return self._get(str(network.footprint(instance.run).get("project", "")), zone, name)
+        return self._get(network.project_of(instance.run), zone, name)
 
     def ssh_target(self, instance: Instance) -> deploy.Target:
         raw = self._raw(instance)
@@ -254,7 +255,7 @@ class GcpProvider:
 
         Returns once the VM has stopped running (its agent left on the notice, or GCE preempted it)."""
         zone, name = split_id(instance.provider_id)
-        project = str(network.footprint(instance.run).get("project", ""))
+        project = network.project_of(instance.run)
         try:
             op = self.instances.simulate_maintenance_event_unary(
                 project=project, zone=zone, instance=name, timeout=CALL_TIMEOUT_S
@@ -278,7 +279,7 @@ class GcpProvider:
     def _console(self, instance: Instance) -> str:
         """Serial port 1 as GCE keeps it for a stopped VM ("" for a deleted one, or when it cannot be read)."""
         zone, name = split_id(instance.provider_id)
-        project = str(network.footprint(instance.run).get("project", ""))
+        project = network.project_of(instance.run)
         try:
             out = self.instances.get_serial_port_output(project=project, zone=zone, instance=name, **self.clients.read)
         except Exception:  # noqa: BLE001 - no console is no last words, whatever the reason
@@ -289,12 +290,12 @@ class GcpProvider:
         """Append the agent's log to ``log`` (over SSH, or its tail from the serial port), then delete the VM."""
         console.collect_log(lambda: self.ssh_target(instance), lambda: self._console(instance), log, instance.provider_id)
         zone, name = split_id(instance.provider_id)
-        project = str(network.footprint(instance.run).get("project", ""))
+        project = network.project_of(instance.run)
         try:
             op = self.instances.delete_unary(project=project, zone=zone, instance=name, timeout=CALL_TIMEOUT_S)
             self.clients.wait(op, project, zone=zone)
         except Exception as exc:
-            if getattr(exc, "code", None) != 404:
+            if http_status(exc) != 404:
                 raise self.classify(exc, region=region_of(zone), zone=zone) from None
 
     def cleanup(self, run: str) -> list[tuple[str, str]]:
@@ -317,16 +318,16 @@ class GcpProvider:
     # -- the syncer's port --------------------------------------------------------------------
     def admit(self, run: str, learners: Mapping[str, str]) -> None:
         """Where the run's syncer is on GCE: its port open to the operator and exactly these learners' addresses."""
-        project = network.footprint(run).get("project")
+        project = network.project_of(run)
         if not project:
             return
-        current = network.admitted(self.clients, str(project), run)
+        current = network.admitted(self.clients, project, run)
         if current is None:
             return
         operator = {r for r in current if not r.endswith("/32")} | {ssh_cidr()}
         wanted = operator | {f"{address}/32" for address in learners.values()}
         if wanted != current:
-            network.set_sources(self.clients, str(project), run, wanted)
+            network.set_sources(self.clients, project, run, wanted)
 
     def cut_link(self, run: str, region: str) -> None:
         """Nothing to do here: the control plane's admission leaves a partitioned region's learners out of ``admit``."""
@@ -336,9 +337,3 @@ class GcpProvider:
 
     def classify(self, error: Exception, *, region: str = "", zone: str = "") -> ProvisionError:
         return classify(error, region=region, zone=zone, credentials=self.clients.described)
-
-
-def _json(body: dict[str, Any]) -> str:
-    import json
-
-    return json.dumps(body)
