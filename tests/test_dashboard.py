@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 from ddctl.control.state import InstanceRecord
-from ddctl.dashboard.render import render, sparkline
+from ddctl.dashboard.render import accelerator_label, render, sparkline
 from ddctl.dashboard.snapshot import from_recording, learner_state
 
 DATA = Path(__file__).parent / "data" / "dashboard"
@@ -158,3 +158,35 @@ def test_a_suspended_learner_and_a_degraded_fragment_are_on_the_screen() -> None
     assert f"{victim['id']} suspended: 3 rejected updates" in text  # and the event
     healthy = "\n".join(screen(load("running_3.json"), 80, 24))
     assert "!" not in healthy and "rejected" not in healthy  # nothing to say when all is well
+
+
+def test_learners_show_their_accelerator_and_mfu_and_a_dash_where_unknown() -> None:
+    raw = json.loads((DATA / "running_3.json").read_text())
+    gear = [("NVIDIA H100 80GB HBM3", 8, 1_234_567.0, 0.4123), ("cpu", 1, 6_000.0, None), ("", 1, 5_000.0, None)]
+    for entry, (name, devices, rate, mfu) in zip(raw["syncer"]["status"]["learners"], gear, strict=True):
+        entry.update(accelerator=name, devices=devices, tokens_per_s=rate, mfu=mfu, memory_gb=80.0)
+    s = from_recording(raw)
+    rows = {learner["id"]: learner for region in s["regions"] for learner in region["learners"]}
+    assert (rows["L0"]["accelerator"], rows["L0"]["devices"], rows["L0"]["mfu"]) == ("NVIDIA H100 80GB HBM3", 8, 0.4123)
+    wide = screen(s, 160, 40)
+    assert "accelerator" in wide[1] and "mfu" in wide[1]
+    l0, l1, l2 = (next(line for line in wide if f" L{i} " in line) for i in range(3))
+    assert "H100 80GB HBM3 x8" in l0 and "NVIDIA" not in l0 and "41.2%" in l0 and "1,234,567" in l0
+    assert re.search(r" cpu +\d", l1) and re.search(r"6,000 +— ", l1)
+    assert re.search(r"training +— +\d", l2) and re.search(r"5,000 +— ", l2)
+    small = screen(s, 80, 24)  # wider numbers: the least missed columns go, no cell is cut
+    assert max(map(len, small)) <= 80 and "…" not in "\n".join(small[:6])
+    assert any("41.2%" in line and "1,234,567" in line for line in small)
+
+
+def test_a_fleet_that_never_said_its_accelerator_gets_no_column_of_dashes() -> None:
+    lines = screen(load("running_3.json"), 160, 40)
+    assert "accelerator" not in lines[1] and "mfu" in lines[1]
+
+
+@pytest.mark.parametrize(
+    ("name", "devices", "label"),
+    [("NVIDIA H100 80GB HBM3", 8, "H100 80GB HBM3 x8"), ("NVIDIA L4", 1, "L4"), ("cpu", 1, "cpu"), ("", 1, "—"), ("", None, "—")],
+)
+def test_accelerator_labels(name: str, devices: int | None, label: str) -> None:
+    assert accelerator_label(name, devices) == label

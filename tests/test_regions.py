@@ -68,6 +68,7 @@ def variant(**changes: object) -> dict:
         (variant(regions__0__provider="aws"), ["regions[0].cloud_region: required for provider 'aws'"]),
         (variant(training__codec="int3"), ["training.codec", "int4"]),
         ([1, 2], ["the file: must be a mapping"]),
+        (variant(regions__0__gpus=0), ["regions[0].gpus", "must be >= 1", "an integer 1..64"]),
     ],
 )
 def test_mistakes_name_the_file_the_key_and_what_is_allowed(tmp_path: Path, data: object, needles: list[str]) -> None:
@@ -95,3 +96,73 @@ def test_training_values_the_job_refuses_are_reported_against_the_file_and_the_k
     assert info.value.key == "training.preset"
     with pytest.raises(RegionsError, match=r"training.fragments: fragments must be >= 1"):
         load_regions(write(tmp_path, variant(training__fragments=0)))
+
+
+GCP = {"name": "g", "provider": "gcp", "cloud_region": "us-central1"}
+
+
+def with_region(**fields: object) -> dict:
+    """GOOD plus a third region of ``fields`` (a GCP one unless they say otherwise)."""
+    data = variant()
+    data["regions"].append({**GCP, **fields})
+    return data
+
+
+def test_gpus_default_to_the_vms_gpus_else_one(tmp_path: Path) -> None:
+    plain, attached, built_in, aws = (
+        load_regions(write(tmp_path, with_region(**fields))).regions[2]
+        for fields in (
+            {"instance_type": "e2-standard-4"},
+            {"instance_type": "n1-standard-8", "accelerator": "nvidia-tesla-t4", "accelerator_count": 4},
+            {"instance_type": "a2-highgpu-8g"},  # its 8 A100 come with the type (the provider's table)
+            {"provider": "aws", "cloud_region": "us-east-1", "instance_type": "g5.12xlarge"},  # no AWS table: 1
+        )
+    )
+    assert (plain.gpus, plain.ranks, aws.ranks) == (None, 1, 1)
+    assert (attached.gpus, attached.ranks) == (None, 4)
+    assert (built_in.gpus, built_in.ranks) == (None, 8)
+    local = load_regions(write(tmp_path, variant(regions__1__accelerator="nvidia-l4", regions__1__accelerator_count=2)))
+    assert [r.ranks for r in local.regions] == [1, 2]  # a region without accelerator: 1
+
+
+def test_explicit_gpus_win_over_the_default(tmp_path: Path) -> None:
+    rf = load_regions(write(tmp_path, variant(regions__0__gpus=4)))
+    assert [r.ranks for r in rf.regions] == [4, 1]  # no accelerator bounds CPU ranks
+    fewer = load_regions(write(tmp_path, with_region(instance_type="a2-highgpu-8g", gpus=2))).regions[2]
+    assert (fewer.gpus, fewer.ranks) == (2, 2)
+
+
+@pytest.mark.parametrize(
+    ("fields", "needles"),
+    [
+        (
+            {"instance_type": "n1-standard-8", "accelerator": "nvidia-l4", "accelerator_count": 4, "gpus": 8},
+            ["regions[2].gpus: 8 ranks but the VM has 4 nvidia-l4 accelerators", "allowed: 1..4"],
+        ),
+        (
+            {"instance_types": ["a2-highgpu-8g", "a2-highgpu-2g"], "gpus": 4},  # up may launch the smaller one
+            ["regions[2].gpus: 4 ranks but a2-highgpu-2g comes with 2 nvidia-tesla-a100 GPUs", "allowed: 1..2"],
+        ),
+    ],
+)
+def test_more_gpus_than_the_vm_has_are_refused(tmp_path: Path, fields: dict, needles: list[str]) -> None:
+    path = write(tmp_path, with_region(**fields))
+    with pytest.raises(RegionsError) as info:
+        load_regions(path)
+    assert str(info.value).startswith(f"{path}: ") and info.value.key == "regions[2].gpus"
+    for needle in needles:
+        assert needle in str(info.value), str(info.value)
+
+
+def test_a_batch_the_ranks_cannot_split_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, variant(regions__1__gpus=3, training__batch_size=8))
+    with pytest.raises(RegionsError) as info:
+        load_regions(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: regions[1].gpus: ") and info.value.key == "regions[1].gpus"
+    for needle in ("region 'b'", "3 ranks", "training.batch_size 8", "a gpus that divides 8"):
+        assert needle in message, message
+    defaulted = write(tmp_path, with_region(instance_type="n1-standard-8", accelerator="nvidia-l4", accelerator_count=3))
+    with pytest.raises(RegionsError, match=r"region 'g' runs 3 ranks per learner \(its VM's GPUs\)"):
+        load_regions(defaulted)
+    assert load_regions(write(tmp_path, variant(regions__1__gpus=4, training__batch_size=12))).regions[1].ranks == 4

@@ -34,6 +34,13 @@ def test_a_real_heartbeat_parses() -> None:
     assert (beat.step, beat.due, beat.rtt_s, beat.loss) == (8, [3, 5], 0.01, None)
 
 
+def test_a_heartbeat_says_what_it_trains_on_or_is_taken_for_an_old_learner() -> None:
+    beat = parse_body(HeartbeatBody, body(accelerator="NVIDIA A100-SXM4-80GB (MIG 3g.40gb)", devices=8, memory_gb=80))
+    assert (beat.accelerator, beat.devices, beat.memory_gb) == ("NVIDIA A100-SXM4-80GB (MIG 3g.40gb)", 8, 80.0)
+    old = parse_body(HeartbeatBody, body())
+    assert (old.accelerator, old.devices, old.memory_gb) == ("", 1, 0.0)
+
+
 @pytest.mark.parametrize(
     ("raw", "field"),
     [
@@ -49,6 +56,18 @@ def test_a_real_heartbeat_parses() -> None:
         (body(loss=-0.5), "'loss'"),
         (body(learner="L0\nforged"), "'learner'"),
         (body(surprise=1), "'surprise'"),
+        (body(accelerator="x" * 65), "'accelerator'"),
+        (body(accelerator="H100\nforged"), "'accelerator'"),
+        (body(accelerator="H100\x00"), "'accelerator'"),
+        (body(accelerator="H100 ®"), "'accelerator'"),
+        (body(accelerator=8), "'accelerator'"),
+        (body(devices=0), "'devices'"),
+        (body(devices=5000), "'devices'"),
+        (body(devices=2.0), "'devices'"),
+        (body(memory_gb=-1.0), "'memory_gb'"),
+        (body(memory_gb=65_537.0), "'memory_gb'"),
+        (literal("memory_gb", b"NaN"), "'memory_gb'"),
+        (literal("memory_gb", b"Infinity"), "'memory_gb'"),
         (literal("step", b"1e400"), "'step'"),
         (literal("step_time", b"NaN"), "'step_time'"),
         (literal("step_time", b"Infinity"), "'step_time'"),

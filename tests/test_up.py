@@ -49,6 +49,20 @@ def test_plan_creates_nothing_and_prices_local_regions_at_zero(regions_file: Pat
     assert not (regions_file.parent / "home" / "runs").exists()
 
 
+def test_the_plan_shows_each_regions_ranks_per_learner(regions_file: Path) -> None:
+    west = {"name": "west", "provider": "process", "learners": 2, "gpus": 2}
+    regions_file.write_text(yaml.safe_dump({**REGIONS, "regions": [REGIONS["regions"][0], west]}))
+    result = runner.invoke(app, ["up", "-f", str(regions_file), "--plan", "--json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    assert plan["gpus"] == {"east": 1, "west": 2}
+    assert plan["max_dollars_per_hour"] == 0.0  # a VM is a VM: ranks change no price
+    text = runner.invoke(app, ["up", "-f", str(regions_file), "--plan"], env={"COLUMNS": "200"})
+    assert text.exit_code == 0, text.output
+    rows = {line.split("│")[1].strip(): line.split("│")[5].strip() for line in text.stdout.splitlines() if "│ L" in line}
+    assert "gpus" in text.stdout and rows == {"L0": "1", "L1": "2", "L2": "2"}
+
+
 def test_a_bad_regions_file_is_refused_before_anything_starts(regions_file: Path) -> None:
     regions_file.write_text(yaml.safe_dump({**REGIONS, "syncer": "north"}))
     result = runner.invoke(app, ["up", "-f", str(regions_file), "--dry-run"])

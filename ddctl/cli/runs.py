@@ -71,13 +71,13 @@ def _print_plan(result: dict[str, Any]) -> None:
     from rich.table import Table
 
     table = Table(title=f"plan for {result['run']}: {result['learners']} learners, syncer in {result['syncer_region']}")
-    for col in ("instance", "region", "provider", "role", "type", "spot", "max $/h", "up would"):
+    for col in ("instance", "region", "provider", "role", "gpus", "type", "spot", "max $/h", "up would"):
         table.add_column(col)
     for i in result["instances"]:
         price = "-" if i["max_dollars_per_hour"] is None else f"{i['max_dollars_per_hour']:.2f}"
-        table.add_row(
-            i["name"], i["region"], i["provider"], i["role"], i["instance_type"] or "-", str(i["spot"]), price, i["action"]
-        )
+        ranks = str(result["gpus"][i["region"]]) if i["role"] == "learner" else "-"  # ranks per learner
+        where = (i["name"], i["region"], i["provider"], i["role"], ranks)
+        table.add_row(*where, i["instance_type"] or "-", str(i["spot"]), price, i["action"])
     stdout().print(table)
     if "cost" in result:
         _print_money(result)

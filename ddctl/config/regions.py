@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ddctl.config.job import KnobError, build_job, knobs_model
 from ddctl.errors import RegionsError
+from ddctl.providers import instance_gpus
 from ddctl_agents.errors import AgentError
 from ddctl_agents.train.job import JobConfig
 
@@ -85,6 +86,10 @@ class Region(_Model):
     python: Annotated[str, Field(description="the interpreter on the VMs, an absolute path")] = ""
     accelerator: Annotated[str, Field(description="an accelerator such as nvidia-l4")] = ""
     accelerator_count: Annotated[int, Field(ge=1, le=16, description="accelerators per VM, an integer 1..16")] = 1
+    gpus: Annotated[
+        int | None,
+        Field(ge=1, le=64, description="ranks (GPUs) per learner, an integer 1..64; default: the VM's GPUs, else 1"),
+    ] = None
     disk_gb: Annotated[int, Field(ge=10, le=65536, description="the boot disk in GB, an integer 10..65536")] = 50
     prices: Annotated[PriceOverride | None, Field(description="{spot_per_hour, on_demand_per_hour}")] = None
     spot: Annotated[bool, Field(description="true or false")] = True
@@ -97,6 +102,35 @@ class Region(_Model):
     def types(self) -> tuple[str, ...]:
         """The instance types to try, in order (``instance_type`` is the one-type shorthand)."""
         return self.instance_types or ((self.instance_type,) if self.instance_type else ())
+
+    @property
+    def ranks(self) -> int:
+        """Processes, one per GPU, that together are one learner: ``gpus``, else the VM's GPUs, else 1."""
+        if self.gpus is not None:
+            return self.gpus
+        known = vm_gpus(self)
+        return known[0] if known is not None else 1
+
+
+def vm_gpus(region: Region) -> tuple[int, str] | None:
+    """The fewest GPUs a VM of ``region`` has, and a phrase that says so; None when no GPU is known.
+
+    ``up`` may launch any of the region's types and a learner's ranks are fixed before it knows which,
+    so the fewest bounds them. A type that comes with GPUs counts its own (the provider's tables);
+    any other the file's ``accelerator_count`` when it names an ``accelerator``."""
+    found = []
+    for kind in region.types or ("",):
+        own = instance_gpus(region.provider, kind)
+        if own is not None:
+            found.append((own[1], f"{kind} comes with {_plural(own[1], f'{own[0]} GPU')}"))
+        elif region.accelerator:
+            n = region.accelerator_count
+            found.append((n, f"the VM has {_plural(n, f'{region.accelerator} accelerator')}"))
+    return min(found, default=None)
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 class RegionsFile(_Model):
@@ -154,7 +188,8 @@ def parse_regions(raw: Any, path: Path) -> RegionsFile:
     except ValidationError as exc:
         raise _explain(exc, path, ("training",)) from None
     _check_consistency(rf)
-    job_config(rf)  # a value the job refuses is reported against its key now, not when the job starts
+    job = job_config(rf)  # a value the job refuses is reported against its key now, not when the job starts
+    _check_ranks(rf, job.inner.batch_size)
     return rf
 
 
@@ -201,6 +236,25 @@ def _check_consistency(rf: RegionsFile) -> None:
             )
         if region.fallback_regions and region.provider not in CLOUD_PROVIDERS:
             raise RegionsError(f"{rf.path}: {where}.fallback_regions: only cloud regions fail over", path=rf.path, key=where)
+
+
+def _check_ranks(rf: RegionsFile, batch_size: int) -> None:
+    """Each learner's ranks fit its VM's GPUs and split the batch evenly (the agent splits it across them)."""
+    for i, region in enumerate(rf.regions):
+        key = f"regions[{i}].gpus"
+        known = vm_gpus(region)
+        if region.gpus is not None and known is not None and region.gpus > known[0]:
+            raise RegionsError(
+                f"{rf.path}: {key}: {region.gpus} ranks but {known[1]}; allowed: 1..{known[0]}", path=rf.path, key=key
+            )
+        if batch_size % region.ranks:
+            why = "" if region.gpus is not None else " (its VM's GPUs)"
+            raise RegionsError(
+                f"{rf.path}: {key}: region {region.name!r} runs {region.ranks} ranks per learner{why}, which must split "
+                f"training.batch_size {batch_size} evenly; allowed: a gpus that divides {batch_size}",
+                path=rf.path,
+                key=key,
+            )
 
 
 def _explain(exc: ValidationError, path: Path, prefix: tuple[str, ...]) -> RegionsError:

@@ -90,8 +90,8 @@ def desired(instances: list[PlannedInstance]) -> list[Desired]:
 def plan_summary(
     rf: RegionsFile, kinds: dict[str, str], actions: list[Action] | None = None, quotes: PlanQuotes | None = None
 ) -> dict[str, Any]:
-    """The plan as ``up --plan`` prints it; with ``actions``, what ``up`` would do about each instance now;
-    with ``quotes``, each region's prices, egress and warnings, and the totals."""
+    """The plan as ``up --plan`` prints it; ``gpus``: each region's ranks per learner; with ``actions``, what
+    ``up`` would do about each instance now; with ``quotes``, each region's prices, egress and warnings, and the totals."""
     instances = plan(rf, kinds)
     known = [i.max_dollars_per_hour for i in instances if i.max_dollars_per_hour is not None]
     todo = {a.name: a for a in actions or [] if a.kind in ("create", "replace", "wait", "give_up")}
@@ -99,6 +99,7 @@ def plan_summary(
         "run": rf.run,
         "syncer_region": rf.syncer,
         "learners": rf.learners,
+        "gpus": {r.name: r.ranks for r in rf.regions},
         "instances": [
             {
                 "name": i.name,

@@ -77,6 +77,7 @@ def learner_spec(run: str, info: RegionInfo, region: Region, learner: str, port:
         *("--syncer", f"https://{info.syncer_host}:{port}", "--name", learner, "--region", region.name),
         *("--token-file", token_path, "--ca", ca, "--syncer-timeout", f"{DEAD_MAN_S:g}", "--summary", summary),
         *(("--notice-url", info.notice_url) if info.notice_url else ()),
+        *(("--gpus", str(region.ranks)) if region.ranks > 1 else ()),  # one learner over N ranks (torchrun)
     )
     link = (region.link.up_mbps, region.link.down_mbps) if region.link is not None else None
     return InstanceSpec(

@@ -33,8 +33,10 @@ COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("region", "region", 0),
     ("learner", "id", 0),
     ("state", "state", 0),
+    ("accelerator", "accelerator", 0),
     ("step", "step", 0),
     ("tok/s", "tokens_per_s", 0),
+    ("mfu", "mfu", 0),
     ("loss", "loss", 0),
     ("stale", "staleness", 0),
     ("up", "up_mbps", 0),
@@ -44,6 +46,9 @@ COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("$/h", "dollars_per_hour", 110),
     ("provider/zone", "where", 130),
 )
+LEFT_ALIGNED = frozenset({"region", "id", "state", "accelerator", "where"})
+DROP_FIRST = ("where", "dollars_per_hour", "preemptions", "accelerator", "rtt_ms", "staleness", "down_mbps", "loss")
+"""The columns a table too wide for its terminal leaves out, least missed first."""
 
 
 def sparkline(values: list[float], width: int) -> str:
@@ -73,8 +78,20 @@ def _bytes(n: float) -> str:
     return f"{n:.1f} PB"
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
+def _pct(value: float | None, missing: str = "-") -> str:
+    return missing if value is None else f"{100 * value:.1f}%"
+
+
+UNKNOWN = "—"
+"""A learner's accelerator or MFU nobody reported (a CPU's MFU, an old learner's device)."""
+
+
+def accelerator_label(name: str, devices: int | None) -> str:
+    """One rank's device without its vendor's name, times the ranks when more than one: "H100 80GB HBM3 x8"."""
+    if not name:
+        return UNKNOWN
+    short = name.removeprefix("NVIDIA ")
+    return short if (devices or 1) == 1 else f"{short} x{devices}"
 
 
 def _line(*parts: str | tuple[str, str]) -> Text:
@@ -105,33 +122,58 @@ def header(s: dict[str, Any]) -> Text:
 
 
 def learners_table(s: dict[str, Any], width: int, max_rows: int) -> Table:
-    shown = [c for c in COLUMNS if width >= c[2]]
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, expand=False, padding=(0, 1), show_edge=False)
-    for title, key, _ in shown:
-        table.add_column(title, justify="left" if key in ("region", "id", "state", "where") else "right", no_wrap=True)
     rows = [(region, learner) for region in s["regions"] for learner in sorted(region["learners"], key=_order)]
     visible = rows if len(rows) <= max_rows else rows[: max(max_rows - 1, 0)]
-    for region, learner in visible:
-        cells = []
-        for _, key, _ in shown:
-            if key == "region":
-                cells.append(Text(region["name"]))
-            elif key == "state":
-                cells.append(Text(learner["state"], style=STATE_STYLE.get(learner["state"], "")))
-            elif key == "where":
-                cells.append(Text(f"{region['provider']}/{learner['zone'] or '-'}"))
-            elif key == "loss":
-                cells.append(Text(_num(learner["loss"], 3)))
-            elif key in ("up_mbps", "down_mbps"):
-                cells.append(Text(_num(learner[key], 0 if (learner[key] or 0) >= 100 else 1)))
-            elif key == "dollars_per_hour":
-                cells.append(Text(_num(learner[key], 2)))
-            else:
-                cells.append(Text(_num(learner[key], 0)))
-        table.add_row(*cells)
+    cells = [{key: _cell(key, region, learner) for _, key, _ in COLUMNS} for region, learner in visible]
     if len(visible) < len(rows):
-        table.add_row(Text(f"+{len(rows) - len(visible)} more", style="dim"), Text("learners", style="dim"))
+        cells.append({"region": Text(f"+{len(rows) - len(visible)} more", style="dim"), "id": Text("learners", style="dim")})
+    shown = _fit([c for c in COLUMNS if width >= c[2] and (c[1] != "accelerator" or _any_accelerator(rows))], cells, width)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, expand=False, padding=(0, 1), show_edge=False)
+    for title, key, _ in shown:
+        table.add_column(title, justify="left" if key in LEFT_ALIGNED else "right", no_wrap=True)
+    for row in cells:
+        table.add_row(*(row.get(key, Text("")) for _, key, _ in shown))
     return table
+
+
+def _fit(shown: list[tuple[str, str, int]], cells: list[dict[str, Text]], width: int) -> list[tuple[str, str, int]]:
+    """Drop columns in ``DROP_FIRST`` order while the table is wider than the terminal: GPU rates and device
+    names are wider than a CPU's, and a column left out reads better than every cell cut to an ellipsis."""
+
+    def natural(columns: list[tuple[str, str, int]]) -> int:
+        widths = [max([len(title)] + [row[key].cell_len for row in cells if key in row]) for title, key, _ in columns]
+        return sum(widths) + 3 * (len(widths) - 1)  # padding, the box's blank divider, padding
+
+    for key in DROP_FIRST:
+        if natural(shown) <= width:
+            break
+        shown = [c for c in shown if c[1] != key]
+    return shown
+
+
+def _any_accelerator(rows: list[tuple[dict[str, Any], dict[str, Any]]]) -> bool:
+    """Whether any learner said what it trains on: a fleet of old learners gets no column of dashes."""
+    return any(learner.get("accelerator") for _, learner in rows)
+
+
+def _cell(key: str, region: dict[str, Any], learner: dict[str, Any]) -> Text:
+    if key == "region":
+        return Text(region["name"])
+    if key == "state":
+        return Text(learner["state"], style=STATE_STYLE.get(learner["state"], ""))
+    if key == "where":
+        return Text(f"{region['provider']}/{learner['zone'] or '-'}")
+    if key == "accelerator":
+        return Text(accelerator_label(learner.get("accelerator") or "", learner.get("devices")))
+    if key == "mfu":
+        return Text(_pct(learner.get("mfu"), UNKNOWN))
+    if key == "loss":
+        return Text(_num(learner["loss"], 3))
+    if key in ("up_mbps", "down_mbps"):
+        return Text(_num(learner[key], 0 if (learner[key] or 0) >= 100 else 1))
+    if key == "dollars_per_hour":
+        return Text(_num(learner[key], 2))
+    return Text(_num(learner[key], 0))
 
 
 def _order(learner: dict[str, Any]) -> tuple[int, str]:

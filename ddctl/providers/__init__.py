@@ -25,6 +25,8 @@ class Kind:
     """It plays regions on this machine (a dry run's providers); clouds are not."""
     prices: str = ""
     """The module that prices its regions for ``up --plan`` (``quote_regions``, ``notes``); empty: free."""
+    gpus: str = ""
+    """``module:function`` giving the GPUs an instance type comes with, ``(model, count)`` or None; empty: no table."""
 
 
 KINDS: dict[str, Kind] = {
@@ -32,7 +34,13 @@ KINDS: dict[str, Kind] = {
     "docker": Kind("docker", "ddctl.providers.docker.vms:DockerProvider", local=True),
     "fake": Kind("fake", "ddctl.providers.fake:FakeProvider", local=True),
     "aws": Kind("aws", "ddctl.providers.aws.provider:AwsProvider", local=False, prices="ddctl.providers.aws.prices"),
-    "gcp": Kind("gcp", "ddctl.providers.gcp.provider:GcpProvider", local=False, prices="ddctl.providers.gcp.prices"),
+    "gcp": Kind(
+        "gcp",
+        "ddctl.providers.gcp.provider:GcpProvider",
+        local=False,
+        prices="ddctl.providers.gcp.prices",
+        gpus="ddctl.providers.gcp.prices:gpus",
+    ),
 }
 PLANNED: tuple[str, ...] = ()
 """Accepted in regions.yaml but not built: ``up`` refuses them before it makes anything, ``up --dry-run`` plays them."""
@@ -45,6 +53,17 @@ def get(kind: str) -> Provider:
     module, _, name = KINDS[kind].factory.partition(":")
     provider: Provider = getattr(importlib.import_module(module), name)()
     return provider
+
+
+def instance_gpus(kind: str, instance_type: str) -> tuple[str, int] | None:
+    """The GPUs ``instance_type`` comes with, (model, count), from the provider's tables (GCP's a2-highgpu-8g:
+    8 A100), so regions.yaml can default and bound ranks per learner; None: none, or the tables do not know."""
+    chosen = KINDS.get(kind)
+    if chosen is None or not chosen.gpus or not instance_type:
+        return None
+    module, _, name = chosen.gpus.partition(":")
+    found: tuple[str, int] | None = getattr(importlib.import_module(module), name)(instance_type)
+    return found
 
 
 def require_built(kinds: Iterable[str]) -> None:

@@ -10,6 +10,7 @@ pushed and acknowledged before the learner says goodbye.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -19,12 +20,15 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable, retry
 from ddctl_agents.agent.comm import JOB_OVER, Comms, Identity
+from ddctl_agents.agent.loop import GO, STOP, STOP_NOW, StepLoop
 from ddctl_agents.agent.notice import Stop, watch
 from ddctl_agents.agent.progress import Progress
 from ddctl_agents.core.ending import FINISHED, STOPPED
@@ -32,11 +36,12 @@ from ddctl_agents.entrypoint import EXIT_OK, EXIT_UNREACHABLE, Parser, add_label
 from ddctl_agents.errors import AgentError
 from ddctl_agents.jsonable import from_json
 from ddctl_agents.train.assembly import Assembly, learner_index
+from ddctl_agents.train.device import DEVICE_CHOICES, describe, resolve_device
+from ddctl_agents.train.inner import Placement
 from ddctl_agents.train.job import JobConfig
+from ddctl_agents.train.ranks import Decisions, Ranks, join, leave, share_text
 
 log = logging.getLogger(__name__)
-REPORT_EVERY = 10
-"""Read the loss (a host sync on accelerators) once every this many steps."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,94 +59,143 @@ class LearnerOptions:
     """Dead-man switch: end if the syncer is unreachable this long (0: never)."""
     parallel_uploads: int = 3
     """Uploads in flight at once (each on its own connection)."""
+    device: str = "auto"
+    """auto (this rank's GPU if CUDA has one), cuda or cpu."""
+    shard: bool = False
+    """FSDP2 across the ranks instead of DDP (a model too big for one device)."""
+    compile: bool = False
 
 
-def run_learner(opts: LearnerOptions, stop: threading.Event | None = None) -> dict[str, Any]:
-    """Train until the budget, ``stop`` or SIGTERM; returns the summary (also written to opts.summary)."""
-    stop = stop or threading.Event()
-    index = learner_index(opts.name)
-    born = time.time()
+@dataclass(slots=True)
+class _Pace:
+    """Step times, training seconds, the last loss read and the step of the last adoption, for reports."""
 
-    def connect() -> SyncerClient:
-        return SyncerClient(opts.syncer, opts.token, opts.ca)
+    tick: float
+    last_adopt: int
+    train_s: float = 0.0
+    loss: float | None = None
+    adopted: int = 0
+    step_times: deque[float] = field(default_factory=lambda: deque(maxlen=16))
 
-    client = connect()
+    def stepped(self, now: float, loss: float | None, adopted: int, step: int) -> None:
+        self.step_times.append(now - self.tick)
+        self.train_s += now - self.tick
+        self.tick = now
+        if loss is not None:
+            self.loss = loss
+        if adopted != self.adopted:
+            self.adopted, self.last_adopt = adopted, step
+
+
+def _register(opts: LearnerOptions) -> tuple[Assembly, Comms, dict[str, Any]]:
+    """Fetch the job, build it, register and start the network threads (the leader's part of the start)."""
+    client = SyncerClient(opts.syncer, opts.token, opts.ca)
     try:
         job_answer = retry(client.job, give_up_after_s=120.0)
     finally:
         client.close()
-    job = from_json(JobConfig, job_answer["job"])
-    assembly = Assembly.build(job)
+    assembly = Assembly.build(from_json(JobConfig, job_answer["job"]))
+    job = assembly.config
     me = Identity(name=opts.name, incarnation=time.time_ns() // 1000, region=opts.region)
+    connect = functools.partial(SyncerClient, opts.syncer, opts.token, opts.ca)
     comms = Comms(connect, me, job.sync.codec, job.sync.block, parallel_uploads=opts.parallel_uploads)
     answer = comms.start(assembly.fragmentation.count)
-    learner = assembly.new_learner(index, me.incarnation, start_step=int(answer["start_step"]))
+    return assembly, comms, {"job": job_answer["job"], "start_step": int(answer["start_step"]), "incarnation": me.incarnation}
+
+
+def _start(opts: LearnerOptions, ranks: Ranks, group: Any) -> tuple[Assembly, Comms | None, dict[str, Any]]:
+    """Leader: fetch the job and register; every rank gets the job and where to start from the leader."""
+    comms, assembly, refused = None, None, None
+    start: dict[str, Any] = {}
+    if ranks.leader:
+        try:
+            assembly, comms, start = _register(opts)
+        except Refused as exc:  # the other ranks must hear it too, or they would wait for the job forever
+            if exc.code != JOB_OVER or ranks.world == 1:
+                raise
+            refused, start = exc, {"over": exc.reason}
+    shared = json.loads(share_text(ranks, json.dumps(start) if ranks.leader else None, group))
+    if "over" in shared:
+        raise refused or Refused(410, JOB_OVER, str(shared["over"]))
+    return assembly or Assembly.build(from_json(JobConfig, shared["job"])), comms, shared
+
+
+def run_learner(opts: LearnerOptions, stop: threading.Event | None = None) -> dict[str, Any]:
+    """Train until the budget, ``stop`` or SIGTERM; returns the summary (also written to opts.summary).
+
+    Under torchrun every rank runs this; only the leader (rank 0) talks to the syncer and writes the summary.
+    """
+    stop = stop or threading.Event()
+    ranks = Ranks.from_env()
+    device = resolve_device(opts.device, ranks.local_rank)
+    group = join(ranks, device)
+    try:
+        return _train(opts, stop, ranks, device, group)
+    finally:
+        leave(ranks)
+
+
+def _train(opts: LearnerOptions, stop: threading.Event, ranks: Ranks, device: Any, group: Any) -> dict[str, Any]:
+    born = time.time()
+    assembly, comms, start = _start(opts, ranks, group)
+    placement = Placement(device=device, ranks=ranks, shard=opts.shard, compile=opts.compile)
+    learner = assembly.new_learner(learner_index(opts.name), start["incarnation"], start["start_step"], placement)
+    hardware = describe(device)
+
+    def should_stop() -> tuple[int, str] | None:
+        assert comms is not None
+        if stop.is_set():
+            return STOP, stop.reason if isinstance(stop, Stop) else "sigterm"
+        if opts.syncer_timeout_s and time.monotonic() - comms.last_contact > opts.syncer_timeout_s:
+            return STOP_NOW, "syncer_gone"
+        return (STOP, STOPPED) if comms.stop_asked.is_set() else None
+
+    loop = StepLoop(learner, Decisions(ranks, 1 + 2 * learner.fragmentation.count, group), comms, should_stop)
     started_at, start_step = time.monotonic(), learner.step
-    while not learner.ready and not stop.is_set():  # bootstrap: every fragment's current version
-        for message in comms.arrivals():
-            learner.adopt(message)
-        time.sleep(0.01)
+    loop.bootstrap(lambda: time.sleep(0.01))
     bootstrap_s = time.monotonic() - started_at
     budget = learner.total_steps if opts.max_steps <= 0 else min(learner.total_steps, learner.step + opts.max_steps)
     progress = Progress(total=budget)
-    step_times: deque[float] = deque(maxlen=16)
-    last_adopt, loss_value, reason = learner.step, None, FINISHED
-    tick = time.perf_counter()
-    train_seconds = 0.0
-    while learner.step < budget:
-        if stop.is_set():
-            reason = stop.reason if isinstance(stop, Stop) else "sigterm"
-            break
-        if opts.syncer_timeout_s and time.monotonic() - comms.last_contact > opts.syncer_timeout_s:
-            reason = "syncer_gone"
-            break
-        if comms.stop_asked.is_set():
-            reason = STOPPED
-            break
-        for message in comms.arrivals():
-            pending = learner.on_arrival(message)
-            if pending is not None:
-                comms.send(pending)
-            last_adopt = learner.step
-        loss = learner.train_step()
-        for p in learner.due():
-            if learner.has_drift(p):
-                comms.send(learner.make_update(p))
-        now = time.perf_counter()
-        step_times.append(now - tick)
-        train_seconds += now - tick
-        tick = now
-        if learner.step % REPORT_EVERY == 0:
-            loss_value = float(loss)
-        step_time = statistics.median(step_times)
+    pace = _Pace(tick=time.perf_counter(), last_adopt=learner.step)
+
+    def on_step(loss: Any, value: float | None) -> None:
+        pace.stepped(time.perf_counter(), value, len(loop.outcome.adoptions), learner.step)
+        if comms is None:
+            return
+        step_time = statistics.median(pace.step_times)
         comms.set_report(
             step=learner.step,
             step_time=step_time,
             tokens=learner.ledger.trained // max(len(learner.state), 1),
             tokens_per_s=learner.tokens_per_step / step_time if step_time > 0 else 0.0,
-            loss=loss_value,
-            staleness=learner.step - last_adopt,
+            loss=pace.loss,
+            staleness=learner.step - pace.last_adopt,
             due=list(learner.due_steps()),
+            accelerator=hardware.accelerator,
+            devices=ranks.world,
+            memory_gb=hardware.memory_gb,
         )
         progress.report(time.monotonic(), learner, comms)
-    if reason != "syncer_gone":
-        for p in range(len(learner.state)):
-            if learner.has_drift(p) and learner.state[p].version >= 0:
-                comms.send(learner.make_update(p))
+
+    outcome = loop.run(budget, on_step) if loop.outcome.code == GO else loop.outcome
+    loop.flush()
+    if comms is None:
+        return {}
+    reason = outcome.reason or FINISHED
     drained = comms.drain(opts.drain_timeout_s) if reason != "syncer_gone" else False
     progress.finish(time.monotonic(), learner, comms, reason)
     trained = learner.ledger.trained // max(len(learner.state), 1)
     comms.close(reason=reason if reason != "syncer_gone" else None, tokens=trained)
     summary = {
         "learner": opts.name,
-        "incarnation": me.incarnation,
+        "incarnation": start["incarnation"],
         "reason": reason,
         "rebalance_recommended": bool(getattr(stop, "rebalance_recommended", False)),
         "start_step": start_step,
         "step": learner.step,
         "bootstrap_s": round(bootstrap_s, 3),
         "drained": drained,
-        "loss": loss_value,
+        "loss": pace.loss,
         "trained_tokens": learner.ledger.trained,
         "overwritten_tokens": learner.ledger.overwritten,
         "sent_tokens": comms.ledger.sent,
@@ -150,7 +204,10 @@ def run_learner(opts: LearnerOptions, stop: threading.Event | None = None) -> di
         "unsent_tokens": learner.unsent(),
         "bytes_up": comms.ledger.bytes_up,
         "bytes_down": comms.ledger.bytes_down,
-        "train_seconds": round(train_seconds, 3),
+        "train_seconds": round(pace.train_s, 3),
+        "accelerator": hardware.accelerator,
+        "devices": ranks.world,
+        "adoption_steps": [list(a) for a in outcome.adoptions],
         "started_at": round(born, 3),
         "ended_at": round(time.time(), 3),
     }
@@ -162,6 +219,32 @@ def run_learner(opts: LearnerOptions, stop: threading.Event | None = None) -> di
         with opts.summary.with_suffix(".history.jsonl").open("a") as history:  # one line per incarnation
             history.write(json.dumps(summary) + "\n")
     return summary
+
+
+def without_gpus(argv: list[str]) -> list[str]:
+    """The command line minus ``--gpus N`` / ``--gpus=N``: what each rank runs."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--gpus":
+            skip = True
+        elif not arg.startswith("--gpus="):
+            out.append(arg)
+    return out
+
+
+def torchrun(gpus: int, device: str, argv: list[str]) -> None:
+    """Become torchrun with ``gpus`` ranks of this learner on this machine (never returns)."""
+    if not 1 <= gpus <= 64:
+        raise AgentError(f"--gpus must be in [1, 64], got {gpus}")
+    available = torch.cuda.device_count() if device != "cpu" and torch.cuda.is_available() else 0
+    if available and gpus > available:
+        raise AgentError(f"--gpus {gpus}, but this machine has {available} GPUs")
+    if device == "cuda" and not available:
+        raise AgentError("--device cuda, but torch sees no CUDA device")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}", "--max-restarts=0"]
+    os.execv(sys.executable, [*command, "-m", "ddctl_agents.agent", *without_gpus(argv)])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,8 +267,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--notice-url", help="An instance-metadata URL to poll for a spot interruption notice.")
     add_label_option(parser)
     parser.add_argument("--parallel-uploads", type=int, default=defaults.parallel_uploads, help="Uploads in flight at once.")
+    parser.add_argument(
+        "--device", choices=DEVICE_CHOICES, default=defaults.device, help="auto: this rank's GPU if CUDA has one, else the CPU."
+    )
+    parser.add_argument(
+        "--gpus", type=int, default=1, help="Ranks of this one learner (one per GPU; CPU ranks without one), under torchrun."
+    )
+    parser.add_argument(
+        "--shard", action="store_true", help="FSDP2 across the ranks instead of DDP, for a model too big for one device."
+    )
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model (slow to start, faster steps).")
     args = parser.parse_args(argv)
     configure_logging()
+    if args.gpus != 1 and "WORLD_SIZE" not in os.environ:
+        try:
+            torchrun(args.gpus, args.device, list(sys.argv[1:] if argv is None else argv))
+        except AgentError as exc:
+            return report(parser.prog, exc)
     try:
         token = args.token or os.environ.get("DDCTL_TOKEN") or (args.token_file.read_text().strip() if args.token_file else "")
         if not token:
@@ -200,12 +298,15 @@ def main(argv: list[str] | None = None) -> int:
             max_steps=args.max_steps,
             syncer_timeout_s=args.syncer_timeout,
             parallel_uploads=args.parallel_uploads,
+            device=args.device,
+            shard=args.shard,
+            compile=args.compile,
         )
         if opts.parallel_uploads < 1:
             raise AgentError(f"--parallel-uploads must be >= 1, got {opts.parallel_uploads}")
         stop = Stop()
         signal.signal(signal.SIGTERM, lambda *_: stop.trigger("sigterm"))
-        if args.notice_url:
+        if args.notice_url and Ranks.from_env().leader:
             watch(args.notice_url, stop)
         summary = run_learner(opts, stop)
     except Refused as exc:
@@ -215,5 +316,6 @@ def main(argv: list[str] | None = None) -> int:
         return report(parser.prog, exc, "the syncer refused")
     except (AgentError, OSError) as exc:  # exit codes as ddctl's: 6 for an unreachable syncer, 2 for the rest
         return report(parser.prog, exc, "syncer unreachable" if isinstance(exc, Unavailable) else "")
-    print(json.dumps(summary), flush=True)
-    return EXIT_UNREACHABLE if summary["reason"] == "syncer_gone" else EXIT_OK  # the dead-man switch ends as unreachable
+    if summary:  # the leader's; the other ranks have none
+        print(json.dumps(summary), flush=True)
+    return EXIT_UNREACHABLE if summary.get("reason") == "syncer_gone" else EXIT_OK  # the dead-man switch ends as unreachable

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from ddctl_agents.service.observability import learner_mfu
+
 if TYPE_CHECKING:
     from ddctl_agents.service.runtime import SyncerRuntime
 
@@ -73,6 +75,7 @@ def _families(rt: SyncerRuntime) -> Iterator[Metric]:
         for direction, link in (("up", links.up), ("down", links.down)):
             rates.append(({"learner": name, "region": region, "direction": direction}, link.bytes_per_s))
         rtts.append(({"learner": name, "region": region}, links.up.rtt_s))
+    yield from _learner_families(rt)
     yield _family("gauge", "link_bytes_per_second", "Throughput measured by the sending side's kernel (TCP counters).", rates)
     yield _family("gauge", "link_rtt_seconds", "EWMA round-trip time reported by learners.", rtts)
     regional = [
@@ -88,3 +91,17 @@ def _families(rt: SyncerRuntime) -> Iterator[Metric]:
     yield _family("counter", "snapshots", "Durable snapshots written.", [({}, rt.snapshots["taken"])])
     if rt.val_bpb:
         yield _family("gauge", "val_bpb", "Validation bits per byte of the global model.", [({}, rt.val_bpb[-1][2])])
+
+
+def _learner_families(rt: SyncerRuntime) -> Iterator[Metric]:
+    """Throughput, devices and MFU of live learners only: a departed learner's last rate would read as current."""
+    live = [(name, rt.roster.info[name]) for name in sorted(rt.syncer.live) if name in rt.roster.info]
+    rates, devices, mfus = [], [], []
+    for name, info in live:
+        labels = {"learner": name, "region": info.region}
+        rates.append((labels, info.tokens_per_s))
+        devices.append(({**labels, "accelerator": info.accelerator}, info.devices))
+        mfus.append((labels, learner_mfu(rt, info)))
+    yield _family("gauge", "learner_tokens_per_second", "Tokens per second a learner trains, all its ranks together.", rates)
+    yield _family("gauge", "learner_devices", "Ranks a learner trains on, labelled with its accelerator.", devices)
+    yield _family("gauge", "learner_mfu", "Model FLOPs utilisation of a learner's devices (where their peak is known).", mfus)

@@ -14,8 +14,10 @@ from typing import TYPE_CHECKING, Any
 from ddctl_agents.core.ending import FINISHED, STOPPED
 from ddctl_agents.core.links import LearnerLinks, LinkEstimate
 from ddctl_agents.service.ending import tokens
+from ddctl_agents.train.flops import utilisation
 
 if TYPE_CHECKING:
+    from ddctl_agents.service.roster import LearnerInfo
     from ddctl_agents.service.runtime import SyncerRuntime
 
 
@@ -44,6 +46,12 @@ def _timed_by(link: LinkEstimate) -> str | None:
     return None if link.bytes_per_s is None else "kernel" if link.kernel else "app"
 
 
+def learner_mfu(rt: SyncerRuntime, info: LearnerInfo) -> float | None:
+    """The learner's model FLOPs utilisation by this job's model (not its own claim), or None without a known peak."""
+    value = utilisation(info.tokens_per_s * rt.flops_per_token, info.accelerator, info.devices)
+    return None if value is None else round(value, 4)
+
+
 def status(rt: SyncerRuntime) -> dict[str, Any]:
     s, now = rt.syncer, rt.clock()
     learners = []
@@ -60,6 +68,10 @@ def status(rt: SyncerRuntime) -> dict[str, Any]:
                 "step": info.step,
                 "tokens": info.tokens,
                 "tokens_per_s": round(info.tokens_per_s, 1),
+                "accelerator": info.accelerator,
+                "devices": info.devices,
+                "memory_gb": info.memory_gb,
+                "mfu": learner_mfu(rt, info),
                 "loss": info.loss,
                 "staleness": info.staleness,
                 "step_time_s": links.pace.step_time,

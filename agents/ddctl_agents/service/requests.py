@@ -30,6 +30,8 @@ Identity = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 Region = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{0,64}$")]
 Sentence = Annotated[str, Field(pattern=r"^[\x20-\x7e]{0,200}$")]
 """Printable ASCII only: it is written into logs and events, where a newline could forge a line."""
+Accelerator = Annotated[str, Field(pattern=r"^[A-Za-z0-9 ._()/+-]{0,64}$")]
+"""A device name as torch gives it ("NVIDIA H100 80GB HBM3") or "cpu": it becomes a metrics label and a table cell."""
 
 
 class _Body(BaseModel):
@@ -73,6 +75,12 @@ class HeartbeatBody(_Body):
     up_bytes: Count = 0
     up_seconds: Seconds = 0.0
     """The uplink as the learner's kernel timed it: bytes acknowledged over busy time (``core.links``)."""
+    accelerator: Accelerator = ""
+    """What one rank trains on; "" from a learner too old to say, which leaves its MFU unknown."""
+    devices: Annotated[int, Field(ge=1, le=4096)] = 1
+    """Ranks this one learner trains on; ``tokens_per_s`` is all of them together."""
+    memory_gb: Annotated[float, Field(ge=0.0, le=65_536.0, allow_inf_nan=False)] = 0.0
+    """Memory of one device in GB as reported (0: unknown)."""
 
 
 Body = TypeVar("Body", bound=_Body)

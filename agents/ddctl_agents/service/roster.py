@@ -41,6 +41,11 @@ class LearnerInfo:
     tokens_before: int = 0
     """Tokens its earlier lives trained, as far as this syncer heard."""
     tokens_per_s: float = 0.0
+    """All its ranks together."""
+    accelerator: str = ""
+    """One rank's device, "cpu", or "" until a heartbeat says (each heartbeat refreshes it, as after a re-register)."""
+    devices: int = 1
+    memory_gb: float = 0.0
     loss: float | None = None
     staleness: int = 0
     last_seen: float = 0.0
@@ -111,6 +116,7 @@ class Roster:
         info = self.learner(report.learner)
         info.step, info.tokens, info.tokens_per_s = report.step, report.tokens, report.tokens_per_s
         info.loss, info.staleness, info.last_seen, info.state = report.loss, report.staleness, now, "training"
+        info.accelerator, info.devices, info.memory_gb = report.accelerator, report.devices, report.memory_gb
         return links, self.regions.setdefault(info.region, LearnerLinks())
 
     def regional(self, name: str) -> LearnerLinks:

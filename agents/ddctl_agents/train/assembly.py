@@ -19,6 +19,7 @@ from ddctl_agents.train.checksum import params_sha256
 from ddctl_agents.train.config import ModelConfig, steps_per_learner
 from ddctl_agents.train.data import BatchSampler, Corpus, load_corpus, shard, validation_batches
 from ddctl_agents.train.evaluate import evaluate_bpb
+from ddctl_agents.train.inner import InnerTrainer, Placement
 from ddctl_agents.train.job import JobConfig
 from ddctl_agents.train.learner import Learner
 from ddctl_agents.train.model import build_model, embedding_names
@@ -86,8 +87,11 @@ class Assembly:
             trust=self.config.syncer.trust,
         )
 
-    def new_learner(self, index: int, incarnation: int = 0, start_step: int = 0) -> Learner:
-        """A fresh learner process: model at the seed's init (bootstrap overwrites it), new AdamW."""
+    def new_learner(self, index: int, incarnation: int = 0, start_step: int = 0, placement: Placement | None = None) -> Learner:
+        """A fresh learner process: model at the seed's init (bootstrap overwrites it), new AdamW.
+
+        ``placement``: its device and ranks (default: one CPU process, as every simulation runs).
+        """
         model = build_model(self.model_config, self.config.inner.seed)
         data = shard(self.corpus.train, index, self.config.budget.learners)
         sampler = BatchSampler(
@@ -95,11 +99,10 @@ class Assembly:
         )
         return Learner(
             name=learner_name(index),
-            model=model,
+            trainer=InnerTrainer(model, self.config.inner, sampler, placement or Placement()),
             inner=self.config.inner,
             sync=self.config.sync,
             fragmentation=self.fragmentation,
-            sampler=sampler,
             total_steps=self.total_steps,
             start_step=start_step,
             incarnation=incarnation,

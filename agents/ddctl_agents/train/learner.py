@@ -24,9 +24,9 @@ from ddctl_agents.core import schedule, vclock
 from ddctl_agents.core.fragments import Fragmentation
 from ddctl_agents.core.messages import Adoption, FragmentVersion, Update
 from ddctl_agents.train.config import InnerConfig, SyncSettings
-from ddctl_agents.train.data import BatchSampler
-from ddctl_agents.train.model import GPT
-from ddctl_agents.train.optim import build_inner_optimizer, inner_lr, inner_step
+from ddctl_agents.train.hostcopy import Snapshot
+from ddctl_agents.train.inner import InnerTrainer
+from ddctl_agents.train.optim import inner_lr
 
 
 @dataclass(slots=True)
@@ -51,27 +51,40 @@ class _FragmentState:
     """Inner step after which this fragment is next sent (core/schedule.py)."""
 
 
+@dataclass(frozen=True, slots=True)
+class PendingSend:
+    """An outer gradient whose counters are settled and whose parameter snapshot may still be in flight."""
+
+    fragment: int
+    snapshot: Snapshot | None
+    """The leader's host copy of the fragment's parameters; None on the other ranks."""
+    base_version: int
+    update_id: str
+    step: int
+    c_steps: int
+    c_tokens: int
+    vclock: dict[str, int]
+    adoptions: tuple[Adoption, ...]
+
+
 class Learner:
-    """Model, inner optimiser, data and per-fragment sync state of one learner."""
+    """Inner trainer and per-fragment sync state of one learner (on every one of its ranks)."""
 
     def __init__(
         self,
         *,
         name: str,
-        model: GPT,
+        trainer: InnerTrainer,
         inner: InnerConfig,
         sync: SyncSettings,
         fragmentation: Fragmentation,
-        sampler: BatchSampler,
         total_steps: int,
         start_step: int = 0,
         incarnation: int = 0,
     ) -> None:
         self.name, self.incarnation = name, incarnation
-        self.model, self.inner, self.sync = model, inner, sync
-        self.fragmentation, self.sampler, self.total_steps = fragmentation, sampler, total_steps
-        self.optimizer = build_inner_optimizer(model, inner)
-        self.params = dict(model.named_parameters())
+        self.trainer, self.inner, self.sync = trainer, inner, sync
+        self.fragmentation, self.total_steps = fragmentation, total_steps
         self.step = start_step
         self.state = [
             _FragmentState(due=schedule.next_due_step(start_step, p, sync.fragments, sync.inner_steps))
@@ -81,7 +94,12 @@ class Learner:
         self.clock: dict[str, int] = {}
         self.adoptions: list[Adoption] = []
         self._ids = itertools.count()
-        self.tokens_per_step = sampler.batch_size * sampler.seq_len
+        self.tokens_per_step = trainer.sampler.batch_size * trainer.sampler.seq_len
+        """The learner's tokens per step, all ranks together (each rank trains its share of the batch)."""
+
+    @property
+    def params(self) -> dict[str, torch.Tensor]:
+        return self.trainer.params
 
     @property
     def ready(self) -> bool:
@@ -90,9 +108,7 @@ class Learner:
 
     def train_step(self) -> torch.Tensor:
         """One inner step on the next batch; returns the detached loss (no host sync)."""
-        x, y = self.sampler.batch(self.step)
-        lr = inner_lr(self.step, self.total_steps, self.inner)
-        loss = inner_step(self.model, self.optimizer, x, y, lr, self.inner.grad_clip)
+        loss = self.trainer.step(self.step, inner_lr(self.step, self.total_steps, self.inner))
         self.step += 1
         for s in self.state:
             s.c_steps += 1
@@ -111,32 +127,29 @@ class Learner:
     def has_drift(self, p: int) -> bool:
         return self.state[p].c_steps > 0
 
-    @torch.no_grad()
     def make_update(self, p: int) -> Update:
-        """The outer gradient of fragment p since its reference point; moves the reference."""
+        """The outer gradient of fragment p since its reference point; moves the reference (synchronous)."""
+        update = self.finish_send(self.begin_send(p))
+        if update is None:
+            raise RuntimeError("only the leader rank makes updates")
+        return update
+
+    @torch.no_grad()
+    def begin_send(self, p: int) -> PendingSend:
+        """Settle fragment p's counters and start copying its parameters to the host (every rank calls it)."""
         s = self.state[p]
         if s.version < 0 or s.c_steps == 0:
             raise RuntimeError(f"fragment {p} has no drift to send (version {s.version}, {s.c_steps} steps)")
-        tensors: dict[str, torch.Tensor] = {}
-        for spec in self.fragmentation.fragments[p]:
-            theta = self.params[spec.name].detach()
-            delta = s.ref[spec.name] - theta.float()
-            if self.sync.error_feedback:
-                delta += s.residual.get(spec.name, 0.0)
-                s.residual[spec.name] = delta - codecs.roundtrip(self.sync.codec, delta, self.sync.block)
-            tensors[spec.name] = delta
-            s.ref[spec.name] = theta.float().clone()
+        snapshot = self.trainer.read([spec.name for spec in self.fragmentation.fragments[p]])
         self.clock = vclock.tick(self.clock, self.name)
-        update = Update(
-            learner=self.name,
-            incarnation=self.incarnation,
+        pending = PendingSend(
             fragment=p,
+            snapshot=snapshot,
             base_version=s.version,
             update_id=f"{self.name}.{self.incarnation}.{next(self._ids)}",
             step=self.step,
             c_steps=s.c_steps,
             c_tokens=s.c_tokens,
-            tensors=tensors,
             vclock=dict(self.clock),
             adoptions=tuple(self.adoptions),
         )
@@ -145,7 +158,38 @@ class Learner:
         s.c_steps = s.c_tokens = 0
         s.sent_since_adopt = True
         s.due = self.step + self.sync.inner_steps
-        return update
+        return pending
+
+    def finish_send(self, pending: PendingSend) -> Update | None:
+        """The update once its snapshot is on the host: drift from the anchor, which moves to the snapshot.
+
+        Call it before adopting a newer version of the same fragment (the loop finishes
+        every pending send before it adopts). None on ranks other than the leader.
+        """
+        if pending.snapshot is None:
+            return None
+        s = self.state[pending.fragment]
+        tensors: dict[str, torch.Tensor] = {}
+        for name, theta in pending.snapshot.wait().items():
+            delta = s.ref[name] - theta
+            if self.sync.error_feedback:
+                delta += s.residual.get(name, 0.0)
+                s.residual[name] = delta - codecs.roundtrip(self.sync.codec, delta, self.sync.block)
+            tensors[name] = delta
+            s.ref[name] = theta
+        return Update(
+            learner=self.name,
+            incarnation=self.incarnation,
+            fragment=pending.fragment,
+            base_version=pending.base_version,
+            update_id=pending.update_id,
+            step=pending.step,
+            c_steps=pending.c_steps,
+            c_tokens=pending.c_tokens,
+            tensors=tensors,
+            vclock=pending.vclock,
+            adoptions=pending.adoptions,
+        )
 
     def on_arrival(self, message: FragmentVersion) -> Update | None:
         """Adopt a newer version; returns the drift to push first, if the settings say so."""
@@ -154,19 +198,25 @@ class Learner:
             return None
         update = None
         if self.sync.push_before_overwrite and s.version >= 0 and s.c_steps > 0 and not s.sent_since_adopt:
-            update = self.make_update(message.fragment)
+            update = self.finish_send(self.begin_send(message.fragment))  # None on ranks other than the leader
         self.adopt(message)
         return update
 
-    @torch.no_grad()
     def adopt(self, message: FragmentVersion) -> bool:
-        """Overwrite fragment values with a newer global version; False if it is not newer."""
+        """Overwrite fragment values with a newer global version; False if it is not newer.
+
+        On the leader ``message`` carries the values, which become the fragment's anchor
+        in (pinned) host memory; the other ranks receive them from the leader, so their
+        message needs only the fragment and version.
+        """
         s = self.state[message.fragment]
         if message.version <= s.version:
             return False
-        for name, value in message.tensors.items():
-            self.params[name].copy_(value.reshape(self.params[name].shape))
-            s.ref[name] = value.detach().float().clone().reshape(self.params[name].shape)
+        names = [spec.name for spec in self.fragmentation.fragments[message.fragment]]
+        if self.trainer.leader:
+            for name in names:
+                s.ref[name] = self.trainer.copier.anchor(message.tensors[name].reshape(self.params[name].shape))
+        self.trainer.write({name: s.ref.get(name) for name in names})
         self.ledger.overwritten += s.c_tokens
         if s.version >= 0:  # a bootstrap keeps the staggered first sends
             s.due = schedule.due_after_adoption(self.step, self.sync.inner_steps)

@@ -31,14 +31,17 @@ def _decays(name: str, param: Tensor) -> bool:
     return param.ndim >= 2 and not name.endswith(POSITION_EMBEDDING)
 
 
-def build_inner_optimizer(model: nn.Module, config: InnerConfig) -> torch.optim.AdamW:
-    """AdamW with two parameter groups (decay / no decay), in the model's parameter order."""
+def build_inner_optimizer(model: nn.Module, config: InnerConfig, *, fused: bool = False) -> torch.optim.AdamW:
+    """AdamW with two parameter groups (decay / no decay), in the model's parameter order.
+
+    ``fused`` (for CUDA) updates every parameter in one kernel: the same arithmetic, a fraction of the launches.
+    """
     named = list(model.named_parameters())
     groups = [
         {"params": [p for n, p in named if _decays(n, p)], "weight_decay": config.weight_decay},
         {"params": [p for n, p in named if not _decays(n, p)], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas)
+    return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, fused=fused or None)
 
 
 def inner_step(

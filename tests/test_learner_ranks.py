@@ -1,0 +1,125 @@
+"""One learner over several ranks (torchrun, gloo on CPU): the same training as one rank, adoptions in lockstep.
+
+A 1-rank learner with batch b and a 2-rank learner with b/2 rows per rank run
+against the same deterministic outer step (``tests/rank_worker.py``); DDP and
+FSDP2 each must end within ``TOLERANCE`` (2e-4) of the 1-rank parameters (measured:
+6.6e-5 for DDP and 5.4e-5 for FSDP2 after 24 steps and 18 adoptions), and every
+rank must have adopted the same versions on the same steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.service_harness import ENV
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS, BATCH = 24, 8
+TOLERANCE = 2e-4
+"""Largest absolute difference allowed between 1-rank and 2-rank parameters (values are O(1)): fp32 sums
+taken in another order, amplified a little by AdamW's normalisation over 24 steps."""
+
+
+def _run(out: Path, ranks: int, *extra: str) -> dict[str, Any]:
+    env = {**ENV, "PYTHONPATH": f"{ROOT}:{ROOT / 'agents'}"}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    worker = [str(ROOT / "tests" / "rank_worker.py"), str(out), "--batch", str(BATCH), "--steps", str(STEPS), *extra]
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"] if ranks > 1 else []
+    done = subprocess.run([sys.executable, *launcher, *worker], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return {
+        "params": torch.load(out / "params.pt"),
+        "ranks": [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)],
+    }
+
+
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return _run(tmp_path_factory.mktemp("one"), 1)
+
+
+def _max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max((a[name] - b[name]).abs().max().item() for name in a)
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp2"])
+def test_two_ranks_with_half_the_rows_train_as_one_rank_with_the_whole_batch(
+    one_rank: dict[str, Any], tmp_path: Path, mode: str
+) -> None:
+    two = _run(tmp_path, 2, *(["--shard"] if mode == "fsdp2" else []))
+    reference = one_rank["ranks"][0]
+    adoptions = reference["adoptions"]
+    assert len(adoptions) >= 4 + 3 * 4  # the bootstrap of 4 fragments, then each fragment adopted 3 times or more
+    assert all(rank["adoptions"] == adoptions for rank in two["ranks"])  # same versions, same steps, every rank
+    difference = _max_difference(one_rank["params"], two["params"])
+    assert difference < TOLERANCE, difference
+    moved = _max_difference(one_rank["params"], _run_free_reference_params(one_rank))
+    assert moved > 50 * TOLERANCE  # training moved the parameters far more than the ranks disagree
+    leader = two["ranks"][0]
+    assert leader["trained"] == reference["trained"] == STEPS * BATCH * 128 * 4  # steps x batch x seq_len x fragments
+    assert leader["sent_tokens"] == reference["sent_tokens"] > 0  # the learner's tokens, counted once
+
+
+def _run_free_reference_params(one_rank: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The seed's initial parameters: what the comparison would be against had nothing trained."""
+    from ddctl_agents.train.model import build_model
+    from ddctl_agents.train.presets import get_preset
+
+    model = build_model(get_preset("tiny"), seed=0)
+    return {name: p.detach() for name, p in model.named_parameters()}
+
+
+def test_a_learner_relaunches_itself_under_torchrun_without_its_gpus_flag() -> None:
+    from ddctl_agents.agent.run import without_gpus
+
+    assert without_gpus(["--name", "L0", "--gpus", "2", "--syncer", "u"]) == ["--name", "L0", "--syncer", "u"]
+    assert without_gpus(["--gpus=4", "--compile"]) == ["--compile"]
+
+
+def test_a_bad_gpus_value_is_refused_before_anything_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    from ddctl_agents.agent.run import main
+
+    assert main(["--syncer", "http://127.0.0.1:9", "--name", "L0", "--token", "t", "--gpus", "0"]) == 2
+    assert "--gpus must be in [1, 64], got 0" in capsys.readouterr().err
+    assert os.environ.get("WORLD_SIZE") is None
+
+
+@pytest.mark.slow
+def test_a_two_rank_learner_trains_beside_one_rank_learners_against_the_real_syncer(tmp_path: Path) -> None:
+    from tests.service_harness import Job, small_job
+
+    job = Job.create(tmp_path, small_job(learners=3, tokens=150_000))
+    try:
+        job.start_syncer()
+        job.start_learner("L0", "--gpus", "2")
+        job.start_learner("L1")
+        job.start_learner("L2")
+        seen = job.wait_for(
+            lambda s: any(e["id"] == "L0" and e["devices"] == 2 for e in s["learners"]), 180, "L0's heartbeat from 2 ranks"
+        )
+        l0 = next(e for e in seen["learners"] if e["id"] == "L0")
+        assert l0["accelerator"] == "cpu" and l0["mfu"] is None  # a CPU has no bf16 peak in the table
+        job.wait_learners()
+        status = job.wait_for(lambda s: s["ledger"]["pending"] == 0, 60, "the last rounds to close")
+    finally:
+        job.stop_all()
+    summaries = {name: job.summary(name) for name in ("L0", "L1", "L2")}
+    assert all(s["drained"] and s["reason"] == "finished" for s in summaries.values())
+    assert [s["devices"] for s in summaries.values()] == [2, 1, 1]
+    ledger = status["ledger"]
+    assert ledger["balanced"] and ledger["received"] == sum(sum(s["acked_tokens"].values()) for s in summaries.values())
+    tokens_per_step, fragments = 8 * 128, 4
+    for name, s in summaries.items():  # every learner, the 2-rank one included, trained its batch once per step
+        assert s["trained_tokens"] == (s["step"] - s["start_step"]) * tokens_per_step * fragments, name
+        assert next(e for e in status["learners"] if e["id"] == name)["tokens"] == s["trained_tokens"] // fragments
+    assert "Traceback" not in job.log("L0")  # both ranks ended cleanly
