@@ -84,3 +84,23 @@ def link_table(result: dict[str, Any]) -> Table:
         "-" if result["tracker_fraction"] is None else f"{result['tracker_fraction']:.3f}",
     )
     return table
+
+
+def learner_table(result: dict[str, Any]) -> Table:
+    table = Table(title=f"learner speed: {result['preset']}, batch {result['batch']}, compile={result['compile']}")
+    for col in ("ranks", "device", "tokens/s", "MFU", "step s", "with sync", "sync cost", "x 1 rank", "updates"):
+        table.add_column(col, justify="right")
+    for run in result["runs"]:
+        mfu, speedup = run["mfu"], run["speedup_over_one_rank"]
+        table.add_row(
+            str(run["ranks"]),
+            run["accelerator"],
+            f"{run['tokens_per_s']:,.0f}",
+            "-" if mfu is None else f"{100 * mfu:.1f}%",
+            f"{run['step_s_without_sync']:.4f}",
+            f"{run['step_s_with_sync']:.4f}",
+            f"{100 * run['sync_cost']:+.1f}%",
+            "-" if speedup is None else f"{speedup:.2f}",
+            str(run["updates"]),
+        )
+    return table

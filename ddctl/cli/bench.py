@@ -105,3 +105,46 @@ def link(
         print_json(result)
     else:
         stdout().print(link_table(result))
+
+
+@app.command("learner")
+def learner(
+    preset: Annotated[str, typer.Option(help="Model preset to train (base: ~128M, for a GPU).")] = "tiny",
+    ranks: Annotated[str, typer.Option(help="Comma-separated rank counts to measure, e.g. 1,8 (torchrun beyond one).")] = "1",
+    device: Annotated[str, typer.Option(help="auto, cuda or cpu.")] = "auto",
+    batch: Annotated[int, typer.Option(help="Sequences per learner step, split over the ranks.")] = 8,
+    steps: Annotated[int, typer.Option(help="Steps per timed block.")] = 16,
+    blocks: Annotated[int, typer.Option(help="Timed blocks with and without sync, alternating; the fastest of each counts.")] = 3,
+    compile: Annotated[bool, typer.Option("--compile", help="torch.compile the model first.")] = False,
+    shard: Annotated[bool, typer.Option("--shard", help="FSDP2 across the ranks instead of DDP.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
+) -> None:
+    """Tokens/s and MFU of a preset on this device, and step time with outer sync against without it."""
+    import subprocess
+
+    from ddctl.bench.report import learner_table
+    from ddctl.errors import DdctlError, WorkerError
+    from ddctl_agents.train.speed import measure
+
+    def counts() -> list[int]:
+        try:
+            parsed = [int(r) for r in ranks.split(",") if r.strip()]
+        except ValueError:
+            parsed = []
+        if not parsed or any(not 1 <= r <= 64 for r in parsed):
+            raise DdctlError(f"--ranks must be comma-separated integers in [1, 64], got {ranks!r}")
+        if any(batch % r for r in parsed):
+            raise DdctlError(f"--batch {batch} must split evenly over every rank count in {ranks!r}")
+        return parsed
+
+    def run() -> dict[str, object]:
+        try:
+            return measure(preset, counts(), device, batch, steps, blocks, 5, compile, shard)
+        except subprocess.CalledProcessError as exc:
+            raise WorkerError(f"a learner rank failed with exit code {exc.returncode}; its output is above") from None
+
+    result = run_guarded(run)
+    if json_out:
+        print_json(result)
+    else:
+        stdout().print(learner_table(result))
