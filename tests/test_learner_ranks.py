@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -79,11 +80,35 @@ def _run_free_reference_params(one_rank: dict[str, Any]) -> dict[str, torch.Tens
     return {name: p.detach() for name, p in model.named_parameters()}
 
 
-def test_a_learner_relaunches_itself_under_torchrun_without_its_gpus_flag() -> None:
-    from ddctl_agents.agent.run import without_gpus
+def test_a_learner_relaunches_itself_under_torchrun_without_its_launch_flags() -> None:
+    from ddctl_agents.agent.launch import rank_argv, torchrun_command
 
-    assert without_gpus(["--name", "L0", "--gpus", "2", "--syncer", "u"]) == ["--name", "L0", "--syncer", "u"]
-    assert without_gpus(["--gpus=4", "--compile"]) == ["--compile"]
+    assert rank_argv(["--name", "L0", "--gpus", "2", "--syncer", "u"]) == ["--name", "L0", "--syncer", "u"]
+    assert rank_argv(["--gpus=4", "--nodes", "2", "--rendezvous=h:1", "--compile"]) == ["--compile"]
+    one = torchrun_command(4, 1, "", "ddctl-L0", ["--name", "L0", "--gpus", "4"])
+    assert one[1:] == ["-m", "torch.distributed.run", "--nproc-per-node=4", "--max-restarts=0", "--standalone"] + [
+        "-m", "ddctl_agents.agent", "--name", "L0"
+    ]  # fmt: skip
+    spread = torchrun_command(2, 3, "10.0.0.5:29400", "ddctl-L0", [])
+    assert "--nnodes=3" in spread and "--rdzv-endpoint=10.0.0.5:29400" in spread and "--rdzv-backend=c10d" in spread
+
+
+@pytest.mark.parametrize(
+    ("gpus", "nodes", "rendezvous", "message"),
+    [
+        (0, 1, "", "--gpus must be in [1, 64], got 0"),
+        (1, 65, "", "--nodes must be in [1, 64], got 65"),
+        (1, 2, "", "--nodes 2 needs --rendezvous HOST:PORT (one of the nodes), got ''"),
+        (1, 2, "host:70000", "needs --rendezvous HOST:PORT"),
+        (1, 2, "host;rm -rf:1", "needs --rendezvous HOST:PORT"),
+    ],
+)
+def test_a_bad_launch_is_refused_naming_the_flag(gpus: int, nodes: int, rendezvous: str, message: str) -> None:
+    from ddctl_agents.agent.launch import torchrun_command
+    from ddctl_agents.errors import AgentError
+
+    with pytest.raises(AgentError, match=re.escape(message)):
+        torchrun_command(gpus, nodes, rendezvous, "ddctl-L0", [])
 
 
 def test_a_bad_gpus_value_is_refused_before_anything_starts(capsys: pytest.CaptureFixture[str]) -> None:
@@ -123,3 +148,37 @@ def test_a_two_rank_learner_trains_beside_one_rank_learners_against_the_real_syn
         assert s["trained_tokens"] == (s["step"] - s["start_step"]) * tokens_per_step * fragments, name
         assert next(e for e in status["learners"] if e["id"] == name)["tokens"] == s["trained_tokens"] // fragments
     assert "Traceback" not in job.log("L0")  # both ranks ended cleanly
+
+
+@pytest.mark.slow
+def test_a_learner_spanning_two_machines_meets_at_a_c10d_rendezvous_and_is_one_learner(tmp_path: Path) -> None:
+    """Two processes stand for two VMs of one region: the same command line on each, one rendezvous endpoint."""
+    import socket
+
+    from tests.service_harness import Job, small_job
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    job = Job.create(tmp_path, small_job(learners=2, tokens=60_000))
+    try:
+        job.start_syncer()
+        spread = ("--nodes", "2", "--rendezvous", f"127.0.0.1:{port}")
+        first = job.start_learner("L0", *spread)
+        second_summary = tmp_path / "L0-node-b.summary.json"
+        command = [sys.executable, "-m", "ddctl_agents.agent", "--syncer", job.url, "--name", "L0", "--token", job.token("L0")]
+        command += ["--ca", str(job.job_dir / "tls" / "ca.pem"), "--summary", str(second_summary), *spread]
+        with (tmp_path / "L0-node-b.log").open("ab") as log:
+            second = subprocess.Popen(command, stdout=log, stderr=log, env=ENV)
+        job.start_learner("L1")
+        assert [first.wait(timeout=300), second.wait(timeout=60), job.learners["L1"].wait(timeout=60)] == [0, 0, 0]
+        status = job.wait_for(lambda s: s["ledger"]["pending"] == 0, 60, "the last rounds to close")
+    finally:
+        job.stop_all()
+    leader_summaries = [p for p in (job.summary_path("L0"), second_summary) if p.exists()]
+    assert len(leader_summaries) == 1  # one leader, whichever node torchrun gave rank 0
+    summary = json.loads(leader_summaries[0].read_text())
+    assert summary["devices"] == 2 and summary["reason"] == "finished" and summary["drained"]
+    l0 = next(e for e in status["learners"] if e["id"] == "L0")
+    assert l0["devices"] == 2 and l0["tokens"] == summary["trained_tokens"] // 4  # its tokens, once
+    assert status["ledger"]["balanced"]

@@ -33,7 +33,13 @@ KINDS: dict[str, Kind] = {
     "process": Kind("process", "ddctl.providers.process:ProcessProvider", local=True),
     "docker": Kind("docker", "ddctl.providers.docker.vms:DockerProvider", local=True),
     "fake": Kind("fake", "ddctl.providers.fake:FakeProvider", local=True),
-    "aws": Kind("aws", "ddctl.providers.aws.provider:AwsProvider", local=False, prices="ddctl.providers.aws.prices"),
+    "aws": Kind(
+        "aws",
+        "ddctl.providers.aws.provider:AwsProvider",
+        local=False,
+        prices="ddctl.providers.aws.prices",
+        gpus="ddctl.providers.aws.prices:gpus",
+    ),
     "gcp": Kind(
         "gcp",
         "ddctl.providers.gcp.provider:GcpProvider",
@@ -57,7 +63,8 @@ def get(kind: str) -> Provider:
 
 def instance_gpus(kind: str, instance_type: str) -> tuple[str, int] | None:
     """The GPUs ``instance_type`` comes with, (model, count), from the provider's tables (GCP's a2-highgpu-8g:
-    8 A100), so regions.yaml can default and bound ranks per learner; None: none, or the tables do not know."""
+    8 A100; AWS's g5.12xlarge: 4 A10G), so regions.yaml can default and bound ranks per learner; None: none,
+    or the tables do not know."""
     chosen = KINDS.get(kind)
     if chosen is None or not chosen.gpus or not instance_type:
         return None

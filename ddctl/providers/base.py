@@ -201,3 +201,13 @@ class Provider(Protocol):
     def classify(self, error: Exception) -> ProvisionError:
         """``error`` (the SDK's, the engine's) as a ProvisionError whose kind and scope failover acts on."""
         ...
+
+
+def own_or_attached_gpus(
+    table: Mapping[str, tuple[str, int]], instance_type: str, accelerator: str = "", count: int = 1
+) -> tuple[str, int] | None:
+    """The GPUs a VM runs, (model, count): its type's own from a provider's table, else the ``count`` x
+    ``accelerator`` the regions file attaches; None without GPUs. One rule for every provider's ``gpus``."""
+    if instance_type in table:
+        return table[instance_type]
+    return (accelerator, count) if accelerator else None

@@ -24,10 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable, retry
 from ddctl_agents.agent.comm import JOB_OVER, Comms, Identity
+from ddctl_agents.agent.launch import become_ranks
 from ddctl_agents.agent.loop import GO, STOP, STOP_NOW, StepLoop
 from ddctl_agents.agent.notice import Stop, watch
 from ddctl_agents.agent.progress import Progress
@@ -221,32 +220,6 @@ def _train(opts: LearnerOptions, stop: threading.Event, ranks: Ranks, device: An
     return summary
 
 
-def without_gpus(argv: list[str]) -> list[str]:
-    """The command line minus ``--gpus N`` / ``--gpus=N``: what each rank runs."""
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg == "--gpus":
-            skip = True
-        elif not arg.startswith("--gpus="):
-            out.append(arg)
-    return out
-
-
-def torchrun(gpus: int, device: str, argv: list[str]) -> None:
-    """Become torchrun with ``gpus`` ranks of this learner on this machine (never returns)."""
-    if not 1 <= gpus <= 64:
-        raise AgentError(f"--gpus must be in [1, 64], got {gpus}")
-    available = torch.cuda.device_count() if device != "cpu" and torch.cuda.is_available() else 0
-    if available and gpus > available:
-        raise AgentError(f"--gpus {gpus}, but this machine has {available} GPUs")
-    if device == "cuda" and not available:
-        raise AgentError("--device cuda, but torch sees no CUDA device")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}", "--max-restarts=0"]
-    os.execv(sys.executable, [*command, "-m", "ddctl_agents.agent", *without_gpus(argv)])
-
-
 def main(argv: list[str] | None = None) -> int:
     defaults = LearnerOptions(syncer="", name="", token="")
     parser = Parser("ddctl learner run", "Run one Decoupled DiLoCo learner against a syncer.")
@@ -276,12 +249,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--shard", action="store_true", help="FSDP2 across the ranks instead of DDP, for a model too big for one device."
     )
+    parser.add_argument("--nodes", type=int, default=1, help="Machines this one learner spans (each runs --gpus ranks).")
+    parser.add_argument(
+        "--rendezvous", default="", help="HOST:PORT of torchrun's c10d rendezvous on one of the nodes (with --nodes)."
+    )
     parser.add_argument("--compile", action="store_true", help="torch.compile the model (slow to start, faster steps).")
     args = parser.parse_args(argv)
     configure_logging()
-    if args.gpus != 1 and "WORLD_SIZE" not in os.environ:
+    if (args.gpus != 1 or args.nodes != 1) and "WORLD_SIZE" not in os.environ:
         try:
-            torchrun(args.gpus, args.device, list(sys.argv[1:] if argv is None else argv))
+            command_line = list(sys.argv[1:] if argv is None else argv)
+            become_ranks(args.gpus, args.nodes, args.rendezvous, f"ddctl-{args.name}", args.device, command_line)
         except AgentError as exc:
             return report(parser.prog, exc)
     try:

@@ -10,6 +10,7 @@ Quotas ``GetServiceQuota``), on clients handed in, so tests point them at moto.
 - Quotas: spot (or on-demand) capacity is capped per region in vCPUs per class of families; a plan
   that needs more fails at ``up``, so the preflight says so first, and says so when it cannot tell.
 - Egress: AWS's data-transfer rates, dated; which bytes leave which region is the caller's sum.
+- GPUs: a dated table of the NVIDIA GPUs each GPU type comes with (``gpus``), which default and bound ranks per learner.
 
 ``quote_regions`` and ``notes`` are what ``control/quotes.py`` asks of a provider's ``prices`` module.
 """
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ddctl.control.quotes import GB, RegionQuote
 from ddctl.providers.aws.clients import Clients
+from ddctl.providers.base import own_or_attached_gpus
 
 if TYPE_CHECKING:
     from ddctl.config.regions import Region
@@ -51,6 +53,25 @@ REGION_FACTOR: dict[str, float] = {
 }  # fmt: skip
 """A region's list prices over us-east-1's, typical for these families; single types differ by up to ~10%."""
 
+GPUS_AS_OF = "2026-12"
+_G_SIZES: dict[str, int] = {
+    "xlarge": 1, "2xlarge": 1, "4xlarge": 1, "8xlarge": 1, "16xlarge": 1, "12xlarge": 4, "24xlarge": 4, "48xlarge": 8,
+}  # fmt: skip
+BUILT_IN_GPUS: dict[str, tuple[str, int]] = {
+    **{f"g4dn.{size}": ("nvidia-t4", _G_SIZES[size]) for size in ("xlarge", "2xlarge", "4xlarge", "8xlarge", "12xlarge", "16xlarge")},
+    "g4dn.metal": ("nvidia-t4", 8),
+    **{
+        f"{family}.{size}": (model, n)
+        for family, model in (("g5", "nvidia-a10g"), ("g6", "nvidia-l4"), ("g6e", "nvidia-l40s"))
+        for size, n in _G_SIZES.items()
+    },
+    "p4d.24xlarge": ("nvidia-a100", 8), "p4de.24xlarge": ("nvidia-a100-80gb", 8),
+    "p5.48xlarge": ("nvidia-h100", 8), "p5e.48xlarge": ("nvidia-h200", 8),
+}  # fmt: skip
+"""The NVIDIA GPUs each GPU type comes with (EC2 attaches none to other types), as of ``GPUS_AS_OF``: EC2's
+``DescribeInstanceTypes`` GpuInfo (its name lowercased after "nvidia-", "-80gb" where A100 comes in two sizes),
+checked against AWS's instance-type pages. A type outside it has no GPU ddctl knows of: 1 rank unless ``gpus:`` says."""
+
 EGRESS_AS_OF = "2026-06"
 EGRESS_PER_GB: dict[str, float] = {"inter_region": 0.02, "internet": 0.09}
 """USD per GB leaving an AWS region: to another AWS region, or to the internet (another cloud; first
@@ -63,6 +84,11 @@ def on_demand_price(instance_type: str, region: str) -> float | None:
     """USD per instance-hour on demand, or None when the table does not know the type or the region."""
     base, factor = _US_EAST_1.get(instance_type), REGION_FACTOR.get(region)
     return None if base is None or factor is None else round(base * factor, 4)
+
+
+def gpus(instance_type: str, accelerator: str = "", count: int = 1) -> tuple[str, int] | None:
+    """The GPU model and how many an instance runs: its type's own, else what the regions file names; None without."""
+    return own_or_attached_gpus(BUILT_IN_GPUS, instance_type, accelerator, count)
 
 
 def egress_per_gb(route: str, region: str) -> float:

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ddctl.control.quotes import GB, RegionQuote
+from ddctl.providers.base import own_or_attached_gpus
 
 if TYPE_CHECKING:
     from ddctl.config.regions import Region
@@ -127,9 +128,7 @@ def machine_prices(machine_type: str, region: str, accelerator: str = "", count:
 
 def gpus(machine_type: str, accelerator: str = "", count: int = 1) -> tuple[str, int] | None:
     """The GPU model and how many a VM runs: a type's own, else the attached ones; None without GPUs."""
-    if machine_type in BUILT_IN_GPUS:
-        return BUILT_IN_GPUS[machine_type]
-    return (accelerator, count) if accelerator else None
+    return own_or_attached_gpus(BUILT_IN_GPUS, machine_type, accelerator, count)
 
 
 def egress_per_gb(route: str, region: str) -> float | None:

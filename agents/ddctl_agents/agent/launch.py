@@ -1,0 +1,67 @@
+"""How one learner becomes its ranks: the agent re-executes itself under torchrun.
+
+``--gpus N`` runs N ranks on this machine (one per GPU, or N CPU ranks with
+gloo where there is none). ``--nodes K --rendezvous HOST:PORT`` spans K
+machines of one region: the same command on each, meeting at torchrun's c10d
+rendezvous on HOST (one of them, over the region's private network). Whichever
+process torchrun makes global rank 0 is the leader that talks to the
+synchronizer; the rest only train.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+import torch
+
+from ddctl_agents.errors import AgentError
+
+LAUNCH_FLAGS = ("--gpus", "--nodes", "--rendezvous")
+"""Flags torchrun consumes: each rank runs the command line without them."""
+
+_ENDPOINT = re.compile(r"[A-Za-z0-9.\-]{1,253}:[0-9]{1,5}")
+
+
+def rank_argv(argv: list[str]) -> list[str]:
+    """The command line minus the launch flags (``--gpus 2`` and ``--gpus=2`` alike): what each rank runs."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in LAUNCH_FLAGS:
+            skip = True
+        elif not arg.startswith(tuple(f"{flag}=" for flag in LAUNCH_FLAGS)):
+            out.append(arg)
+    return out
+
+
+def torchrun_command(gpus: int, nodes: int, rendezvous: str, run_id: str, argv: list[str]) -> list[str]:
+    """The torchrun command line for this learner's ranks, or AgentError naming what is wrong."""
+    if not 1 <= gpus <= 64:
+        raise AgentError(f"--gpus must be in [1, 64], got {gpus}")
+    if not 1 <= nodes <= 64:
+        raise AgentError(f"--nodes must be in [1, 64], got {nodes}")
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={gpus}", "--max-restarts=0"]
+    if nodes == 1:
+        command.append("--standalone")
+    else:
+        if not _ENDPOINT.fullmatch(rendezvous) or not 0 < int(rendezvous.rpartition(":")[2]) < 65536:
+            raise AgentError(f"--nodes {nodes} needs --rendezvous HOST:PORT (one of the nodes), got {rendezvous!r}")
+        command += [f"--nnodes={nodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rendezvous}", f"--rdzv-id={run_id}"]
+    return [*command, "-m", "ddctl_agents.agent", *rank_argv(argv)]
+
+
+def become_ranks(gpus: int, nodes: int, rendezvous: str, run_id: str, device: str, argv: list[str]) -> None:
+    """Check the machine has the GPUs asked for, then exec torchrun (never returns)."""
+    command = torchrun_command(gpus, nodes, rendezvous, run_id, argv)
+    available = torch.cuda.device_count() if device != "cpu" and torch.cuda.is_available() else 0
+    if available and gpus > available:
+        raise AgentError(f"--gpus {gpus}, but this machine has {available} GPUs")
+    if device == "cuda" and not available:
+        raise AgentError("--device cuda, but torch sees no CUDA device")
+    os.execv(sys.executable, command)
+
+
+__all__ = ["LAUNCH_FLAGS", "become_ranks", "rank_argv", "torchrun_command"]
