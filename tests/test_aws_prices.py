@@ -107,6 +107,30 @@ def test_unknown_types_and_regions_are_none_never_invented(aws: AwsCloud) -> Non
     assert prices.quota_for("u-6tb1.metal", spot=True) is None and prices.quota_for("p6-b200.48xlarge", spot=True) is None
 
 
+def test_a_gpu_type_comes_with_its_gpus_and_any_other_with_what_the_file_names() -> None:
+    assert prices.gpus("g5.12xlarge") == ("nvidia-a10g", 4) and prices.gpus("g5.16xlarge") == ("nvidia-a10g", 1)
+    assert prices.gpus("g4dn.metal") == ("nvidia-t4", 8) and prices.gpus("g6e.48xlarge") == ("nvidia-l40s", 8)
+    assert prices.gpus("p4de.24xlarge") == ("nvidia-a100-80gb", 8) and prices.gpus("p5e.48xlarge") == ("nvidia-h200", 8)
+    assert prices.gpus("g6.xlarge", "nvidia-l4", 4) == ("nvidia-l4", 1)  # the type's own win over the file's
+    assert prices.gpus("m7i.large") is None and prices.gpus("m7i.large", "nvidia-l4", 2) == ("nvidia-l4", 2)
+
+
+def test_the_gpu_table_is_what_ec2_describes(aws: AwsCloud) -> None:
+    """moto answers DescribeInstanceTypes from a copy of EC2's: every type's GPUs there are the table's."""
+    pages = Clients().client("ec2", "us-east-1").get_paginator("describe_instance_types")
+    described = {
+        t["InstanceType"]: t["GpuInfo"]["Gpus"]
+        for page in pages.paginate(InstanceTypes=sorted(prices.BUILT_IN_GPUS))
+        for t in page["InstanceTypes"]
+    }
+    assert set(described) == set(prices.BUILT_IN_GPUS)
+    for kind, (model, count) in prices.BUILT_IN_GPUS.items():
+        (gpu,) = described[kind]
+        name = f"nvidia-{gpu['Name'].lower()}"
+        assert (gpu["Manufacturer"], gpu["Count"]) == ("NVIDIA", count), kind
+        assert model in (name, f"{name}-{gpu['MemoryInfo']['SizeInMiB'] // 1024}gb"), kind
+
+
 @pytest.mark.parametrize(
     ("instance_type", "spot_code", "on_demand_code"),
     [

@@ -182,3 +182,25 @@ def test_a_learner_spanning_two_machines_meets_at_a_c10d_rendezvous_and_is_one_l
     l0 = next(e for e in status["learners"] if e["id"] == "L0")
     assert l0["devices"] == 2 and l0["tokens"] == summary["trained_tokens"] // 4  # its tokens, once
     assert status["ledger"]["balanced"]
+
+
+@pytest.mark.slow
+def test_sigterm_stops_every_rank_on_the_leaders_decision_and_the_learner_exits_zero(tmp_path: Path) -> None:
+    import signal
+
+    from tests.service_harness import Job, small_job
+
+    job = Job.create(tmp_path, small_job(learners=2, tokens=400_000))
+    try:
+        job.start_syncer()
+        learner = job.start_learner("L0", "--gpus", "2")
+        job.wait_for(lambda s: any(e["id"] == "L0" and e["step"] >= 12 for e in s["learners"]), 180, "L0 training")
+        learner.send_signal(signal.SIGTERM)  # as a preemption or `ddctl down` sends it
+        assert learner.wait(timeout=120) == 0, job.log("L0")[-3000:]
+        status = job.wait_for(lambda s: s["ledger"]["pending"] == 0, 60, "L0's last updates merged")
+    finally:
+        job.stop_all()
+    summary = job.summary("L0")
+    assert summary["reason"] == "sigterm" and summary["drained"] and summary["unsent_tokens"] == 0
+    assert summary["step"] < 100  # it stopped early: its budget is 400,000 / (2 x 8 x 128) = 195 steps
+    assert status["ledger"]["balanced"] and "Traceback" not in job.log("L0")

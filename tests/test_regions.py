@@ -99,6 +99,7 @@ def test_training_values_the_job_refuses_are_reported_against_the_file_and_the_k
 
 
 GCP = {"name": "g", "provider": "gcp", "cloud_region": "us-central1"}
+AWS = {"provider": "aws", "cloud_region": "us-east-1"}
 
 
 def with_region(**fields: object) -> dict:
@@ -115,7 +116,7 @@ def test_gpus_default_to_the_vms_gpus_else_one(tmp_path: Path) -> None:
             {"instance_type": "e2-standard-4"},
             {"instance_type": "n1-standard-8", "accelerator": "nvidia-tesla-t4", "accelerator_count": 4},
             {"instance_type": "a2-highgpu-8g"},  # its 8 A100 come with the type (the provider's table)
-            {"provider": "aws", "cloud_region": "us-east-1", "instance_type": "g5.12xlarge"},  # no AWS table: 1
+            {**AWS, "instance_type": "m7i.large"},  # an AWS type without GPUs in the table: 1
         )
     )
     assert (plain.gpus, plain.ranks, aws.ranks) == (None, 1, 1)
@@ -123,6 +124,20 @@ def test_gpus_default_to_the_vms_gpus_else_one(tmp_path: Path) -> None:
     assert (built_in.gpus, built_in.ranks) == (None, 8)
     local = load_regions(write(tmp_path, variant(regions__1__accelerator="nvidia-l4", regions__1__accelerator_count=2)))
     assert [r.ranks for r in local.regions] == [1, 2]  # a region without accelerator: 1
+
+
+def test_aws_gpu_types_imply_their_gpus_and_a_list_of_types_its_fewest(tmp_path: Path) -> None:
+    four, either, eight = (
+        load_regions(write(tmp_path, with_region(**AWS, **fields))).regions[2]
+        for fields in (
+            {"instance_type": "g5.12xlarge"},  # 4 A10G
+            {"instance_types": ["g5.12xlarge", "g5.xlarge"]},  # up may launch either: the smaller bounds a learner
+            {"instance_type": "p5.48xlarge", "gpus": 8},  # as many ranks as the type's 8 H100
+        )
+    )
+    assert (four.gpus, four.ranks) == (None, 4)
+    assert (either.gpus, either.ranks) == (None, 1)
+    assert (eight.gpus, eight.ranks) == (8, 8)
 
 
 def test_explicit_gpus_win_over_the_default(tmp_path: Path) -> None:
@@ -142,6 +157,10 @@ def test_explicit_gpus_win_over_the_default(tmp_path: Path) -> None:
         (
             {"instance_types": ["a2-highgpu-8g", "a2-highgpu-2g"], "gpus": 4},  # up may launch the smaller one
             ["regions[2].gpus: 4 ranks but a2-highgpu-2g comes with 2 nvidia-tesla-a100 GPUs", "allowed: 1..2"],
+        ),
+        (
+            {**AWS, "instance_type": "p5.48xlarge", "gpus": 16},
+            ["regions[2].gpus: 16 ranks but p5.48xlarge comes with 8 nvidia-h100 GPUs", "allowed: 1..8"],
         ),
     ],
 )

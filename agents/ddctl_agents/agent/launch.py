@@ -1,4 +1,4 @@
-"""How one learner becomes its ranks: the agent re-executes itself under torchrun.
+"""How one learner becomes its ranks: the agent runs itself again under torchrun.
 
 ``--gpus N`` runs N ranks on this machine (one per GPU, or N CPU ranks with
 gloo where there is none). ``--nodes K --rendezvous HOST:PORT`` spans K
@@ -10,9 +10,13 @@ synchronizer; the rest only train.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
+import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
@@ -53,15 +57,38 @@ def torchrun_command(gpus: int, nodes: int, rendezvous: str, run_id: str, argv: 
     return [*command, "-m", "ddctl_agents.agent", *rank_argv(argv)]
 
 
-def become_ranks(gpus: int, nodes: int, rendezvous: str, run_id: str, device: str, argv: list[str]) -> None:
-    """Check the machine has the GPUs asked for, then exec torchrun (never returns)."""
+def run_ranks(gpus: int, nodes: int, rendezvous: str, run_id: str, device: str, argv: list[str]) -> int:
+    """Check the machine has the GPUs asked for, run torchrun, and return its exit code.
+
+    This process stays (its pid is the learner's, for whoever tracks it) and passes
+    SIGTERM and SIGINT straight to the ranks: they stop together on the leader's
+    decision and exit 0. Signalled itself, torchrun would kill them and exit 1.
+    """
     command = torchrun_command(gpus, nodes, rendezvous, run_id, argv)
     available = torch.cuda.device_count() if device != "cpu" and torch.cuda.is_available() else 0
     if available and gpus > available:
         raise AgentError(f"--gpus {gpus}, but this machine has {available} GPUs")
     if device == "cuda" and not available:
         raise AgentError("--device cuda, but torch sees no CUDA device")
-    os.execv(sys.executable, command)
+    child = subprocess.Popen(command)
+
+    def forward(signum: int, _frame: object) -> None:
+        for pid in _children(child.pid) or [child.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, forward)
+    return child.wait()
 
 
-__all__ = ["LAUNCH_FLAGS", "become_ranks", "rank_argv", "torchrun_command"]
+def _children(pid: int) -> list[int]:
+    """The processes ``pid`` started (torchrun's ranks), from /proc; empty where it cannot tell."""
+    try:
+        tasks = Path(f"/proc/{pid}/task").iterdir()
+        return [int(c) for task in tasks for c in (task / "children").read_text().split()]
+    except OSError:
+        return []
+
+
+__all__ = ["LAUNCH_FLAGS", "rank_argv", "run_ranks", "torchrun_command"]

@@ -26,7 +26,7 @@ from typing import Any
 
 from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable, retry
 from ddctl_agents.agent.comm import JOB_OVER, Comms, Identity
-from ddctl_agents.agent.launch import become_ranks
+from ddctl_agents.agent.launch import run_ranks
 from ddctl_agents.agent.loop import GO, STOP, STOP_NOW, StepLoop
 from ddctl_agents.agent.notice import Stop, watch
 from ddctl_agents.agent.progress import Progress
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     if (args.gpus != 1 or args.nodes != 1) and "WORLD_SIZE" not in os.environ:
         try:
             command_line = list(sys.argv[1:] if argv is None else argv)
-            become_ranks(args.gpus, args.nodes, args.rendezvous, f"ddctl-{args.name}", args.device, command_line)
+            return run_ranks(args.gpus, args.nodes, args.rendezvous, f"ddctl-{args.name}", args.device, command_line)
         except AgentError as exc:
             return report(parser.prog, exc)
     try:

@@ -57,8 +57,9 @@ GPUS_AS_OF = "2026-12"
 _G_SIZES: dict[str, int] = {
     "xlarge": 1, "2xlarge": 1, "4xlarge": 1, "8xlarge": 1, "16xlarge": 1, "12xlarge": 4, "24xlarge": 4, "48xlarge": 8,
 }  # fmt: skip
+"""GPUs per size in g5, g6 and g6e; g4dn has the sizes up to 16xlarge, and a metal one."""
 BUILT_IN_GPUS: dict[str, tuple[str, int]] = {
-    **{f"g4dn.{size}": ("nvidia-t4", _G_SIZES[size]) for size in ("xlarge", "2xlarge", "4xlarge", "8xlarge", "12xlarge", "16xlarge")},
+    **{f"g4dn.{size}": ("nvidia-t4", n) for size, n in _G_SIZES.items() if size not in ("24xlarge", "48xlarge")},
     "g4dn.metal": ("nvidia-t4", 8),
     **{
         f"{family}.{size}": (model, n)
@@ -68,9 +69,10 @@ BUILT_IN_GPUS: dict[str, tuple[str, int]] = {
     "p4d.24xlarge": ("nvidia-a100", 8), "p4de.24xlarge": ("nvidia-a100-80gb", 8),
     "p5.48xlarge": ("nvidia-h100", 8), "p5e.48xlarge": ("nvidia-h200", 8),
 }  # fmt: skip
-"""The NVIDIA GPUs each GPU type comes with (EC2 attaches none to other types), as of ``GPUS_AS_OF``: EC2's
-``DescribeInstanceTypes`` GpuInfo (its name lowercased after "nvidia-", "-80gb" where A100 comes in two sizes),
-checked against AWS's instance-type pages. A type outside it has no GPU ddctl knows of: 1 rank unless ``gpus:`` says."""
+"""The NVIDIA GPUs the GPU types ddctl is likely to meet come with, as of ``GPUS_AS_OF``, as EC2's
+``DescribeInstanceTypes`` GpuInfo gives them (its name lowercased after "nvidia-"; "-80gb" where the A100 comes
+in two sizes; a test holds the table to the answers moto copies from EC2). A type outside it has no GPU ddctl
+knows of: 1 rank per learner unless ``gpus:`` says more."""
 
 EGRESS_AS_OF = "2026-06"
 EGRESS_PER_GB: dict[str, float] = {"inter_region": 0.02, "internet": 0.09}
