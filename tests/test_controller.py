@@ -141,3 +141,34 @@ def test_transient_errors_back_off_and_then_succeed(world: tuple[State, FakeProv
     assert [c[1] for c in fake.calls if c[0] == "create"] == ["L0@eu/eu-a"] * 3  # same place: it was not the zone's fault
     assert next(r for r in state.instances(RUN) if r.name == "L0").state == "rejoining"
     assert any(e["kind"] == "wait" and "transient" in e["reason"] for e in events(state))
+
+
+def test_a_learner_still_exiting_when_the_job_ends_is_recorded_as_finished_if_the_syncer_says_so(
+    world: tuple[State, FakeProvider, Controller], tmp_path: Path
+) -> None:
+    """A multi-rank learner takes seconds to exit after its summary (torchrun's teardown): the end must not race it."""
+    from ddctl.control.finish import RunResult, conclude
+
+    state, fake, _ = world
+    books = {
+        "budget": 10,
+        "planned": 10,
+        "trained": 10,
+        "received": 10,
+        "merged": 10,
+        "late_merged": 0,
+        "dropped": 0,
+        "rejected": 0,
+        "pending": 0,
+    }
+    result = RunResult.model_validate(
+        {
+            "run": RUN, "reason": "finished", "finished_at": time.time(), "uptime_s": 1.0, "quorum_s": 0.0, "goodput": 0.5,
+            "rounds": 3, "tokens": books, "val_bpb": 3.0, "bytes_up": 1, "bytes_down": 1,
+            "learners_finished": ["L0"], "state_dir": str(tmp_path),
+        }
+    )  # fmt: skip
+    conclude(RUN, state, result, str(tmp_path), owners=[fake])
+    states = {r.name: r.state for r in state.instances(RUN)}
+    assert states["L0"] == "finished"  # still running when the job ended, but the syncer counted its share done
+    assert states["L1"] != "finished"  # not in the syncer's list: whatever it was, it did not finish

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import replace
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -100,6 +101,10 @@ def conclude(
     summary = {**result.model_dump(), "result": local_result, "dollars": cost}
     state.update_run_detail(run, {"summary": summary})
     state.event(run, "finished", reason=result.reason, val_bpb=result.val_bpb, result=local_result)
+    done = set(result.learners_finished)
+    for instance in state.instances(run):  # a learner still exiting (torchrun takes seconds) did finish its share
+        if instance.role == "learner" and instance.name in done and instance.state != "finished":
+            state.put_instance(replace(instance, state="finished", updated=now))
     keep = bool(record.detail.get("keep"))
     if not keep:
         down(run, state, spare=spare, owners=owners)
