@@ -206,7 +206,6 @@ def _train(opts: LearnerOptions, stop: threading.Event, ranks: Ranks, device: An
         "train_seconds": round(pace.train_s, 3),
         "accelerator": hardware.accelerator,
         "devices": ranks.world,
-        "adoption_steps": [list(a) for a in outcome.adoptions],
         "started_at": round(born, 3),
         "ended_at": round(time.time(), 3),
     }
