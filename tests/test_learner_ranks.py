@@ -204,3 +204,21 @@ def test_sigterm_stops_every_rank_on_the_leaders_decision_and_the_learner_exits_
     assert summary["reason"] == "sigterm" and summary["drained"] and summary["unsent_tokens"] == 0
     assert summary["step"] < 100  # it stopped early: its budget is 400,000 / (2 x 8 x 128) = 195 steps
     assert status["ledger"]["balanced"] and "Traceback" not in job.log("L0")
+
+
+@pytest.mark.slow
+def test_a_multi_rank_learner_ends_with_the_leaders_exit_code_not_torchruns(tmp_path: Path) -> None:
+    """The dead-man switch ends a learner as unreachable (6); under torchrun it would read as 1, any failure."""
+    from tests.service_harness import Job, small_job
+
+    job = Job.create(tmp_path, small_job(learners=2, tokens=400_000))
+    try:
+        job.start_syncer()
+        learner = job.start_learner("L0", "--gpus", "2", "--syncer-timeout", "4")
+        job.wait_for(lambda s: any(e["id"] == "L0" and e["step"] >= 5 for e in s["learners"]), 180, "L0 training")
+        assert job.syncer is not None
+        job.kill(job.syncer)  # gone for good
+        assert learner.wait(timeout=120) == 6, job.log("L0")[-3000:]
+    finally:
+        job.stop_all()
+    assert job.summary("L0")["reason"] == "syncer_gone"

@@ -16,6 +16,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -24,6 +25,9 @@ from ddctl_agents.errors import AgentError
 
 LAUNCH_FLAGS = ("--gpus", "--nodes", "--rendezvous")
 """Flags torchrun consumes: each rank runs the command line without them."""
+
+EXIT_FILE_ENV = "DDCTL_RANK0_EXIT_FILE"
+"""Where rank 0 writes its exit code for the launching process."""
 
 _ENDPOINT = re.compile(r"[A-Za-z0-9.\-]{1,253}:[0-9]{1,5}")
 
@@ -58,7 +62,7 @@ def torchrun_command(gpus: int, nodes: int, rendezvous: str, run_id: str, argv: 
 
 
 def run_ranks(gpus: int, nodes: int, rendezvous: str, run_id: str, device: str, argv: list[str]) -> int:
-    """Check the machine has the GPUs asked for, run torchrun, and return its exit code.
+    """Check the machine has the GPUs asked for, run torchrun, and return the learner's exit code.
 
     This process stays (its pid is the learner's, for whoever tracks it) and passes
     SIGTERM and SIGINT straight to the ranks: they stop together on the leader's
@@ -70,7 +74,28 @@ def run_ranks(gpus: int, nodes: int, rendezvous: str, run_id: str, device: str, 
         raise AgentError(f"--gpus {gpus}, but this machine has {available} GPUs")
     if device == "cuda" and not available:
         raise AgentError("--device cuda, but torch sees no CUDA device")
-    child = subprocess.Popen(command)
+    with tempfile.TemporaryDirectory(prefix="ddctl-ranks-") as folder:
+        exit_file = Path(folder) / "exit"
+        child = subprocess.Popen(command, env={**os.environ, EXIT_FILE_ENV: str(exit_file)})
+        _forward_signals(child)
+        code = child.wait()
+        try:
+            leader = int(exit_file.read_text())
+        except (OSError, ValueError):  # rank 0 ran on another node, or died before it could say
+            leader = 0
+    return leader if code != 0 and leader != 0 else code  # torchrun says 1 for any failure; the leader says why
+
+
+def report_exit(code: int) -> None:
+    """Rank 0 under ``run_ranks``: leave the exit code where the launcher reads it."""
+    path = os.environ.get(EXIT_FILE_ENV)
+    if path and os.environ.get("RANK") == "0":
+        with contextlib.suppress(OSError):
+            Path(path).write_text(str(code))
+
+
+def _forward_signals(child: subprocess.Popen[bytes]) -> None:
+    """SIGTERM and SIGINT go to torchrun's ranks (to torchrun itself where /proc cannot tell them)."""
 
     def forward(signum: int, _frame: object) -> None:
         for pid in _children(child.pid) or [child.pid]:
@@ -79,7 +104,6 @@ def run_ranks(gpus: int, nodes: int, rendezvous: str, run_id: str, device: str, 
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, forward)
-    return child.wait()
 
 
 def _children(pid: int) -> list[int]:
@@ -91,4 +115,4 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-__all__ = ["LAUNCH_FLAGS", "rank_argv", "run_ranks", "torchrun_command"]
+__all__ = ["EXIT_FILE_ENV", "LAUNCH_FLAGS", "rank_argv", "report_exit", "run_ranks", "torchrun_command"]

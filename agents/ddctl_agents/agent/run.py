@@ -6,6 +6,10 @@ every fragment from the subscription stream, then trains. Between steps it
 adopts arrived fragments and queues due outer gradients; the network threads
 do the rest. SIGTERM (or the step budget) ends training: pending drift is
 pushed and acknowledged before the learner says goodbye.
+
+With ``--gpus N`` (or ``--nodes K``) the learner is N ranks under torchrun
+(``agent/launch.py``): every rank runs this, rank 0 alone talks to the syncer,
+and the step loop (``agent/loop.py``) keeps them in lockstep.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any
 
 from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable, retry
 from ddctl_agents.agent.comm import JOB_OVER, Comms, Identity
-from ddctl_agents.agent.launch import run_ranks
+from ddctl_agents.agent.launch import report_exit, run_ranks
 from ddctl_agents.agent.loop import GO, STOP, STOP_NOW, StepLoop
 from ddctl_agents.agent.notice import Stop, watch
 from ddctl_agents.agent.progress import Progress
@@ -220,6 +224,13 @@ def _train(opts: LearnerOptions, stop: threading.Event, ranks: Ranks, device: An
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the learner; under torchrun, rank 0 also leaves its exit code for the launcher (``agent/launch.py``)."""
+    code = _main(argv)
+    report_exit(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     defaults = LearnerOptions(syncer="", name="", token="")
     parser = Parser("ddctl learner run", "Run one Decoupled DiLoCo learner against a syncer.")
     parser.add_argument("--syncer", required=True, help="The syncer's URL: https://HOST:PORT (http:// for h2c on loopback).")
