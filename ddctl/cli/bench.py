@@ -111,11 +111,11 @@ def link(
 def learner(
     preset: Annotated[str, typer.Option(help="Model preset to train (base: ~128M, for a GPU).")] = "tiny",
     ranks: Annotated[str, typer.Option(help="Comma-separated rank counts to measure, e.g. 1,8 (torchrun beyond one).")] = "1",
-    device: Annotated[str, typer.Option(help="auto, cuda or cpu.")] = "auto",
+    device: Annotated[str, typer.Option(help="Where to train: auto, cuda or cpu.")] = "auto",
     batch: Annotated[int, typer.Option(help="Sequences per learner step, split over the ranks.")] = 8,
     steps: Annotated[int, typer.Option(help="Steps per timed block.")] = 16,
     blocks: Annotated[int, typer.Option(help="Timed blocks with and without sync, alternating; the fastest of each counts.")] = 3,
-    compile: Annotated[bool, typer.Option("--compile", help="torch.compile the model first.")] = False,
+    compile: Annotated[bool, typer.Option("--compile", help="Compile the model with torch.compile first.")] = False,
     shard: Annotated[bool, typer.Option("--shard", help="FSDP2 across the ranks instead of DDP.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
 ) -> None:

@@ -251,7 +251,10 @@ def _main(argv: list[str] | None) -> int:
     add_label_option(parser)
     parser.add_argument("--parallel-uploads", type=int, default=defaults.parallel_uploads, help="Uploads in flight at once.")
     parser.add_argument(
-        "--device", choices=DEVICE_CHOICES, default=defaults.device, help="auto: this rank's GPU if CUDA has one, else the CPU."
+        "--device",
+        choices=DEVICE_CHOICES,
+        default=defaults.device,
+        help="Where to train: auto (this rank's GPU if CUDA has one, else the CPU), cuda or cpu.",
     )
     parser.add_argument(
         "--gpus", type=int, default=1, help="Ranks of this one learner (one per GPU; CPU ranks without one), under torchrun."
@@ -263,7 +266,9 @@ def _main(argv: list[str] | None) -> int:
     parser.add_argument(
         "--rendezvous", default="", help="HOST:PORT of torchrun's c10d rendezvous on one of the nodes (with --nodes)."
     )
-    parser.add_argument("--compile", action="store_true", help="torch.compile the model (slow to start, faster steps).")
+    parser.add_argument(
+        "--compile", action="store_true", help="Compile the model with torch.compile (slow to start, faster steps)."
+    )
     args = parser.parse_args(argv)
     configure_logging()
     if (args.gpus != 1 or args.nodes != 1) and "WORLD_SIZE" not in os.environ:
