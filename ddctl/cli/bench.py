@@ -115,6 +115,7 @@ def learner(
     batch: Annotated[int, typer.Option(help="Sequences per learner step, split over the ranks.")] = 8,
     steps: Annotated[int, typer.Option(help="Steps per timed block.")] = 16,
     blocks: Annotated[int, typer.Option(help="Timed blocks with and without sync, alternating; the fastest of each counts.")] = 3,
+    warmup: Annotated[int, typer.Option(help="Untimed steps first (compilation and allocator settle there).")] = 5,
     compile: Annotated[bool, typer.Option("--compile", help="Compile the model with torch.compile first.")] = False,
     shard: Annotated[bool, typer.Option("--shard", help="FSDP2 across the ranks instead of DDP.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
@@ -133,13 +134,15 @@ def learner(
             parsed = []
         if not parsed or any(not 1 <= r <= 64 for r in parsed):
             raise DdctlError(f"--ranks must be comma-separated integers in [1, 64], got {ranks!r}")
+        if min(steps, blocks) < 1 or warmup < 0:
+            raise DdctlError(f"--steps and --blocks must be >= 1 and --warmup >= 0, got {steps}, {blocks} and {warmup}")
         if any(batch % r for r in parsed):
             raise DdctlError(f"--batch {batch} must split evenly over every rank count in {ranks!r}")
         return parsed
 
     def run() -> dict[str, object]:
         try:
-            return measure(preset, counts(), device, batch, steps, blocks, 5, compile, shard)
+            return measure(preset, counts(), device, batch, steps, blocks, warmup, compile, shard)
         except subprocess.CalledProcessError as exc:
             raise WorkerError(f"a learner rank failed with exit code {exc.returncode}; its output is above") from None
 

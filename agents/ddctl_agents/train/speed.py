@@ -59,15 +59,25 @@ class EncodingPeer:
         self._out: queue.Queue[FragmentVersion] = queue.Queue()
         for p in range(len(names)):
             self._publish(p)
-        threading.Thread(target=self._work, daemon=True).start()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._work, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Let the encoder finish what it holds: a thread inside torch at interpreter exit aborts the process."""
+        self._stopping.set()
+        self._thread.join()
 
     def _publish(self, p: int) -> None:
         message = FragmentVersion(fragment=p, version=self.versions[p], tensors={n: self.values[n] for n in self.names[p]})
         self._out.put(decode_fragment(encode_fragment(message, "bf16", self.block))[0])
 
     def _work(self) -> None:
-        while True:
-            update = self._inbox.get()
+        while not (self._stopping.is_set() and self._inbox.empty()):
+            try:
+                update = self._inbox.get(timeout=0.05)
+            except queue.Empty:
+                continue
             self.bytes_up += len(encode_update(update, self.codec, self.block))
             for name, delta in update.tensors.items():
                 self.values[name] -= OUTER_LR * delta
@@ -132,6 +142,7 @@ def worker(args: argparse.Namespace) -> None:
             _sync_device(device)
             times[mode].append((time.perf_counter() - started) / args.steps)
         if ranks.leader and peer is not None:
+            peer.close()
             hardware = describe(device)
             Path(args.out).write_text(
                 json.dumps(_figures(assembly, learner.tokens_per_step, ranks.world, hardware.accelerator, times, peer))
