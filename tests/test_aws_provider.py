@@ -7,6 +7,7 @@ is asked is real and read back from moto.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import time
 from pathlib import Path
@@ -91,6 +92,61 @@ def test_bootstrap_is_idempotent_and_opens_ssh_to_the_operator_only(aws: AwsClou
         assert [p["KeyName"] for p in pairs] == [f"ddctl-{RUN}"]
     assert infos["east"].notice_url == "http://169.254.169.254/latest/meta-data/spot/instance-action"
     assert infos["east"].python == "/usr/bin/python3" and infos["east"].machine["instance_types"] == ["g6.xlarge", "g5.xlarge"]
+
+
+def member_rules(group: dict[str, Any]) -> list[dict[str, Any]]:
+    """The group's ingress rules whose source is a security group (not an address range)."""
+    return [p for p in group["IpPermissions"] if p.get("UserIdGroupPairs")]
+
+
+def test_the_runs_vms_of_a_region_reach_each_other_on_every_tcp_port_and_nothing_else_does(aws: AwsCloud) -> None:
+    provider = AwsProvider()
+    provider.bootstrap(RUN, [EAST, WEST], "east")
+    AwsProvider().bootstrap(RUN, [EAST, WEST], "east")  # another process: asks again, is told it is there, goes on
+    for region in ("us-east-1", "eu-west-1"):
+        (group,) = groups(aws, region)
+        (rule,) = member_rules(group)  # one rule, not one per bootstrap
+        assert (rule["IpProtocol"], rule["FromPort"], rule["ToPort"]) == ("tcp", 0, 65535)
+        assert [pair["GroupId"] for pair in rule["UserIdGroupPairs"]] == [group["GroupId"]]  # from the group itself
+        assert rule["IpRanges"] == [] and rule.get("Ipv6Ranges", []) == []  # from no address range
+        wide = [p for p in group["IpPermissions"] if p.get("FromPort") != p.get("ToPort") and p is not rule]
+        assert wide == []  # every other rule is one port
+    asked = aws.calls("AuthorizeSecurityGroupIngress", region="us-east-1")
+    self_rules = [c for c in asked if any(k.endswith("Groups.1.GroupId") for k in c.params)]
+    assert [c.status for c in self_rules] == [200, 400]  # the second answered InvalidPermission.Duplicate, taken as done
+
+    ec2 = aws.client("ec2", "us-east-1")  # a group an older ddctl made, without the rule: the next bootstrap adds it
+    (group,) = groups(aws, "us-east-1")
+    ec2.revoke_security_group_ingress(GroupId=group["GroupId"], IpPermissions=member_rules(group))
+    assert member_rules(groups(aws, "us-east-1")[0]) == []
+    AwsProvider().bootstrap(RUN, [EAST], "east")
+    assert len(member_rules(groups(aws, "us-east-1")[0])) == 1
+
+
+def test_create_and_list_run_say_where_the_regions_other_vms_reach_an_instance(
+    booted: AwsCloud, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    provider = AwsProvider()
+    infos = provider.bootstrap(RUN, [EAST], "east")
+    made = [provider.create(spec_of(infos, name, EAST, role=role)) for name, role in (("syncer", "syncer"), ("L0", "learner"))]
+    ec2 = booted.client("ec2", "us-east-1")
+    for instance in made:
+        (vm,) = ec2.describe_instances(InstanceIds=[instance.provider_id.split("/")[1]])["Reservations"][0]["Instances"]
+        (subnet,) = ec2.describe_subnets(SubnetIds=[vm["SubnetId"]])["Subnets"]
+        assert instance.private_address == vm["PrivateIpAddress"] != instance.address
+        assert ipaddress.IPv4Address(instance.private_address) in ipaddress.IPv4Network(subnet["CidrBlock"])
+    assert made[0].private_address != made[1].private_address
+    listed = {i.name: i.private_address for i in provider.list_run(RUN)}
+    assert listed == {i.name: i.private_address for i in made}
+
+    real = AwsProvider.describe
+
+    def garbled(self: AwsProvider, region: str, ids: list[str] | None = None, run: str = "") -> list[dict[str, Any]]:
+        return [raw | {"PrivateIpAddress": "10.0.0.300"} for raw in real(self, region, ids, run)]
+
+    monkeypatch.setattr(AwsProvider, "describe", garbled)  # EC2 answering nonsense: no address, never the nonsense
+    by_name = sorted(made, key=lambda i: i.name)
+    assert [(i.private_address, i.address) for i in provider.list_run(RUN)] == [("", i.address) for i in by_name]
 
 
 def test_create_falls_to_the_next_instance_type_once_each_then_gives_the_zone_up(booted: AwsCloud) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from ddctl.errors import ProvisionError
 from ddctl.providers.aws.errors import classify
-from ddctl.providers.aws.machines import Machine, launch_request, public_address, tags
+from ddctl.providers.aws.machines import Machine, launch_request, private_address, public_address, tags
 from ddctl.providers.aws.orphans import expired, orphaned
 from ddctl.providers.base import InstanceSpec
 from ddctl.providers.console import last_files, log_text
@@ -120,6 +120,13 @@ def test_what_ec2_says_about_an_instance_is_checked_before_it_becomes_a_host_or_
     for hostile in ("", None, "100.100.0.7/0", "0.0.0.0/0", "::1", "999.1.1.1", "a" * 10_000, 7, "1.2.3.4; rm -rf /"):
         assert public_address({"PublicIpAddress": hostile}) is None
     assert public_address({}) is None
+
+
+def test_a_private_address_ec2_describes_is_used_only_if_it_is_an_ipv4_address() -> None:
+    assert private_address({"PrivateIpAddress": "10.0.3.17"}) == "10.0.3.17"
+    hostile = ("", None, "10.0.3.17/16", "10.0.0.300", "fd00::1", "10.0.3.17 ", "10.0.3.17; rm -rf /", 167969553, ["10.0.3.17"])
+    assert [private_address({"PrivateIpAddress": value}) for value in hostile] == [""] * len(hostile)
+    assert private_address({}) == ""
 
 
 def test_a_consoles_last_words_survive_garbage_around_them() -> None:

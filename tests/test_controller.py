@@ -172,3 +172,42 @@ def test_a_learner_still_exiting_when_the_job_ends_is_recorded_as_finished_if_th
     states = {r.name: r.state for r in state.instances(RUN)}
     assert states["L0"] == "finished"  # still running when the job ended, but the syncer counted its share done
     assert states["L1"] != "finished"  # not in the syncer's list: whatever it was, it did not finish
+
+
+def test_a_learner_over_two_vms_is_replaced_as_one_node_0_first_and_the_other_meets_at_its_new_address(
+    tmp_path: Path,
+) -> None:
+    from ddctl.control.specs import with_rendezvous
+
+    state = State(tmp_path / "state.sqlite3")
+    state.create_run(RUN, "regions.yaml", str(tmp_path / "job"), {})
+    state.set_run_state(RUN, "training")
+    fake = FakeProvider()
+    hosts: list[str] = []  # node 0's private address, once it exists
+    for node, name in enumerate(("L0", "L0-n1")):
+        argv = ("agent", "--name", "L0", "--nodes", "2", "--rendezvous", "127.0.0.1:29400")
+        spec = InstanceSpec(run=RUN, name=name, region="eu", role="learner", argv=argv, log=tmp_path / name, summary="/s")
+        spec = with_rendezvous(spec, hosts[0]) if node else spec
+        started = fake.create(spec)
+        hosts.append(started.private_address)
+        detail = {"spec": spec.to_json(), "placements": ZONES, "learner": "L0", "node": node}
+        state.put_instance(InstanceRecord(RUN, name, "eu", "fake", "learner", "running", started.provider_id, 0.0, detail))
+    controller = Controller(RUN, state, owners={"fake": fake})
+    fake.calls.clear()
+    fake.end(RUN, "L0-n1")  # its VM was preempted; L0's ranks would hang on it until a collective timeout
+    actions = controller.once(now=0.0)
+    assert [(a.kind, a.name) for a in actions] == [
+        ("retire", "L0-n1"), ("terminate", "L0"), ("replace", "L0"), ("replace", "L0-n1")
+    ]  # fmt: skip
+    assert [c for c in fake.calls if c[0] in ("terminate", "create")] == [
+        ("terminate", "L0"), ("create", "L0@eu/eu-a"), ("create", "L0-n1@eu/eu-a")
+    ]  # fmt: skip
+    now = {i.name: i for i in fake.list_run(RUN)}
+    assert now["L0"].private_address != hosts[0]  # a new VM at a new address ...
+    records = {r.name: r for r in state.instances(RUN)}
+    told = records["L0-n1"].detail["spec"]["argv"]
+    assert told[told.index("--rendezvous") + 1] == f"{now['L0'].private_address}:29400"  # ... where its peer meets it
+    assert records["L0"].detail["learner"] == records["L0-n1"].detail["learner"] == "L0"  # still one learner
+    lost = [e for e in events(state) if e["kind"] == "terminate"]
+    assert [e["instance"] for e in lost] == ["L0"] and "replaced as one" in lost[0]["reason"]
+    assert controller.once(now=1.0) == []  # whole again

@@ -190,3 +190,26 @@ def test_a_fleet_that_never_said_its_accelerator_gets_no_column_of_dashes() -> N
 )
 def test_accelerator_labels(name: str, devices: int | None, label: str) -> None:
     assert accelerator_label(name, devices) == label
+
+
+def test_a_learner_over_several_vms_is_one_row_priced_for_all_of_them() -> None:
+    """Its VMs cost what they cost: the region's $/h counts each, the learner's row sums them; no row per VM."""
+    from ddctl.dashboard.snapshot import RegionInfo, RunRecords, SyncerView, build
+
+    def vm(name: str, node: int | None) -> InstanceRecord:
+        detail = {} if node is None else {"learner": "L1", "node": node}
+        return InstanceRecord("r", name, "west", "aws", "learner", "running", f"i-{name}", 0.0, detail)
+
+    records = RunRecords(
+        run="r",
+        provider="aws",
+        instances=[vm("L0", None), vm("L1", 0), vm("L1-n1", 1), vm("L1-n2", 2)],
+        regions={"west": RegionInfo("aws", ("us-west-2a",), 2.5)},
+    )
+    status = {"learners": [{"id": "L1", "live": True, "devices": 24, "step": 7}], "rounds": 1}
+    snapshot = build(records, SyncerView(status, 0.0), 0.0)
+    [west] = snapshot["regions"]
+    rows = {row["id"]: row for row in west["learners"]}
+    assert list(rows) == ["L0", "L1"] and west["dollars_per_hour"] == 4 * 2.5
+    assert (rows["L1"]["vms"], rows["L1"]["dollars_per_hour"], rows["L1"]["devices"]) == (3, 3 * 2.5, 24)
+    assert (rows["L0"]["vms"], rows["L0"]["dollars_per_hour"]) == (1, 2.5)

@@ -7,6 +7,7 @@ transport to the fake and is read back from it.
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from pathlib import Path
 from typing import Any
@@ -51,13 +52,15 @@ def rules(gcp: GcpCloud) -> dict[str, dict[str, Any]]:
 
 def test_bootstrap_is_idempotent_opens_ssh_to_the_operator_and_reserves_the_syncers_address(gcp: GcpCloud) -> None:
     infos = GcpProvider().bootstrap(RUN, [IOWA, NETHERLANDS], "iowa")
+    inserted = len(gcp.calls("firewalls.insert"))
     assert GcpProvider().bootstrap(RUN, [IOWA, NETHERLANDS], "iowa") == infos  # another process finds the same things
+    assert len(gcp.calls("firewalls.insert")) == inserted == 3  # ... and makes none of them again
     (address,) = gcp.addresses()
     assert address["name"] == "ddctl-r1-syncer" and address["region"].endswith("/regions/us-central1")
     assert infos["iowa"].syncer_host == infos["nl"].syncer_host == address["address"]
     assert infos["iowa"].syncer_port == SYNCER_PORT
     found = rules(gcp)
-    assert set(found) == {"ddctl-r1-ssh", "ddctl-r1-syncer"}
+    assert set(found) == {"ddctl-r1-ssh", "ddctl-r1-syncer", "ddctl-r1-internal"}
     ssh, syncer = found["ddctl-r1-ssh"], found["ddctl-r1-syncer"]
     assert ssh["sourceRanges"] == [OPERATOR] and ssh["targetTags"] == ["ddctl-r1"]
     assert ssh["allowed"] == [{"IPProtocol": "tcp", "ports": ["22"]}]
@@ -70,7 +73,7 @@ def test_bootstrap_is_idempotent_opens_ssh_to_the_operator_and_reserves_the_sync
 def test_a_syncer_in_another_cloud_is_reached_where_that_cloud_said(gcp: GcpCloud) -> None:
     infos = GcpProvider().bootstrap(RUN, [IOWA], "virginia", "100.100.0.9")
     assert infos["iowa"].syncer_host == "100.100.0.9" and gcp.addresses() == []
-    assert set(rules(gcp)) == {"ddctl-r1-ssh"}  # no syncer here: no syncer rule
+    assert set(rules(gcp)) == {"ddctl-r1-ssh", "ddctl-r1-internal"}  # no syncer here: no syncer rule
     with pytest.raises(DdctlError, match="its address is unknown"):
         GcpProvider().bootstrap(RUN, [IOWA], "virginia")
 
@@ -154,7 +157,7 @@ def test_the_syncers_port_follows_the_learners_and_leaves_the_operator_open(boot
     booted.reset()
     GcpProvider().bootstrap(RUN, [IOWA], "virginia", "100.100.0.9")
     GcpProvider().admit(RUN, {"L0": "100.100.0.5"})  # the syncer is in another cloud: nothing to open here
-    assert set(rules(booted)) == {"ddctl-r1-ssh"}
+    assert set(rules(booted)) == {"ddctl-r1-ssh", "ddctl-r1-internal"}
 
 
 def test_down_leaves_nothing_and_orphans_are_swept_by_label(booted: GcpCloud) -> None:
@@ -167,6 +170,9 @@ def test_down_leaves_nothing_and_orphans_are_swept_by_label(booted: GcpCloud) ->
     removed = provider.cleanup(RUN)
     assert booted.instances() == [] and booted.firewalls() == [] and booted.addresses() == []
     assert {kind for kind, _ in removed} == {"firewall", "address"}
+    assert sorted(name for kind, name in removed if kind == "firewall") == [
+        f"{booted.project}/ddctl-r1-{rule}" for rule in ("internal", "ssh", "syncer")
+    ]
 
     for run in ("dead", "alive"):
         infos = provider.bootstrap(run, [IOWA], "iowa")
@@ -175,9 +181,46 @@ def test_down_leaves_nothing_and_orphans_are_swept_by_label(booted: GcpCloud) ->
     swept = provider.sweep([IOWA], live={"alive"}, now=0.0)
     assert [what for what, _ in swept if what == "instance"] == ["instance"] and any("dead" in name for _, name in swept)
     assert [i["labels"]["ddctl-run"] for i in booted.instances()] == ["alive"]
-    assert {f["name"] for f in booted.firewalls()} == {"ddctl-alive-ssh", "ddctl-alive-syncer"}
+    assert {f["name"] for f in booted.firewalls()} == {"ddctl-alive-ssh", "ddctl-alive-syncer", "ddctl-alive-internal"}
     later = provider.sweep([IOWA], live=set(), now=10.0**12)  # past every expiry: nothing is spared
     assert booted.instances() == [] and booted.firewalls() == [] and any(w == "instance" for w, _ in later)
+
+
+def test_the_runs_vms_reach_each_other_on_every_tcp_port_by_tag_and_only_they_do(gcp: GcpCloud) -> None:
+    GcpProvider().bootstrap(RUN, [IOWA], "iowa")
+    internal = rules(gcp)["ddctl-r1-internal"]
+    assert internal["direction"] == "INGRESS" and internal["network"].endswith("/global/networks/default")
+    assert internal["allowed"] == [{"IPProtocol": "tcp"}]  # no ports: every port
+    assert internal["sourceTags"] == internal["targetTags"] == ["ddctl-r1"]  # from the run's VMs, to the run's VMs
+    assert "sourceRanges" not in internal  # and from no address range: nothing outside the run
+    assert internal["description"].endswith("(ddctl run r1)")  # what the orphan sweep reads the run from
+    for name, rule in rules(gcp).items():
+        if name != "ddctl-r1-internal":
+            assert "sourceTags" not in rule and all(a.get("ports") for a in rule["allowed"])  # the others: one port each
+
+
+def test_a_dead_runs_internal_rule_alone_is_found_by_the_orphan_sweep(booted: GcpCloud) -> None:
+    provider = GcpProvider()
+    provider.bootstrap("dead", [IOWA], "iowa")
+    firewalls = booted.client("FirewallsClient")
+    for name in ("ddctl-dead-ssh", "ddctl-dead-syncer"):  # a cleanup cut short: only the internal rule is left
+        firewalls.delete_unary(project=booted.project, firewall=name)  # done at once: the fake has no delay here
+    assert set(rules(booted)) == {"ddctl-dead-internal"}
+    swept = provider.sweep([IOWA], live=set(), now=0.0)
+    assert ("firewall", f"{booted.project}/ddctl-dead-internal") in swept and booted.firewalls() == []
+
+
+def test_create_and_list_run_say_where_the_runs_other_vms_reach_an_instance(booted: GcpCloud) -> None:
+    provider = GcpProvider()
+    infos = provider.bootstrap(RUN, [IOWA], "iowa")
+    made = [provider.create(spec_of(infos, name, IOWA, role=role)) for name, role in (("syncer", "syncer"), ("L0", "learner"))]
+    for instance in made:
+        vm = booted.instance(*instance.provider_id.split("/"))
+        assert vm is not None and instance.private_address == vm["networkInterfaces"][0]["networkIP"] != instance.address
+        assert ipaddress.IPv4Address(instance.private_address) in gcp_shapes.INTERNAL_POOL  # the default network's range
+    assert made[0].private_address != made[1].private_address
+    listed = {i.name: i.private_address for i in provider.list_run(RUN)}
+    assert listed == {i.name: i.private_address for i in made}
 
 
 def test_an_instance_without_its_pinned_host_key_is_never_connected_to(booted: GcpCloud) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import google.api_core.exceptions as gexc
@@ -29,6 +30,7 @@ from ddctl.providers.gcp.machines import (
     label,
     labels,
     metadata_items,
+    private_address,
     public_address,
     resource_name,
 )
@@ -159,10 +161,12 @@ def test_instance_names_are_valid_unique_and_bounded() -> None:
 
 
 # -- what comes back ------------------------------------------------------------------------------
-def _instance(nat: str = "100.100.192.9", key: str = HOST_KEY, run: str = "r", expires: str = "99") -> Any:
+def _instance(
+    nat: str = "100.100.192.9", key: str = HOST_KEY, run: str = "r", expires: str = "99", ip: str = "10.128.0.7"
+) -> Any:
     raw = {"name": "i", "status": "RUNNING", "labels": {"ddctl-run": label(run), "ddctl-expires-at": expires},
            "metadata": {"items": [{"key": "ddctl-host-key", "value": key}, {"key": "ddctl-run", "value": run}]},
-           "networkInterfaces": [{"accessConfigs": [{"natIP": nat}]}]}  # fmt: skip
+           "networkInterfaces": [{"networkIP": ip, "accessConfigs": [{"natIP": nat}]}]}  # fmt: skip
     return compute_v1.Instance.from_json(json.dumps(raw))
 
 
@@ -172,6 +176,15 @@ def test_only_a_real_address_and_a_real_host_key_are_used() -> None:
     assert public_address(_instance(nat="")) is None
     assert host_key(_instance(key="ssh-rsa AAAA")) is None
     assert host_key(_instance(key=HOST_KEY + "\nevil")) is None
+
+
+def test_a_private_address_gce_describes_is_used_only_if_it_is_an_ipv4_address() -> None:
+    assert private_address(_instance()) == "10.128.0.7"
+    hostile = ("", "10.128.0.7/20", "10.128.0.300", "fd00::1", "10.128.0.7 ", "10.128.0.7; rm -rf /", "a" * 10_000)
+    assert [private_address(_instance(ip=value)) for value in hostile] == [""] * len(hostile)
+    assert private_address(compute_v1.Instance(name="i")) == ""  # no interface at all
+    odd = SimpleNamespace(network_interfaces=[SimpleNamespace(network_i_p=167772167)])  # not a string: not used
+    assert private_address(odd) == ""
 
 
 def test_orphans_are_instances_of_dead_runs_or_past_their_time() -> None:

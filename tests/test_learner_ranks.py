@@ -9,9 +9,11 @@ rank must have adopted the same versions on the same steps.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -91,6 +93,22 @@ def test_a_learner_relaunches_itself_under_torchrun_without_its_launch_flags() -
     ]  # fmt: skip
     spread = torchrun_command(2, 3, "10.0.0.5:29400", "ddctl-L0", [])
     assert "--nnodes=3" in spread and "--rdzv-endpoint=10.0.0.5:29400" in spread and "--rdzv-backend=c10d" in spread
+    assert not any(arg.startswith("--local-addr") for arg in spread)  # unknown: torchrun's hostname
+    told = torchrun_command(2, 3, "10.0.0.5:29400", "ddctl-L0", [], local_addr="10.0.0.7")
+    assert "--local-addr=10.0.0.7" in told
+
+
+def test_a_node_names_its_address_on_the_route_to_the_rendezvous_or_from_its_host_to_the_syncer() -> None:
+    """The other nodes meet rank 0's node at this address, not at a hostname they may not resolve."""
+    from ddctl_agents.agent.launch import own_address
+
+    assert own_address("127.0.0.1:29400", "https://127.0.0.1:8443") == "127.0.0.1"  # the host: toward the syncer
+    toward = own_address("203.0.113.9:29400", "https://127.0.0.1:8443")  # a node: toward the host, not the syncer
+    assert toward and not ipaddress.ip_address(toward).is_loopback
+    with socket.socket() as mine:
+        mine.bind((toward, 0))  # one of this machine's own addresses
+    assert own_address("127.0.0.1:29400", "https://203.0.113.9:8443") == toward  # the host: toward the syncer
+    assert own_address("no-such-host.invalid:29400", "https://x:1") == ""  # unresolvable: torchrun's hostname
 
 
 @pytest.mark.parametrize(

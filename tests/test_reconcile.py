@@ -139,3 +139,60 @@ def test_blocks_match_their_scope(scope: str) -> None:
     assert A1.blocked_by(block)
     assert A2.blocked_by(block) == (scope != "zone")
     assert W.blocked_by(block) == (scope == "cloud")
+
+
+def gang(nodes: int = 3, **kw: object) -> list[Desired]:
+    """One learner over ``nodes`` VMs: L0, L0-n1, ..."""
+    return [learner("L0" if k == 0 else f"L0-n{k}", group="L0", node=k, **kw) for k in range(nodes)]
+
+
+def test_a_learner_over_several_vms_starts_node_0_first_and_all_at_one_placement() -> None:
+    members = list(reversed(gang()))  # the order they are listed in does not matter
+    actions = reconcile([syncer(), *members], [], now=0.0)
+    assert kinds(actions) == [("create", "syncer"), ("create", "L0"), ("create", "L0-n1"), ("create", "L0-n2")]
+    assert {a.placement for a in actions[1:]} == {A1} and "(node 2 of L0)" in actions[3].reason
+
+
+def test_one_lost_vm_takes_the_learners_others_down_and_all_are_started_again() -> None:
+    """Its ranks are one torchrun job: the survivors would only wait out a collective timeout."""
+    observed = [Observed(name="L0", alive=True), Observed(name="L0-n1", alive=False), Observed(name="L0-n2", alive=True)]
+    actions = reconcile(gang(), observed, now=0.0)
+    assert kinds(actions) == [
+        ("retire", "L0-n1"),
+        ("terminate", "L0"),
+        ("terminate", "L0-n2"),
+        ("replace", "L0"),
+        ("replace", "L0-n1"),
+        ("replace", "L0-n2"),
+    ]
+    assert "L0 lost L0-n1; its VMs are replaced as one" in actions[1].reason
+    assert {a.placement for a in actions[3:]} == {A1}
+    assert reconcile(gang(), [Observed(name=d.name, alive=True) for d in gang()], now=0.0) == []  # whole: left alone
+
+
+def test_a_missing_vm_counts_as_lost_and_a_finished_learner_is_only_collected() -> None:
+    observed = [Observed(name="L0", alive=True), Observed(name="L0-n1", alive=True)]
+    assert kinds(reconcile(gang(), observed, now=0.0)) == [
+        ("terminate", "L0"),
+        ("terminate", "L0-n1"),
+        ("replace", "L0"),
+        ("replace", "L0-n1"),
+        ("replace", "L0-n2"),
+    ]
+    done = [
+        Observed(name="L0", alive=False, finished=True),
+        Observed(name="L0-n1", alive=False),
+        Observed(name="L0-n2", alive=True),
+    ]
+    assert kinds(reconcile(gang(), done, now=0.0)) == [("retire", "L0"), ("retire", "L0-n1")]  # n2 leaves by itself
+
+
+def test_a_refusal_remembered_under_the_learner_moves_all_its_vms_or_holds_them_all() -> None:
+    full = ProvisionError("no capacity", kind="capacity", scope="zone", provider="aws")
+    memory = remember(Memory(), Action(kind="create", name="L0", reason="", placement=A1), full, now=0.0)
+    actions = reconcile(gang(), [], now=1.0, memory=memory)
+    assert {a.placement for a in actions} == {A2} and "a blocked, trying" in actions[0].reason
+    slow = ProvisionError("throttled", kind="transient", scope="zone", provider="aws")
+    memory = remember(Memory(), Action(kind="create", name="L0", reason="", placement=A1), slow, now=0.0)
+    [held] = reconcile(gang(), [], now=0.5, memory=memory)
+    assert held.kind == "wait" and held.name == "L0"  # one wait for the learner, not one start per VM

@@ -185,3 +185,17 @@ def test_a_batch_the_ranks_cannot_split_is_refused(tmp_path: Path) -> None:
     with pytest.raises(RegionsError, match=r"region 'g' runs 3 ranks per learner \(its VM's GPUs\)"):
         load_regions(defaulted)
     assert load_regions(write(tmp_path, variant(regions__1__gpus=4, training__batch_size=12))).regions[1].ranks == 4
+
+
+def test_a_learner_over_several_vms_splits_the_batch_over_all_their_ranks(tmp_path: Path) -> None:
+    """gpus x nodes ranks share one learner's batch; nodes is bounded like gpus."""
+    path = write(tmp_path, variant(regions__1__gpus=2, regions__1__nodes=3, training__batch_size=8))
+    with pytest.raises(RegionsError) as info:
+        load_regions(path)
+    for needle in ("regions[1].gpus", "2 ranks per learner on each of 3 nodes", "gpus x nodes that divides 8"):
+        assert needle in str(info.value), str(info.value)
+    loaded = load_regions(write(tmp_path, variant(regions__1__gpus=2, regions__1__nodes=3, training__batch_size=12)))
+    assert (loaded.regions[1].nodes, loaded.regions[1].world) == (3, 6)
+    for bad in (0, 65, "two"):
+        with pytest.raises(RegionsError, match=r"regions\[1\]\.nodes: .*1\.\.64"):
+            load_regions(write(tmp_path, variant(regions__1__nodes=bad)))

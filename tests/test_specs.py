@@ -35,3 +35,34 @@ def test_the_default_ranks_are_the_vms_accelerators() -> None:
     region = Region(name="east", provider="process", accelerator="nvidia-l4", accelerator_count=4)
     argv = learner_spec("r", INFO, region, "L0", 9000).argv
     assert argv[-2:] == ("--gpus", "4")
+
+
+def test_every_vm_of_a_learner_runs_its_ranks_and_meets_at_node_0() -> None:
+    """Same learner (token, data shard), own instance name, log and summary; the rendezvous follows node 0."""
+    from ddctl.control.credentials import token_for
+    from ddctl.control.specs import with_rendezvous
+
+    region = Region(name="east", provider="process", gpus=2, nodes=3)
+    first, third = (learner_spec("r", INFO, region, "L4", 9000, node=k, meet=29555) for k in (0, 2))
+    assert (first.name, third.name) == ("L4", "L4-n2") and first.log != third.log and first.summary != third.summary
+    for spec in (first, third):
+        argv = list(spec.argv)
+        assert argv[argv.index("--name") + 1] == "L4"  # the learner's identity, on every VM
+        assert argv[argv.index("--nodes") + 1] == "3" and argv[argv.index("--gpus") + 1] == "2"
+        assert argv[argv.index("--rendezvous") + 1] == "127.0.0.1:29555"
+        assert Path(argv[argv.index("--token-file") + 1]).read_text() == token_for(RunDir("r").job, "L4")
+    moved = with_rendezvous(third, "10.0.3.7")
+    assert moved.argv[moved.argv.index("--rendezvous") + 1] == "10.0.3.7:29555"
+    assert [a for a in moved.argv if a != "10.0.3.7:29555"] == [a for a in third.argv if a != "127.0.0.1:29555"]
+    alone = learner_spec("r", INFO, Region(name="east", provider="process"), "L0", 9000)
+    assert "--nodes" not in alone.argv and with_rendezvous(alone, "10.0.0.1") == alone
+
+
+def test_a_vm_of_its_own_hosts_the_rendezvous_on_torchruns_port_and_this_machine_on_a_free_one() -> None:
+    from dataclasses import replace
+
+    from ddctl.control.specs import RENDEZVOUS_PORT, rendezvous_port
+
+    assert rendezvous_port(replace(INFO, remote=True)) == RENDEZVOUS_PORT == 29400
+    free = rendezvous_port(INFO)
+    assert 1024 <= free < 65536 and free != RENDEZVOUS_PORT

@@ -276,3 +276,24 @@ def test_up_twice_is_one_run_and_ctrl_c_during_up_leaves_nothing_behind(regions_
     assert linkshape.namespaces("ddctl-dry-") == []
     again = runner.invoke(app, ["down", "--run", "dry", "--json"])
     assert again.exit_code == 0 and json.loads(again.stdout)["removed"] == {}
+
+
+def test_a_learner_over_several_vms_is_planned_as_each_of_them_and_priced_so(regions_file: Path) -> None:
+    """L0 on two VMs is L0 and L0-n1, each a priced instance of the plan; the syncer stays one VM."""
+    from ddctl.config.regions import Region, RegionsFile
+    from ddctl.control.plan import plan, plan_summary
+
+    west = {"name": "west", "provider": "process", "learners": 2, "nodes": 2}
+    regions_file.write_text(yaml.safe_dump({**REGIONS, "regions": [REGIONS["regions"][0], west]}))
+    result = runner.invoke(app, ["up", "-f", str(regions_file), "--plan", "--json"])
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.stdout)
+    assert [i["name"] for i in shown["instances"]] == ["syncer", "L0", "L1", "L1-n1", "L2", "L2-n1"]
+    assert shown["nodes"] == {"east": 1, "west": 2} and shown["learners"] == 3
+    capped = Region(name="w", provider="aws", cloud_region="us-west-2", instance_type="p4d.24xlarge", price_cap=9.5, nodes=4)
+    rf = RegionsFile(syncer="s", regions=(Region(name="s", provider="process"), capped))
+    planned = plan(rf, {"s": "process", "w": "aws"})
+    assert [(i.name, i.learner, i.node) for i in planned if i.region == "w"] == [
+        ("L1", "L1", 0), ("L1-n1", "L1", 1), ("L1-n2", "L1", 2), ("L1-n3", "L1", 3)
+    ]  # fmt: skip
+    assert plan_summary(rf, {"s": "process", "w": "aws"})["max_dollars_per_hour"] == 4 * 9.5

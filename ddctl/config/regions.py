@@ -90,6 +90,9 @@ class Region(_Model):
         int | None,
         Field(ge=1, le=64, description="ranks (GPUs) per learner, an integer 1..64; default: the VM's GPUs, else 1"),
     ] = None
+    nodes: Annotated[
+        int, Field(ge=1, le=64, description="VMs per learner, an integer 1..64 (each runs gpus ranks; torchrun's c10d)")
+    ] = 1
     disk_gb: Annotated[int, Field(ge=10, le=65536, description="the boot disk in GB, an integer 10..65536")] = 50
     prices: Annotated[PriceOverride | None, Field(description="{spot_per_hour, on_demand_per_hour}")] = None
     spot: Annotated[bool, Field(description="true or false")] = True
@@ -110,6 +113,11 @@ class Region(_Model):
             return self.gpus
         known = vm_gpus(self)
         return known[0] if known is not None else 1
+
+    @property
+    def world(self) -> int:
+        """Ranks in one learner, over all its VMs: the batch is split across them."""
+        return self.ranks * self.nodes
 
 
 def vm_gpus(region: Region) -> tuple[int, str] | None:
@@ -247,11 +255,13 @@ def _check_ranks(rf: RegionsFile, batch_size: int) -> None:
             raise RegionsError(
                 f"{rf.path}: {key}: {region.gpus} ranks but {known[1]}; allowed: 1..{known[0]}", path=rf.path, key=key
             )
-        if batch_size % region.ranks:
+        if batch_size % region.world:
             why = "" if region.gpus is not None else " (its VM's GPUs)"
+            over = f" on each of {region.nodes} nodes" if region.nodes > 1 else ""
+            allowed = "gpus x nodes" if region.nodes > 1 else "a gpus"
             raise RegionsError(
-                f"{rf.path}: {key}: region {region.name!r} runs {region.ranks} ranks per learner{why}, which must split "
-                f"training.batch_size {batch_size} evenly; allowed: a gpus that divides {batch_size}",
+                f"{rf.path}: {key}: region {region.name!r} runs {region.ranks} ranks per learner{why}{over}, which must "
+                f"split training.batch_size {batch_size} evenly; allowed: {allowed} that divides {batch_size}",
                 path=rf.path,
                 key=key,
             )

@@ -6,7 +6,8 @@ every action with its reason in the run's event log (which the dashboard
 shows). A syncer that died is started again where it was, on the port its
 learners know, and recovers from its snapshot and log; a learner that is gone
 without having finished its budget gets a replacement with the same name (the
-same data shard) that rejoins as a new incarnation. When a provider refuses,
+same data shard) that rejoins as a new incarnation; a learner over several VMs
+is replaced as a whole (``reconcile._gang``), node 0 first. When a provider refuses,
 its classified error is remembered (``reconcile.remember``): the next pass
 tries the next zone or region, waits out a quota, stops a cloud whose
 credentials fail, or backs off a transient error. Runs as ``python -m
@@ -31,6 +32,7 @@ from ddctl.control.down import searched
 from ddctl.control.finish import conclude, parse_result
 from ddctl.control.launch import launch_at
 from ddctl.control.reconcile import Action, Desired, Memory, Observed, Placement, reconcile, remember
+from ddctl.control.specs import with_rendezvous
 from ddctl.control.state import InstanceRecord, State
 from ddctl.errors import DdctlError, ProvisionError
 from ddctl.providers.base import Instance, InstanceSpec, Provider
@@ -62,6 +64,8 @@ class Controller:
     """The last reason recorded per instance: a wait is logged when its reason changes, not every second."""
     admitted: dict[str, str] | None = None
     """The learners the syncer's port was last opened to (``control/admission.py``); None: not yet this process."""
+    hosts: dict[str, str] = field(default_factory=dict)
+    """A learner over several VMs -> the address its node 0 came up at in this pass (where the others meet)."""
 
     def provider(self, kind: str) -> Provider:
         if kind not in self.owners:
@@ -78,8 +82,10 @@ class Controller:
         if "syncer" in records and "syncer" in listed and self._concluded(records["syncer"], listed["syncer"]):
             return []
         desired, observed = [], []
+        self.hosts = {}
         for name, r in records.items():
-            desired.append(Desired(name=name, role=r.role, placements=_placements(r), done=r.state == "finished"))
+            gang = {"group": r.detail["learner"], "node": int(r.detail.get("node", 0))} if "learner" in r.detail else {}
+            desired.append(Desired(name=name, role=r.role, placements=_placements(r), done=r.state == "finished", **gang))
             instance = listed.get(name)
             if instance is not None:
                 observed.append(Observed(name=name, alive=instance.alive, finished=self._finished(r, instance)))
@@ -133,8 +139,14 @@ class Controller:
             if done:
                 self.state.put_instance(replace(r, state="finished", updated=now))
             provider.retire(instance, spec.log)
+        elif action.kind == "terminate" and instance is not None:  # a learner's VM that outlived one of its others
+            self.state.event(self.run, "terminate", instance=r.name, region=r.region, reason=action.reason)
+            provider.terminate(instance)
         elif action.kind in ("create", "replace"):
-            self._start(action, r, spec, provider, now)
+            group, node = r.detail.get("learner", ""), int(r.detail.get("node", 0))
+            if node > 0 and group not in self.hosts:
+                return  # its node 0 did not come up in this pass: the next pass starts the learner again as a whole
+            self._start(action, r, with_rendezvous(spec, self.hosts[group]) if node > 0 else spec, provider, now)
         elif action.kind in ("wait", "give_up") and self.said.get(r.name) != action.reason:
             self.said[r.name] = action.reason
             self.state.event(self.run, action.kind, instance=r.name, region=r.region, reason=action.reason)
@@ -146,7 +158,7 @@ class Controller:
             opened = (lambda _: self._admit_one(records)) if r.role == "learner" else None
             spec, started = launch_at(provider, spec, action.placement, opened)
         except ProvisionError as error:  # a provider's refusal, classified: what failover decides on
-            self.memory = remember(self.memory, action, error, now)
+            self.memory = remember(self.memory, replace(action, name=r.detail.get("learner") or r.name), error, now)
             self.state.event(
                 self.run, "provision-failed", instance=r.name, region=r.region, error=error.kind, code=error.code,
                 reason=f"{action.reason}: {error}",
@@ -154,6 +166,8 @@ class Controller:
             log.error("%s could not start at %s: %s (%s)", r.name, action.placement, error, error.kind)
             return
         self.memory = remember(self.memory, action, None, now)
+        if "learner" in r.detail and int(r.detail.get("node", 0)) == 0:
+            self.hosts[r.detail["learner"]] = started.private_address
         detail = {**r.detail, "spec": spec.to_json()}
         self.state.put_instance(replace(r, state="rejoining", provider_id=started.provider_id, updated=now, detail=detail))
         self.state.event(

@@ -1,7 +1,8 @@
 """What a run is made of, and what it may cost: the one description ``up`` creates and ``up --plan`` shows (pure).
 
 Names are the run's own: ``syncer`` and ``L0``..``L{M-1}`` (each learner name is a
-data shard), handed out region by region in file order; providers add the run
+data shard), handed out region by region in file order; a learner over several
+VMs (``nodes:``) adds ``L0-n1``.. for the rest of them. Providers add the run
 to their labels. Each instance carries its placements, the order failover tries:
 its region's zones, then its fallback regions.
 """
@@ -31,6 +32,16 @@ class PlannedInstance:
     max_dollars_per_hour: float | None
     """0 for local regions; the region's price cap for clouds; None when no cap bounds it."""
     placements: tuple[Placement, ...]
+    learner: str = ""
+    """The learner this VM is a node of ("" for the syncer): a learner over ``nodes:`` VMs is several instances."""
+    node: int = 0
+    """Which of its learner's VMs: node 0 hosts the learner's rendezvous and is made first."""
+    nodes: int = 1
+
+
+def node_name(learner: str, node: int) -> str:
+    """A learner's instance names: its own for node 0 (its data shard), ``L0-n1``.. for the rest of its VMs."""
+    return learner if node == 0 else f"{learner}-n{node}"
 
 
 def learner_names(rf: RegionsFile) -> dict[str, list[str]]:
@@ -65,12 +76,16 @@ def plan(rf: RegionsFile, kinds: dict[str, str]) -> list[PlannedInstance]:
     names = learner_names(rf)
     for region in rf.regions:
         roles = ["syncer"] if region.name == rf.syncer else []
-        for role, name in [(r, "syncer") for r in roles] + [("learner", n) for n in names[region.name]]:
+        members = [(learner, k) for learner in names[region.name] for k in range(region.nodes)]
+        for role, learner, k in [(r, "", 0) for r in roles] + [("learner", n, k) for n, k in members]:
             spot = region.spot and role != "syncer"  # the syncer runs on demand: its loss stalls every merge
             cap = price(region, kinds[region.name])
             out.append(
                 PlannedInstance(
-                    name=name,
+                    name=node_name(learner, k) if learner else role,
+                    learner=learner,
+                    node=k,
+                    nodes=region.nodes if learner else 1,
                     region=region.name,
                     provider=kinds[region.name],
                     role=role,
@@ -80,18 +95,19 @@ def plan(rf: RegionsFile, kinds: dict[str, str]) -> list[PlannedInstance]:
                     placements=placements(region, kinds[region.name]),
                 )
             )
-    return sorted(out, key=lambda i: (i.role != "syncer", i.name))
+    return sorted(out, key=lambda i: (i.role != "syncer", i.learner, i.node))
 
 
 def desired(instances: list[PlannedInstance]) -> list[Desired]:
-    return [Desired(name=i.name, role=i.role, placements=i.placements) for i in instances]
+    return [Desired(name=i.name, role=i.role, placements=i.placements, group=i.learner, node=i.node) for i in instances]
 
 
 def plan_summary(
     rf: RegionsFile, kinds: dict[str, str], actions: list[Action] | None = None, quotes: PlanQuotes | None = None
 ) -> dict[str, Any]:
-    """The plan as ``up --plan`` prints it; ``gpus``: each region's ranks per learner; with ``actions``, what
-    ``up`` would do about each instance now; with ``quotes``, each region's prices, egress and warnings, and the totals."""
+    """The plan as ``up --plan`` prints it; ``gpus``, ``nodes``: each region's ranks per VM and VMs per learner;
+    with ``actions``, what ``up`` would do about each instance now; with ``quotes``, each region's prices, egress
+    and warnings, and the totals (a learner's every VM counted)."""
     instances = plan(rf, kinds)
     known = [i.max_dollars_per_hour for i in instances if i.max_dollars_per_hour is not None]
     todo = {a.name: a for a in actions or [] if a.kind in ("create", "replace", "wait", "give_up")}
@@ -100,6 +116,7 @@ def plan_summary(
         "syncer_region": rf.syncer,
         "learners": rf.learners,
         "gpus": {r.name: r.ranks for r in rf.regions},
+        "nodes": {r.name: r.nodes for r in rf.regions},
         "instances": [
             {
                 "name": i.name,

@@ -51,6 +51,10 @@ class Desired:
     """Where it may run, in the order failover tries them."""
     done: bool = False
     """Its work is finished (a learner's budget): it is never replaced."""
+    group: str = ""
+    """The learner whose VMs live and die together ("" or its own name: alone); see ``_gang``."""
+    node: int = 0
+    """Its place in the group: node 0 is started first (the others meet at its address), and failover decides for it."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -123,7 +127,14 @@ def reconcile(
         for o in sorted(observed, key=lambda o: o.name)
         if o.name not in wanted
     ]
-    for d in sorted(desired, key=lambda d: (ORDER.get(d.role, 2), d.name)):
+    gangs: dict[str, list[Desired]] = {}
+    for d in desired:
+        gangs.setdefault(d.group or d.name, []).append(d)
+    for members in sorted(gangs.values(), key=lambda g: (min(ORDER.get(d.role, 2) for d in g), g[0].group or g[0].name)):
+        if len(members) > 1:
+            actions += _gang(sorted(members, key=lambda d: d.node), seen, now, memory, config or DEFAULT)
+            continue
+        [d] = members
         o = seen.get(d.name)
         if o is not None and o.alive:
             continue
@@ -135,6 +146,39 @@ def reconcile(
             actions.append(Action(kind="retire", name=d.name, reason=f"{d.name}'s agent ended; collecting its log"))
         actions.append(_start(d, o is not None, now, memory, config or DEFAULT))
     return actions
+
+
+def _gang(
+    members: list[Desired], seen: Mapping[str, Observed], now: float, memory: Memory, config: FailoverConfig
+) -> list[Action]:
+    """One learner over several VMs: its ranks are one torchrun job, so it lives and dies as one.
+
+    Any VM gone before the work is done takes the rest down with it (they would only wait out a
+    collective timeout) and all are started again, node 0 first, at one placement: node 0's, which
+    failover picks as for a lone instance under the group's name (where refusals are remembered)."""
+    group, observed = members[0].group, [seen.get(d.name) for d in members]
+    if all(o is not None and o.alive for o in observed):
+        return []
+    ended = [d.name for d, o in zip(members, observed, strict=True) if o is not None and not o.alive]
+    if any(d.done for d in members) or any(o is not None and o.finished for o in observed):
+        why = f"{group} finished its work; collecting its log"
+        return [Action(kind="retire", name=name, reason=why) for name in ended]
+    down = [d.name for d, o in zip(members, observed, strict=True) if o is None or not o.alive]
+    actions = [Action(kind="retire", name=name, reason=f"{name}'s agent ended; collecting its log") for name in ended]
+    lost = f"{group} lost {', '.join(down)}; its VMs are replaced as one"
+    actions += [
+        Action(kind="terminate", name=d.name, reason=lost)
+        for d, o in zip(members, observed, strict=True)
+        if o is not None and o.alive
+    ]
+    existed = any(o is not None for o in observed)
+    lead = _start(replace(members[0], name=group), existed, now, memory, config)
+    if lead.kind not in ("create", "replace"):
+        return [*actions, replace(lead, name=members[0].name)]
+    return actions + [
+        replace(lead, name=d.name, reason=lead.reason if d.node == 0 else f"{lead.reason} (node {d.node} of {group})")
+        for d in members
+    ]
 
 
 def _start(d: Desired, existed: bool, now: float, memory: Memory, config: FailoverConfig) -> Action:

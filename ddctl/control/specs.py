@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import socket
 import sys
+from dataclasses import replace
 
 from ddctl.config.regions import Region
 from ddctl.control.credentials import token_for
+from ddctl.control.plan import node_name
 from ddctl.control.rundir import RunDir
-from ddctl.providers.base import InstanceSpec, RegionInfo
+from ddctl.providers.base import LOOPBACK, InstanceSpec, RegionInfo
 from ddctl.providers.deploy import REMOTE_ROOT
 
 SYNCER_FILES = ("job.json", "secret", "tls/ca.pem", "tls/server.pem", "tls/server.key")
@@ -23,6 +25,8 @@ SYNCER_FILES = ("job.json", "secret", "tls/ca.pem", "tls/server.pem", "tls/serve
 DEAD_MAN_S = 120.0
 """A learner that cannot reach the syncer this long exits (its machine powers off and is replaced)."""
 EVAL_EVERY_S = 30.0
+RENDEZVOUS_PORT = 29400
+"""torchrun's usual c10d port, on the first VM of a learner over several (its region's VMs may reach each other)."""
 
 
 def syncer_port(info: RegionInfo) -> int:
@@ -57,9 +61,35 @@ def syncer_spec(run: str, info: RegionInfo, port: int, region: Region | None = N
     )
 
 
-def learner_spec(run: str, info: RegionInfo, region: Region, learner: str, port: int) -> InstanceSpec:
-    """A learner of ``region``, reaching the syncer at its region's address."""
+def rendezvous_port(info: RegionInfo) -> int:
+    """Where a learner's first VM hosts torchrun's rendezvous: the usual port on a machine of its own, else a free one."""
+    if info.remote:
+        return RENDEZVOUS_PORT
+    with socket.socket() as probe:
+        probe.bind((LOOPBACK, 0))
+        return int(probe.getsockname()[1])
+
+
+def with_rendezvous(spec: InstanceSpec, host: str) -> InstanceSpec:
+    """A node's spec pointed at the address its learner's node 0 came up at (known once that VM exists)."""
+    argv = list(spec.argv)
+    if "--rendezvous" not in argv:
+        return spec
+    at = argv.index("--rendezvous") + 1
+    argv[at] = f"{host}:{argv[at].rpartition(':')[2]}"
+    return replace(spec, argv=tuple(argv))
+
+
+def learner_spec(
+    run: str, info: RegionInfo, region: Region, learner: str, port: int, node: int = 0, meet: int = 0
+) -> InstanceSpec:
+    """Node ``node`` of a learner of ``region``, reaching the syncer at its region's address.
+
+    Over several VMs (``region.nodes``) every node runs the same command with ``--nodes`` and meets at
+    node 0's rendezvous on port ``meet``: loopback until node 0 exists (``with_rendezvous``), which is
+    right for node 0 itself (it hosts it) and for local processes (they share this machine)."""
     rundir = RunDir(run)
+    name = node_name(learner, node)
     token = rundir.token(learner)
     token.parent.mkdir(parents=True, exist_ok=True)
     token.touch(mode=0o600)
@@ -68,7 +98,7 @@ def learner_spec(run: str, info: RegionInfo, region: Region, learner: str, port:
         token_path, ca, summary = f"{REMOTE_ROOT}/token", f"{REMOTE_ROOT}/ca.pem", f"{REMOTE_ROOT}/summary.json"
         files = {token_path: str(token), ca: str(rundir.ca)}
     else:
-        token_path, ca, summary, files = str(token), str(rundir.ca), str(rundir.summary(learner)), {}
+        token_path, ca, summary, files = str(token), str(rundir.ca), str(rundir.summary(name)), {}
     argv = (
         *info.command_prefix,
         info.python,
@@ -78,15 +108,16 @@ def learner_spec(run: str, info: RegionInfo, region: Region, learner: str, port:
         *("--token-file", token_path, "--ca", ca, "--syncer-timeout", f"{DEAD_MAN_S:g}", "--summary", summary),
         *(("--notice-url", info.notice_url) if info.notice_url else ()),
         *(("--gpus", str(region.ranks)) if region.ranks > 1 else ()),  # one learner over N ranks (torchrun)
+        *(("--nodes", str(region.nodes), "--rendezvous", f"{LOOPBACK}:{meet}") if region.nodes > 1 else ()),
     )
     link = (region.link.up_mbps, region.link.down_mbps) if region.link is not None else None
     return InstanceSpec(
         run=run,
-        name=learner,
+        name=name,
         region=region.name,
         role="learner",
         argv=argv,
-        log=rundir.log(learner),
+        log=rundir.log(name),
         files=files,
         link=link,
         summary=summary,

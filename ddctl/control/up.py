@@ -15,6 +15,7 @@ import shutil
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from ddctl import providers
@@ -28,7 +29,7 @@ from ddctl.control.quotes import quote_plan
 from ddctl.control.reconcile import Action, Desired, Memory, Observed, reconcile, remember
 from ddctl.control.rundir import RunDir
 from ddctl.control.runs import ENDED
-from ddctl.control.specs import helper_spec, learner_spec, syncer_port, syncer_spec
+from ddctl.control.specs import helper_spec, learner_spec, rendezvous_port, syncer_port, syncer_spec, with_rendezvous
 from ddctl.control.state import InstanceRecord, State
 from ddctl.errors import DdctlError, ProvisionError
 from ddctl.providers import linkshape
@@ -96,7 +97,8 @@ def up(
             port = int(record.detail["port"])  # type: ignore[union-attr]  # not fresh: the record exists
             state.update_run_detail(run, {"keep": keep})
         planned = plan(rf, kinds)
-        specs = {i.name: _spec(run, i, infos, rf, port) for i in planned}
+        meets = {i.learner: rendezvous_port(infos[i.region]) for i in planned if i.nodes > 1 and i.node == 0}
+        specs = {i.name: _spec(run, i, infos, rf, port, meets.get(i.learner, 0)) for i in planned}
         actions = reconcile(desired(planned), observe(run, set(kinds.values())), time.time())
         changed = _carry_out(state, owners, planned, specs, actions, say)
         say("waiting for the first merged round")
@@ -155,11 +157,13 @@ def _bootstrap(rf: RegionsFile, kinds: dict[str, str], owners: dict[str, Provide
     return infos
 
 
-def _spec(run: str, planned: PlannedInstance, infos: dict[str, RegionInfo], rf: RegionsFile, port: int) -> InstanceSpec:
+def _spec(
+    run: str, planned: PlannedInstance, infos: dict[str, RegionInfo], rf: RegionsFile, port: int, meet: int
+) -> InstanceSpec:
     info = infos[planned.region]
     if planned.role == "syncer":
         return syncer_spec(run, info, port, rf.region(planned.region))
-    return learner_spec(run, info, rf.region(planned.region), planned.name, port)
+    return learner_spec(run, info, rf.region(planned.region), planned.learner, port, planned.node, meet)
 
 
 def _carry_out(
@@ -170,53 +174,75 @@ def _carry_out(
     actions: list[Action],
     say: Any,
 ) -> list[Action]:
-    """Start the syncer, then every learner in parallel (Docker VMs boot and deploy concurrently); record each."""
+    """Start the syncer, then every learner in parallel (Docker VMs boot and deploy concurrently); record each.
+
+    A learner over several VMs starts as one: node 0, then the rest pointed at its address, all at one
+    placement; a refusal of any takes the started ones down and fails the whole learner over."""
     by_name = {i.name: i for i in planned}
     starting = [a for a in actions if a.kind in ("create", "replace")]
     refusals: list[tuple[str, str, ProvisionError]] = []
     admit = _admitter(_run_of(specs), owners, planned)
+    for action in actions:  # a learner's VMs that outlived one of theirs: it is started again as a whole
+        if action.kind == "terminate" and action.name in by_name:
+            owner = owners[by_name[action.name].provider]
+            for instance in [i for i in owner.list_run(_run_of(specs)) if i.name == action.name]:
+                owner.terminate(instance)
 
-    def start(action: Action) -> tuple[InstanceSpec, Instance]:
-        """Launch at the action's placement; on a refusal, fail over as the controller would (next zone, region)."""
-        provider, item, memory = owners[by_name[action.name].provider], by_name[action.name], Memory()
+    def start(gang: list[Action]) -> list[tuple[InstanceSpec, Instance]]:
+        """Launch at the lead's placement; on a refusal, fail over as the controller would (next zone, region)."""
+        lead, memory = by_name[gang[0].name], Memory()
+        provider, placement = owners[lead.provider], gang[0].placement
         while True:
+            started: list[tuple[InstanceSpec, Instance]] = []
             try:
-                spec, instance = launch_at(
-                    provider, specs[action.name], action.placement, admit if item.role == "learner" else None
-                )
+                for action in gang:
+                    spec = (
+                        specs[action.name] if not started else with_rendezvous(specs[action.name], started[0][1].private_address)
+                    )
+                    started.append(launch_at(provider, spec, placement, admit if lead.role == "learner" else None))
             except ProvisionError as error:  # a provider's refusal, classified: what failover decides on
-                refusals.append((action.name, str(action.placement), error))
-                memory = remember(memory, action, error, time.time())
-                if error.kind == "transient" and memory.failures.get(item.name, 0) <= TRANSIENT_TRIES:
-                    time.sleep(max(memory.retry_at[item.name] - time.time(), 0.0))  # backed off: the same placement again
+                for _, instance in started:
+                    provider.terminate(instance, grace_s=0.0)
+                refusals.append((gang[len(started)].name, str(placement), error))
+                memory = remember(memory, replace(gang[0], placement=placement), error, time.time())
+                if error.kind == "transient" and memory.failures.get(lead.name, 0) <= TRANSIENT_TRIES:
+                    time.sleep(max(memory.retry_at[lead.name] - time.time(), 0.0))  # backed off: the same placement again
                     continue
                 [action] = reconcile(
-                    [Desired(name=item.name, role=item.role, placements=item.placements)], [], time.time(), memory
+                    [Desired(name=lead.name, role=lead.role, placements=lead.placements)], [], time.time(), memory
                 )
                 if action.kind not in ("create", "replace"):
                     raise error from None
-                say(f"{item.name}: {error.kind} ({error.code or 'refused'}) at {refusals[-1][1]}; trying {action.placement}")
+                say(f"{lead.name}: {error.kind} ({error.code or 'refused'}) at {refusals[-1][1]}; trying {action.placement}")
+                placement = action.placement
                 continue
-            say(f"{action.name} deployed in {spec.region}")  # from a worker thread, as each finishes
-            return spec, instance
+            for spec, _ in started:
+                say(f"{spec.name} deployed in {spec.region}")  # from a worker thread, as each finishes
+            return started
 
     if not starting:
         say("every instance already runs")
     for group in ([a for a in starting if a.name == "syncer"], [a for a in starting if a.name != "syncer"]):
         if group:
             say(f"starting {', '.join(a.name for a in group)}{' in parallel' if len(group) > 1 else ''}")
+        gangs: dict[str, list[Action]] = {}
+        for action in group:
+            gangs.setdefault(by_name[action.name].learner or action.name, []).append(action)
         with ThreadPoolExecutor(max_workers=4) as pool:
             try:
-                started = list(pool.map(start, group))
+                started = [pair for pairs in pool.map(start, gangs.values()) for pair in pairs]
             finally:  # the state file is written on this thread: every refusal, with its reason, in the event log
                 for name, where, error in refusals:
                     state.event(_run_of(specs), "provision-failed", instance=name, error=error.kind, code=error.code,
                                 reason=f"at {where}: {error}")  # fmt: skip
                 refusals.clear()
-        for action, (spec, instance) in zip(group, started, strict=True):  # the state file is written on this thread
+        ordered = [action for gang in gangs.values() for action in gang]
+        for action, (spec, instance) in zip(ordered, started, strict=True):  # the state file is written on this thread
             item = by_name[action.name]
             placements = [{"provider": p.provider, "cloud_region": p.cloud_region, "zone": p.zone} for p in item.placements]
-            detail = {"spec": spec.to_json(), "log": str(spec.log), "placements": placements}
+            detail: dict[str, Any] = {"spec": spec.to_json(), "log": str(spec.log), "placements": placements}
+            if item.nodes > 1:  # which learner's VMs live and die together (the controller reads it)
+                detail |= {"learner": item.learner, "node": item.node}
             status = "starting" if item.role == "syncer" else "deploying"
             record = InstanceRecord(
                 spec.run, spec.name, spec.region, item.provider, item.role, status, instance.provider_id, time.time(), detail

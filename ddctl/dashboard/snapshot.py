@@ -8,6 +8,7 @@ returns one JSON-able dict. ``ddctl status --json`` prints exactly this;
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +74,7 @@ def build(records: RunRecords, syncer: SyncerView, now: float) -> dict[str, Any]
     preempted = _count(records.events, "preempted")
     replaced = _count(records.events, "replaced")
     regions: dict[str, dict[str, Any]] = {}
+    vms = Counter(str(r.detail.get("learner")) for r in records.instances if r.role == "learner" and "learner" in r.detail)
     for record in records.instances:
         if record.role not in ("learner", "syncer"):
             continue
@@ -94,7 +96,10 @@ def build(records: RunRecords, syncer: SyncerView, now: float) -> dict[str, Any]
         if record.role != "learner":
             region["syncer"] = True
             continue
+        if int(record.detail.get("node", 0)) > 0:  # a learner's other VMs: one row, node 0's, priced for all of them
+            continue
         entry = seen.get(record.name)
+        each = info.dollars_per_hour
         region["learners"].append(
             {
                 "id": record.name,
@@ -116,7 +121,8 @@ def build(records: RunRecords, syncer: SyncerView, now: float) -> dict[str, Any]
                 "incarnation": (entry or {}).get("incarnation"),
                 "preemptions": preempted.get(record.name, 0),
                 "replacements": replaced.get(record.name, 0),
-                "dollars_per_hour": info.dollars_per_hour,
+                "vms": vms.get(record.name, 1),
+                "dollars_per_hour": None if each is None else each * vms.get(record.name, 1),
             }
         )
     prices = [r["dollars_per_hour"] for r in regions.values()]

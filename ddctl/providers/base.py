@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 RUN_LABEL = "ddctl-run"
 NAME_LABEL = "ddctl-name"
+LOOPBACK = "127.0.0.1"
+"""Where a local process reaches the run's others on this machine (the nodes of a learner meet at node 0's)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,6 +128,9 @@ class Instance:
     address: str = ""
     """Where it is reached (a container's or VM's address; empty for a local process)."""
     zone: str = ""
+    private_address: str = ""
+    """Where the run's other machines in its region reach it (a VM's private IP, a container's IP on its region's
+    network, 127.0.0.1 for a local process): the nodes of one learner meet at its first node's (torchrun's c10d)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

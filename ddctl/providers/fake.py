@@ -158,5 +158,11 @@ class FakeProvider:
     def _instance(self, slot: _Slot) -> Instance:
         address = f"198.51.100.{int(slot.ident.rsplit('-', 1)[1]) % 250 + 1}"  # TEST-NET-2: each incarnation its own
         return Instance(
-            name=slot.spec.name, provider_id=slot.ident, run=slot.spec.run, alive=slot.alive, zone=slot.spec.zone, address=address
+            name=slot.spec.name,
+            provider_id=slot.ident,
+            run=slot.spec.run,
+            alive=slot.alive,
+            zone=slot.spec.zone,
+            address=address,
+            private_address=f"10.0.0.{int(slot.ident.rsplit('-', 1)[1]) % 250 + 1}",
         )

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from ddctl.errors import DdctlError, ProvisionError
 from ddctl.providers import linkshape
-from ddctl.providers.base import NAME_LABEL, RUN_LABEL, Instance, InstanceSpec, PreemptionNotice, RegionInfo
+from ddctl.providers.base import LOOPBACK, NAME_LABEL, RUN_LABEL, Instance, InstanceSpec, PreemptionNotice, RegionInfo
 from ddctl_agents.waiting import wait_until
 
 if TYPE_CHECKING:
@@ -117,7 +117,11 @@ class ProcessProvider:
                 continue
             labels = _labels(_cmdline(int(entry.name)))
             if labels.get(RUN_LABEL) == run and _alive(int(entry.name)):
-                found.append(Instance(name=labels.get(NAME_LABEL, "?"), provider_id=entry.name, run=run, alive=True))
+                found.append(
+                    Instance(
+                        name=labels.get(NAME_LABEL, "?"), provider_id=entry.name, run=run, alive=True, private_address=LOOPBACK
+                    )
+                )
         return sorted(found, key=lambda i: i.name)
 
     def terminate(self, instance: Instance, grace_s: float = 10.0) -> None:

@@ -11,12 +11,15 @@ synchronizer; the rest only train.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import urllib.parse
 from pathlib import Path
 
 import torch
@@ -45,8 +48,27 @@ def rank_argv(argv: list[str]) -> list[str]:
     return out
 
 
-def torchrun_command(gpus: int, nodes: int, rendezvous: str, run_id: str, argv: list[str]) -> list[str]:
-    """The torchrun command line for this learner's ranks, or AgentError naming what is wrong."""
+def own_address(rendezvous: str, syncer_url: str) -> str:
+    """This machine's address on the route to the rendezvous host (to the syncer on the host itself); "" if unknown.
+
+    torchrun tells every node to meet rank 0's node at that node's address, which by default is its
+    hostname: not always a name the region's other machines resolve. A UDP connect sends nothing."""
+    host = rendezvous.rpartition(":")[0]
+    with contextlib.suppress(ValueError):
+        if ipaddress.ip_address(host).is_loopback:
+            host = urllib.parse.urlsplit(syncer_url).hostname or ""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, 9))
+            return str(probe.getsockname()[0])
+    except (OSError, UnicodeError):
+        return ""
+
+
+def torchrun_command(gpus: int, nodes: int, rendezvous: str, run_id: str, argv: list[str], local_addr: str = "") -> list[str]:
+    """The torchrun command line for this learner's ranks, or AgentError naming what is wrong.
+
+    ``local_addr``: where the other nodes reach this one (``own_address``); "" lets torchrun use the hostname."""
     if not 1 <= gpus <= 64:
         raise AgentError(f"--gpus must be in [1, 64], got {gpus}")
     if not 1 <= nodes <= 64:
@@ -58,17 +80,18 @@ def torchrun_command(gpus: int, nodes: int, rendezvous: str, run_id: str, argv: 
         if not _ENDPOINT.fullmatch(rendezvous) or not 0 < int(rendezvous.rpartition(":")[2]) < 65536:
             raise AgentError(f"--nodes {nodes} needs --rendezvous HOST:PORT (one of the nodes), got {rendezvous!r}")
         command += [f"--nnodes={nodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rendezvous}", f"--rdzv-id={run_id}"]
+        command += [f"--local-addr={local_addr}"] if local_addr else []
     return [*command, "-m", "ddctl_agents.agent", *rank_argv(argv)]
 
 
-def run_ranks(gpus: int, nodes: int, rendezvous: str, run_id: str, device: str, argv: list[str]) -> int:
+def run_ranks(gpus: int, nodes: int, rendezvous: str, run_id: str, device: str, argv: list[str], local_addr: str = "") -> int:
     """Check the machine has the GPUs asked for, run torchrun, and return the learner's exit code.
 
     This process stays (its pid is the learner's, for whoever tracks it) and passes
     SIGTERM and SIGINT straight to the ranks: they stop together on the leader's
     decision and exit 0. Signalled itself, torchrun would kill them and exit 1.
     """
-    command = torchrun_command(gpus, nodes, rendezvous, run_id, argv)
+    command = torchrun_command(gpus, nodes, rendezvous, run_id, argv, local_addr)
     available = torch.cuda.device_count() if device != "cpu" and torch.cuda.is_available() else 0
     if available and gpus > available:
         raise AgentError(f"--gpus {gpus}, but this machine has {available} GPUs")
@@ -115,4 +138,4 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-__all__ = ["EXIT_FILE_ENV", "LAUNCH_FLAGS", "rank_argv", "report_exit", "run_ranks", "torchrun_command"]
+__all__ = ["EXIT_FILE_ENV", "LAUNCH_FLAGS", "own_address", "rank_argv", "report_exit", "run_ranks", "torchrun_command"]

@@ -30,7 +30,7 @@ from typing import Any
 
 from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable, retry
 from ddctl_agents.agent.comm import JOB_OVER, Comms, Identity
-from ddctl_agents.agent.launch import report_exit, run_ranks
+from ddctl_agents.agent.launch import own_address, report_exit, run_ranks
 from ddctl_agents.agent.loop import GO, STOP, STOP_NOW, StepLoop
 from ddctl_agents.agent.notice import Stop, watch
 from ddctl_agents.agent.progress import Progress
@@ -274,7 +274,8 @@ def _main(argv: list[str] | None) -> int:
     if (args.gpus != 1 or args.nodes != 1) and "WORLD_SIZE" not in os.environ:
         try:
             command_line = list(sys.argv[1:] if argv is None else argv)
-            return run_ranks(args.gpus, args.nodes, args.rendezvous, f"ddctl-{args.name}", args.device, command_line)
+            here = own_address(args.rendezvous, args.syncer) if args.nodes > 1 else ""
+            return run_ranks(args.gpus, args.nodes, args.rendezvous, f"ddctl-{args.name}", args.device, command_line, here)
         except AgentError as exc:
             return report(parser.prog, exc)
     try:

@@ -107,9 +107,22 @@ def machine_settings(region: Region, syncer_region: str, ssh_from: str) -> dict[
     }
 
 
-def public_address(raw: dict[str, Any]) -> str | None:
-    """The instance's public IPv4 address as EC2 described it, if it is one (it becomes an SSH host and a /32 rule)."""
+def ipv4(value: object) -> str | None:
+    """``value`` if it is a dotted IPv4 address, else None: what EC2 answers is checked in type and shape before use."""
+    if not isinstance(value, str):
+        return None
     try:
-        return str(ipaddress.IPv4Address(str(raw.get("PublicIpAddress") or "")))
+        return str(ipaddress.IPv4Address(value))
     except ValueError:
         return None
+
+
+def public_address(raw: dict[str, Any]) -> str | None:
+    """The instance's public IPv4 address as EC2 described it, if it is one (it becomes an SSH host and a /32 rule)."""
+    return ipv4(raw.get("PublicIpAddress"))
+
+
+def private_address(raw: dict[str, Any]) -> str:
+    """The instance's private IPv4 address as EC2 described it ("" if it is none): where its region's peers reach it
+    (a learner's nodes meet at its first node's, torchrun's c10d)."""
+    return ipv4(raw.get("PrivateIpAddress")) or ""

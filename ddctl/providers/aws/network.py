@@ -3,10 +3,12 @@
 Every call is idempotent and finds what it made by name or tag, so a failover
 region is prepared on first use and a second ``up`` changes nothing. The
 security group lets SSH and the syncer's port in from the laptop's address,
-and the syncer's port from the run's learners: one /32 rule per learner, added when it
-starts and revoked when it goes. The syncer's Elastic IP is allocated before
-the syncer exists, so the address goes into the job's certificate and every
-learner's URL, and a replacement syncer comes back at the same address.
+the syncer's port from the run's learners: one /32 rule per learner, added when it
+starts and revoked when it goes, and every TCP port from its own members, so the
+nodes of a learner meet (torchrun's c10d, NCCL, gloo) over the region's private
+network. The syncer's Elastic IP is allocated before the syncer exists, so the
+address goes into the job's certificate and every learner's URL, and a
+replacement syncer comes back at the same address.
 """
 
 from __future__ import annotations
@@ -88,7 +90,8 @@ def zone_subnets(ec2: Any, vpc: str) -> dict[str, str]:
 
 
 def ensure_security_group(ec2: Any, run: str, vpc: str, ssh_from: str, syncer_port: int) -> str:
-    """The run's security group in ``vpc``: SSH and the syncer's port open to the operator (``ssh_from``, a CIDR) only."""
+    """The run's security group in ``vpc``: SSH and the syncer's port open to the operator (``ssh_from``, a CIDR) only,
+    every TCP port to the group's own members."""
     found = ec2.describe_security_groups(
         Filters=[{"Name": "group-name", "Values": [run_name(run)]}, {"Name": "vpc-id", "Values": [vpc]}]
     )["SecurityGroups"]
@@ -105,12 +108,24 @@ def ensure_security_group(ec2: Any, run: str, vpc: str, ssh_from: str, syncer_po
         )
     allow(ec2, group, 22, ssh_from, "ssh from the operator")
     allow(ec2, group, syncer_port, ssh_from, "status and admin from the operator")
+    allow_members(ec2, group)
     return group
 
 
 def allow(ec2: Any, group: str, port: int, cidr: str, why: str) -> None:
     """Open ``port`` to ``cidr`` (already open: fine)."""
     rule = {"IpProtocol": "tcp", "FromPort": port, "ToPort": port, "IpRanges": [{"CidrIp": cidr, "Description": why}]}
+    _authorize(ec2, group, rule)
+
+
+def allow_members(ec2: Any, group: str) -> None:
+    """Open every TCP port to the group's own members (the source is the group): the run's VMs of one region reach
+    each other on the ports their ranks pick, and nothing else does (already open: fine)."""
+    pair = {"GroupId": group, "Description": "any TCP port between the VMs of the run"}
+    _authorize(ec2, group, {"IpProtocol": "tcp", "FromPort": 0, "ToPort": 65535, "UserIdGroupPairs": [pair]})
+
+
+def _authorize(ec2: Any, group: str, rule: dict[str, Any]) -> None:
     try:
         ec2.authorize_security_group_ingress(GroupId=group, IpPermissions=[rule])
     except Exception as exc:

@@ -34,6 +34,7 @@ from ddctl.providers.aws.machines import (
     Machine,
     launch_request,
     machine_settings,
+    private_address,
     public_address,
     tag_map,
     tags,
@@ -131,7 +132,7 @@ class AwsProvider:
         ident = self._run_instance(spec, machine, list(settings["instance_types"]), net, zone, script, labels)
         provider_id = f"{region}/{ident}"
         try:
-            address = self._bring_up(spec, provider_id, settings)
+            address, private = self._bring_up(spec, provider_id, settings)
             with rundir.known_hosts.open("a") as pinned:
                 pinned.write(deploy.known_hosts_line(deploy.Target(address, host_public, rundir.ssh_key)) + "\n")
             target = deploy.Target(address, host_public, rundir.ssh_key)
@@ -140,7 +141,10 @@ class AwsProvider:
             with contextlib.suppress(Exception):
                 self.ec2(region).terminate_instances(InstanceIds=[ident])
             raise
-        return Instance(name=spec.name, provider_id=provider_id, run=spec.run, alive=True, address=address, zone=zone)
+        return Instance(
+            name=spec.name, provider_id=provider_id, run=spec.run, alive=True, address=address, zone=zone,
+            private_address=private,
+        )  # fmt: skip
 
     def image(self, region: str, image: str) -> str:
         """The AMI: the file's id, or the id a public SSM parameter names (``ssm:/aws/service/...``)."""
@@ -180,22 +184,30 @@ class AwsProvider:
             f"aws {net.region}: no instance type to try", kind="config", scope="region", provider=self.kind, region=net.region
         )
 
-    def _bring_up(self, spec: InstanceSpec, provider_id: str, settings: dict[str, Any]) -> str:
-        """Wait until running with a public address (the syncer's Elastic IP), open the syncer port to a learner."""
+    def _bring_up(self, spec: InstanceSpec, provider_id: str, settings: dict[str, Any]) -> tuple[str, str]:
+        """Wait until running with a public address (the syncer's Elastic IP), open the syncer port to a learner.
+
+        Returns (public, private) addresses."""
         region, ident = split_id(provider_id)
         ec2 = self.ec2(region)
         if spec.role == "syncer":
             allocation, _ = network.ensure_address(ec2, spec.run)
             wait_until(lambda: self._state(region, ident) == "running", timeout_s=BOOT_TIMEOUT_S, what=f"{spec.name} to run")
             ec2.associate_address(AllocationId=allocation, InstanceId=ident, AllowReassociation=True)
-        public = wait_until(
-            lambda: public_address(next(iter(self.describe(region, [ident])), {})),
-            timeout_s=BOOT_TIMEOUT_S, every_s=0.5, what=f"a public address of {spec.name}",
+        public, private = wait_until(
+            lambda: self._addresses(region, ident), timeout_s=BOOT_TIMEOUT_S, every_s=0.5,
+            what=f"a public address of {spec.name}",
         )  # fmt: skip
         if spec.role == "learner" and (home := str(settings["syncer_region"])):  # else the syncer is in another cloud
             group = self.network(spec.run, home, str(settings["ssh_from"])).security_group
             network.allow(self.ec2(home), group, SYNCER_PORT, f"{public}/32", f"learner {spec.name}")
-        return public
+        return public, private
+
+    def _addresses(self, region: str, ident: str) -> tuple[str, str] | None:
+        """(public, private) once EC2 describes a public address ("" for a private one that is none)."""
+        raw = next(iter(self.describe(region, [ident])), {})
+        public = public_address(raw)
+        return (public, private_address(raw)) if public else None
 
     def describe(self, region: str, ids: list[str] | None = None, run: str = "") -> list[dict[str, Any]]:
         filters = network.run_filter(run) if run else []
@@ -224,6 +236,7 @@ class AwsProvider:
                         alive=state in LIVE_STATES,
                         address=public_address(raw) or "",
                         zone=str(raw.get("Placement", {}).get("AvailabilityZone", "")),
+                        private_address=private_address(raw),
                     )
                 )
         return sorted(found, key=lambda i: i.name)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import socket
 import tarfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -33,6 +34,12 @@ def engine_unavailable() -> str | None:
     path = socket_path()
     if not Path(path).exists():
         return f"no Docker engine: {path} does not exist (start dockerd, or install Debian's docker.io)"
+    try:  # a raw connect first: httpx's Unix transport leaks its socket when the connect is refused (a stale socket file)
+        with socket.socket(socket.AF_UNIX) as probe:
+            probe.settimeout(3.0)
+            probe.connect(path)
+    except OSError as exc:
+        return f"the Docker engine at {path} does not answer: {exc}"
     try:
         with Engine(path, timeout=3.0) as engine:
             engine.ping()

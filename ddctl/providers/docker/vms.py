@@ -182,13 +182,15 @@ class DockerProvider:
         except BaseException:
             self.engine.remove(ident)
             raise
-        return Instance(name=spec.name, provider_id=ident, run=spec.run, alive=True, address=address)
+        return Instance(name=spec.name, provider_id=ident, run=spec.run, alive=True, address=address, private_address=address)
 
     def list_run(self, run: str) -> list[Instance]:
-        found = [
-            Instance(name=c["Labels"].get(NAME_LABEL, "?"), provider_id=c["Id"], run=run, alive=c["State"] == "running")
-            for c in self.engine.containers({RUN_LABEL: run})
-        ]
+        found = []
+        for c in self.engine.containers({RUN_LABEL: run}):
+            home = network_name(run, c["Labels"].get(REGION_LABEL, ""))  # its region's, not the syncer's other ones
+            address = ((c.get("NetworkSettings") or {}).get("Networks") or {}).get(home, {}).get("IPAddress") or ""
+            name, alive = c["Labels"].get(NAME_LABEL, "?"), c["State"] == "running"
+            found.append(Instance(name=name, provider_id=c["Id"], run=run, alive=alive, address=address, private_address=address))
         return sorted(found, key=lambda i: i.name)
 
     def ssh_target(self, instance: Instance) -> deploy.Target:

@@ -56,7 +56,7 @@ def instance_name(spec: InstanceSpec) -> str:
 
 
 def run_tag(run: str) -> str:
-    """The network tag every VM of the run carries (the SSH rule targets it)."""
+    """The network tag every VM of the run carries (the SSH and internal rules target it; the internal rule admits it)."""
     return resource_name(run)
 
 
@@ -163,15 +163,30 @@ def items(raw: Any) -> dict[str, str]:
     return {str(i.key): str(i.value) for i in raw.metadata.items}
 
 
+def ipv4(value: object) -> str | None:
+    """``value`` if it is a dotted IPv4 address, else None: what GCE answers is checked in type and shape before use."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return str(ipaddress.IPv4Address(value))
+    except ValueError:
+        return None
+
+
 def public_address(raw: Any) -> str | None:
     """The instance's external IPv4 address as GCE described it, if it is one (it becomes an SSH host and a rule)."""
     for nic in raw.network_interfaces:
         for access in nic.access_configs:
-            try:
-                return str(ipaddress.IPv4Address(str(access.nat_i_p)))
-            except ValueError:
-                continue
+            if (address := ipv4(access.nat_i_p)) is not None:
+                return address
     return None
+
+
+def private_address(raw: Any) -> str:
+    """The first interface's internal IPv4 address as GCE described it ("" if it is none): where the run's VMs of its
+    region reach it (a learner's nodes meet at its first node's, torchrun's c10d)."""
+    nics = list(raw.network_interfaces)
+    return (ipv4(nics[0].network_i_p) if nics else None) or ""
 
 
 def host_key(raw: Any) -> str | None:

@@ -1,13 +1,16 @@
-"""A run's network on GCE: two firewall rules on the VPC network, the syncer's reserved address, the project used.
+"""A run's network on GCE: three firewall rules on the VPC network, the syncer's reserved address, the project used.
 
 Firewall rules are global and target network tags: ``ddctl-RUN-ssh`` opens SSH
-to the operator's CIDR on every VM of the run; ``ddctl-RUN-syncer`` opens the
-syncer's port on the syncer's VM to the operator and to exactly the run's
-learners' addresses, wherever they run (``admit`` rewrites its source ranges,
-so rules follow replacements). The syncer's external address is reserved
-before the syncer exists, so it goes into the job's certificate and every
-learner's URL, and a replacement syncer comes back at the same address.
-Everything is found by name, so each call is idempotent.
+to the operator's CIDR on every VM of the run; ``ddctl-RUN-internal`` opens
+every TCP port of the run's VMs to the run's VMs (source tag = target tag,
+which GCE matches on internal addresses only), so the nodes of a learner meet
+(torchrun's c10d, NCCL, gloo) over the network's private addresses;
+``ddctl-RUN-syncer`` opens the syncer's port on the syncer's VM to the operator
+and to exactly the run's learners' addresses, wherever they run (``admit``
+rewrites its source ranges, so rules follow replacements). The syncer's
+external address is reserved before the syncer exists, so it goes into the
+job's certificate and every learner's URL, and a replacement syncer comes back
+at the same address. Everything is found by name, so each call is idempotent.
 """
 
 from __future__ import annotations
@@ -31,6 +34,15 @@ def syncer_rule(run: str) -> str:
     return resource_name(run, "syncer")
 
 
+def internal_rule(run: str) -> str:
+    return resource_name(run, "internal")
+
+
+def rule_names(run: str) -> tuple[str, ...]:
+    """Every firewall rule a run may have (cleanup and the orphan sweep delete these)."""
+    return ssh_rule(run), syncer_rule(run), internal_rule(run)
+
+
 def address_name(run: str) -> str:
     return resource_name(run, "syncer")
 
@@ -40,40 +52,55 @@ def check_network(clients: Clients, project: str, network: str) -> None:
     clients.client("NetworksClient").get(project=project, network=network, **clients.read)
 
 
-def _firewall(name: str, run: str, network: str, port: int, sources: Iterable[str], tag: str, why: str) -> Any:
-    from google.cloud import compute_v1
-
-    body = {
+def _firewall(
+    name: str, run: str, network: str, target: str, why: str, *, ports: Iterable[str] = (), ranges: Iterable[str] = (),
+    tags: Iterable[str] = (),
+) -> dict[str, Any]:  # fmt: skip
+    """An INGRESS rule's body (GCE's JSON): tcp on ``ports`` (none: every port) to VMs tagged ``target``, from
+    ``ranges`` (CIDRs) or VMs tagged ``tags``."""
+    allowed: dict[str, Any] = {"IPProtocol": "tcp"} | ({"ports": list(ports)} if ports else {})
+    body: dict[str, Any] = {
         "name": name,
         "network": f"global/networks/{network}",
         "direction": "INGRESS",
         "priority": 1000,
-        "allowed": [{"IPProtocol": "tcp", "ports": [str(port)]}],
-        "sourceRanges": sorted(set(sources)),
-        "targetTags": [tag],
+        "allowed": [allowed],
+        "targetTags": [target],
         "description": f"{why} (ddctl run {label(run)})",
     }
-    return compute_v1.Firewall.from_json(json.dumps(body))
+    return body | ({"sourceRanges": sorted(set(ranges))} if ranges else {}) | ({"sourceTags": sorted(set(tags))} if tags else {})
+
+
+def firewall_bodies(run: str, network: str, ssh_from: str, port: int, syncer: bool) -> list[dict[str, Any]]:
+    """The run's rules: SSH from the operator, every TCP port between the run's VMs, and with ``syncer`` the syncer's
+    port from the operator (its learners come with ``admit``)."""
+    tag = run_tag(run)
+    wanted = [
+        _firewall(ssh_rule(run), run, network, tag, "SSH from the operator", ports=["22"], ranges=[ssh_from]),
+        _firewall(internal_rule(run), run, network, tag, "any TCP port between the run's VMs", tags=[tag]),
+    ]
+    if syncer:
+        why = "the syncer's port: the operator and the run's learners"
+        wanted.append(_firewall(syncer_rule(run), run, network, syncer_tag(run), why, ports=[str(port)], ranges=[ssh_from]))
+    return wanted
 
 
 def ensure_firewalls(clients: Clients, project: str, run: str, network: str, ssh_from: str, port: int, syncer: bool) -> None:
-    """SSH to the run's VMs from the operator; with ``syncer``, the syncer's port from the operator (learners: ``admit``)."""
-    wanted = [(ssh_rule(run), 22, run_tag(run), "SSH from the operator")]
-    if syncer:
-        wanted.append((syncer_rule(run), port, syncer_tag(run), "the syncer's port: the operator and the run's learners"))
+    """The run's rules (``firewall_bodies``), each inserted unless a rule of its name is there."""
+    from google.cloud import compute_v1
+
     firewalls = clients.client("FirewallsClient")
-    for name, rule_port, tag, why in wanted:
+    for body in firewall_bodies(run, network, ssh_from, port, syncer):
         try:
-            firewalls.get(project=project, firewall=name, **clients.read)
+            firewalls.get(project=project, firewall=body["name"], **clients.read)
             continue
         except Exception as exc:
             if not http_status(exc) == 404:
                 raise
         try:
             op = firewalls.insert_unary(
-                project=project, firewall_resource=_firewall(name, run, network, rule_port, [ssh_from], tag, why),
-                timeout=CALL_TIMEOUT_S,
-            )  # fmt: skip
+                project=project, firewall_resource=compute_v1.Firewall.from_json(json.dumps(body)), timeout=CALL_TIMEOUT_S
+            )
         except Exception as exc:
             if not http_status(exc) == 409:
                 raise
@@ -124,7 +151,7 @@ def remove_network(clients: Clients, project: str, run: str, regions: Iterable[s
     """Delete the run's firewall rules and release its reserved address (each gone already: fine)."""
     removed: list[tuple[str, str]] = []
     firewalls = clients.client("FirewallsClient")
-    for name in (ssh_rule(run), syncer_rule(run)):
+    for name in rule_names(run):
         try:
             clients.wait(firewalls.delete_unary(project=project, firewall=name, timeout=CALL_TIMEOUT_S), project)
             removed.append(("firewall", f"{project}/{name}"))

@@ -55,10 +55,10 @@ def sweep(clients: Clients, project: str, regions: list[str], live: set[str], no
         clients.wait(op, project, zone=zone_of(raw))
         removed.append(("instance", f"{zone_of(raw)}/{items(raw).get(RUN_LABEL)}/{raw.name}"))
     rules = clients.client("FirewallsClient").list(project=project, **clients.read)
-    for rule in rules:
-        run = _run_of(str(rule.description))
-        if run and run not in spared and str(rule.name) in (network.ssh_rule(run), network.syncer_rule(run)):
-            removed += network.remove_network(clients, project, run, regions)
+    named = ((_run_of(str(rule.description)), str(rule.name)) for rule in rules)
+    dead = sorted({run for run, name in named if run and run not in spared and name in network.rule_names(run)})
+    for run in dead:  # each run once, after the listing: its rules go together
+        removed += network.remove_network(clients, project, run, regions)
     return removed
 
 

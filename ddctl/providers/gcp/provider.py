@@ -1,12 +1,13 @@
 """The ``gcp`` provider: learners on Compute Engine SPOT VMs, the syncer standard behind its reserved address.
 
-``bootstrap`` checks the VPC network, opens SSH (and, where the syncer runs
-here, its port) with firewall rules on network tags, and reserves the syncer's
-address. ``create`` tries the region's machine types in order in the
-placement's zone; a zone out of capacity for every type is a zone-scoped
-``ProvisionError`` and the control plane's failover picks the next zone or
-region. Instances are ``ZONE/NAME``; every read is found by label, checked
-against the exact names in the metadata, and bounded in time (``clients.py``).
+``bootstrap`` checks the VPC network, opens SSH, every TCP port between the
+run's VMs (a learner's nodes) and, where the syncer runs here, its port with
+firewall rules on network tags, and reserves the syncer's address. ``create``
+tries the region's machine types in order in the placement's zone; a zone out
+of capacity for every type is a zone-scoped ``ProvisionError`` and the control
+plane's failover picks the next zone or region. Instances are ``ZONE/NAME``;
+every read is found by label, checked against the exact names in the metadata,
+and bounded in time (``clients.py``).
 Spot interruptions for chaos are ``simulateMaintenanceEvent``: GCE's ~30 s
 preemption, which the learner reads from ``instance/preempted``.
 """
@@ -39,6 +40,7 @@ from ddctl.providers.gcp.machines import (
     label,
     machine_settings,
     metadata_items,
+    private_address,
     public_address,
     region_of,
     zone_of,
@@ -70,7 +72,8 @@ class GcpProvider:
 
     # -- regions ------------------------------------------------------------------------------
     def bootstrap(self, run: str, regions: list[Region], syncer_region: str = "", syncer_host: str = "") -> dict[str, RegionInfo]:
-        """Check the network, open SSH (and the syncer's port where it runs here), reserve its address; idempotent."""
+        """Check the network, open SSH and the run's VMs to each other (and, where the syncer runs here, its port),
+        reserve its address; idempotent."""
         projects = {self.clients.project(r.project) for r in regions}
         if len(projects) != 1:
             raise DdctlError(f"the gcp regions of one run must share a project; they name {', '.join(sorted(projects))}")
@@ -123,8 +126,8 @@ class GcpProvider:
         name = self._insert(spec, machine, list(settings["instance_types"]), zone, metadata, address)
         provider_id = f"{zone}/{name}"
         try:
-            public = wait_until(
-                lambda: self._running_address(project, zone, name), timeout_s=BOOT_TIMEOUT_S, every_s=0.5,
+            public, private = wait_until(
+                lambda: self._running_addresses(project, zone, name), timeout_s=BOOT_TIMEOUT_S, every_s=0.5,
                 what=f"{spec.name} to run with an external address",
             )  # fmt: skip
             target = deploy.Target(public, host_public, rundir.ssh_key)
@@ -135,7 +138,10 @@ class GcpProvider:
             with contextlib.suppress(Exception):
                 self.instances.delete_unary(project=project, zone=zone, instance=name, timeout=CALL_TIMEOUT_S)
             raise
-        return Instance(name=spec.name, provider_id=provider_id, run=spec.run, alive=True, address=public, zone=zone)
+        return Instance(
+            name=spec.name, provider_id=provider_id, run=spec.run, alive=True, address=public, zone=zone,
+            private_address=private,
+        )  # fmt: skip
 
     def zones(self, project: str, region: str, chosen: list[str]) -> list[str]:
         """The file's zones, else the region's zones that are UP (as GCE lists them)."""
@@ -189,11 +195,13 @@ class GcpProvider:
                 return None
             raise
 
-    def _running_address(self, project: str, zone: str, name: str) -> str | None:
+    def _running_addresses(self, project: str, zone: str, name: str) -> tuple[str, str] | None:
+        """(external, internal) addresses once the VM runs with an external one ("" for an internal one that is none)."""
         raw = self._get(project, zone, name)
         if raw is None:
             raise DdctlError(f"{name} in {zone} is gone before it ran (preempted at once?)")
-        return public_address(raw) if str(raw.status) == "RUNNING" else None
+        public = public_address(raw) if str(raw.status) == "RUNNING" else None
+        return (public, private_address(raw)) if public else None
 
     def listed(self, run: str) -> list[Any]:
         """Every instance of ``run`` (found by label, kept when its metadata names the run exactly)."""
@@ -217,6 +225,7 @@ class GcpProvider:
                     alive=str(raw.status) in LIVE_STATES,
                     address=public_address(raw) or "",
                     zone=zone_of(raw),
+                    private_address=private_address(raw),
                 )  # fmt: skip
                 for raw in self.listed(run)
             ),
@@ -299,7 +308,7 @@ class GcpProvider:
                 raise self.classify(exc, region=region_of(zone), zone=zone) from None
 
     def cleanup(self, run: str) -> list[tuple[str, str]]:
-        """The run's firewall rules and reserved address."""
+        """The run's firewall rules (SSH, internal, the syncer's) and reserved address."""
         known = network.footprint(run)
         if not known:
             return []
