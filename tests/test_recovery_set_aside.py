@@ -18,7 +18,8 @@ import torch
 from ddctl_agents.core.messages import Update, encode_update
 from ddctl_agents.errors import ConfigError
 from ddctl_agents.service.recovery import QUARANTINE
-from ddctl_agents.service.runtime import ServiceSettings, SyncerRuntime
+from ddctl_agents.service.runtime import SyncerRuntime
+from ddctl_agents.service.settings import ServiceSettings
 from ddctl_agents.service.snapshots import snapshots
 from ddctl_agents.service.wal import Wal, read_segment
 from ddctl_agents.train.assembly import Assembly

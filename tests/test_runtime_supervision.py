@@ -14,7 +14,8 @@ from ddctl_agents.service import runtime as runtime_module
 from ddctl_agents.service import supervise as supervision
 from ddctl_agents.service.metrics import metrics
 from ddctl_agents.service.observability import health, status
-from ddctl_agents.service.runtime import ServiceSettings, SyncerRuntime
+from ddctl_agents.service.runtime import SyncerRuntime
+from ddctl_agents.service.settings import ServiceSettings
 from ddctl_agents.train.assembly import Assembly
 from tests.builders import small_run
 from tests.test_service_recovery import frame_for, settle

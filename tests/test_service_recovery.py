@@ -16,7 +16,8 @@ import torch
 
 from ddctl_agents.core.messages import Update, encode_update
 from ddctl_agents.errors import ConfigError
-from ddctl_agents.service.runtime import ServiceSettings, SyncerRuntime
+from ddctl_agents.service.runtime import SyncerRuntime
+from ddctl_agents.service.settings import ServiceSettings
 from ddctl_agents.train.assembly import Assembly
 from ddctl_agents.train.checksum import params_sha256
 from tests.builders import small_run

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from ddctl.cli import access, bench, catalog, chaos, replay, runs, simulate, syncer, train
+from ddctl.cli import access, bench, catalog, chaos, data, pull, replay, runs, simulate, syncer, train
 from ddctl.cli.help import HelpGroup
 
 app = typer.Typer(
@@ -63,6 +63,7 @@ app.command("up")(runs.up)
 app.command("status")(runs.status)
 app.command("stop")(runs.stop)
 app.command("down")(runs.down)
+app.command("pull")(pull.pull)
 app.command("ls")(catalog.ls)
 app.command("gc")(catalog.gc)
 app.command("logs")(access.logs)
@@ -72,6 +73,7 @@ chaos_app.command("preempt")(chaos.preempt)
 chaos_app.command("partition")(chaos.partition)
 app.add_typer(chaos_app, name="chaos")
 app.add_typer(bench.app, name="bench", cls=HelpGroup)
+app.add_typer(data.app, name="data", cls=HelpGroup)
 app.add_typer(syncer.syncer_app, name="syncer", cls=HelpGroup)
 app.add_typer(syncer.learner_app, name="learner", cls=HelpGroup)
 

@@ -24,6 +24,12 @@ def up(
     plan_only: Annotated[bool, typer.Option("--plan", help="Print what up would do and its $/h; change nothing.")] = False,
     follow: Annotated[bool, typer.Option("--follow", help="Stay attached and show the run's status until Ctrl-C.")] = False,
     keep: Annotated[bool, typer.Option("--keep", help="When the job finishes, keep its machines until `ddctl down`.")] = False,
+    resume_from: Annotated[
+        str,
+        typer.Option(
+            "--resume-from", help="Start a new run from a checkpoint: DIR, s3://B/P or gs://B/P (a folder: its newest)."
+        ),
+    ] = "",
     json_out: JsonOption = False,
 ) -> None:
     """Bring the run of the regions file up, or converge it if it runs (nothing twice); returns once it trains."""
@@ -40,7 +46,7 @@ def up(
         if plan_only:
             return plan_actions(rf, dry_run=dry_run, say=say)
         with State() as state, progress_lines(f"bringing {rf.run} up") as progress:  # a spinner on a terminal
-            return up(rf, state, dry_run=dry_run, keep=keep, say=progress)
+            return up(rf, state, dry_run=dry_run, keep=keep, resume_from=resume_from, say=progress)
 
     result = run_guarded(body)
     if json_out:

@@ -30,6 +30,8 @@ KNOBS: dict[str, tuple[str, ...]] = {
     "lr": ("inner.lr",),
     "seed": ("inner.seed",),
     "data": ("data.paths",),
+    "token_data": ("data.token_paths",),
+    "vocab_size": ("inner.vocab_size",),
     "max_bytes": ("data.max_bytes",),
     "eval_windows": ("data.eval_windows",),
     "tokens": ("budget.tokens",),

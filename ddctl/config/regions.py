@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ddctl.config.job import KnobError, build_job, knobs_model
 from ddctl.errors import RegionsError
 from ddctl.providers import instance_gpus
+from ddctl_agents import storage
 from ddctl_agents.errors import AgentError
 from ddctl_agents.train.job import JobConfig
 
@@ -141,12 +142,25 @@ def _plural(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
+class Checkpoints(_Model):
+    """When the syncer checkpoints the global model, which it keeps, and where else it writes them."""
+
+    every_rounds: Annotated[int, Field(ge=0, description="after this many merged rounds, an integer >= 0 (0: not)")] = 0
+    every_minutes: Annotated[float, Field(ge=0, description="after this many minutes, a number >= 0 (0: not)")] = 10.0
+    keep_last: Annotated[int, Field(ge=1, le=10_000, description="the newest to keep, an integer 1..10000")] = 3
+    keep_every: Annotated[int, Field(ge=0, description="also keep every Nth, an integer >= 0 (0: none)")] = 0
+    url: Annotated[str, Field(description="also write them under s3://BUCKET/PREFIX or gs://BUCKET/PREFIX (per run)")] = ""
+
+
 class RegionsFile(_Model):
     path: Annotated[Path, Field(exclude=True)] = Path("regions.yaml")
     run: Annotated[Name, Field(description="a name for the run (its resources carry it)")] = "ddctl"
     syncer: Annotated[str, Field(description="the name of one of the regions")]
     training: Annotated[dict[str, Any], Field(description="the training knobs")] = Field(default_factory=dict)
     regions: Annotated[tuple[Region, ...], Field(min_length=1, description="a list of regions")]
+    checkpoints: Annotated[Checkpoints, Field(description="{every_rounds, every_minutes, keep_last, keep_every, url}")] = (
+        Checkpoints()
+    )
 
     @property
     def learners(self) -> int:
@@ -212,6 +226,18 @@ def _training_model() -> type[BaseModel]:
 
 
 def _check_consistency(rf: RegionsFile) -> None:
+    if rf.checkpoints.url:
+        if not storage.is_remote(rf.checkpoints.url):
+            raise RegionsError(
+                f"{rf.path}: checkpoints.url: {rf.checkpoints.url!r} is not object storage; allowed: s3://BUCKET/PREFIX "
+                "or gs://BUCKET/PREFIX (the syncer's own disk always has them)",
+                path=rf.path,
+                key="checkpoints.url",
+            )
+        try:
+            storage.check(rf.checkpoints.url)
+        except storage.StorageError as exc:
+            raise RegionsError(f"{rf.path}: checkpoints.url: {exc}", path=rf.path, key="checkpoints.url") from None
     names = [r.name for r in rf.regions]
     for name in names:
         if names.count(name) > 1:

@@ -63,6 +63,8 @@ class RunResult(BaseModel):
     bytes_down: Count
     learners_finished: Annotated[list[Annotated[str, Field(max_length=64)]], Field(max_length=4096)]
     state_dir: Annotated[str, Field(max_length=4096)]
+    checkpoint: Annotated[str, Field(max_length=4096)] = ""
+    """The final checkpoint, as the syncer's machine names it (``ddctl pull`` fetches it)."""
 
 
 def parse_result(raw: bytes | None) -> RunResult | None:

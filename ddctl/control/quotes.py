@@ -27,7 +27,7 @@ from ddctl.control.plan import plan
 from ddctl.providers import KINDS
 from ddctl_agents.train.config import ModelConfig
 from ddctl_agents.train.job import JobConfig
-from ddctl_agents.train.presets import get_preset
+from ddctl_agents.train.presets import model_config
 
 STEP_S = ClusterConfig().step_time_s
 """Seconds per inner step when nothing better is known: the simulator's nominal step. Nothing in the
@@ -106,7 +106,7 @@ class SyncTraffic:
 
 def sync_traffic(job: JobConfig, step_s: float = STEP_S) -> SyncTraffic:
     """The job's own traffic: its model's tensors in its codecs, its fragments, its H."""
-    sizes = [n for _, n in model_tensors(get_preset(job.inner.preset))]
+    sizes = [n for _, n in model_tensors(model_config(job.inner))]
     sync = job.sync
     return SyncTraffic(
         up_bytes=sync_bytes(sizes, sync.codec, sync.block, sync.fragments, "update"),

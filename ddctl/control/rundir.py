@@ -48,6 +48,15 @@ class RunDir:
         return self.root / "syncer-state"
 
     @property
+    def resume(self) -> Path:
+        """The checkpoint a resumed run's syncer starts from (``up --resume-from``), copied into the job."""
+        return self.job / "resume"
+
+    def checkpoints(self, local: bool) -> Path:
+        """Where the syncer writes checkpoints, as this machine sees them: its state dir, or its persistent disk."""
+        return (self.job / "state" if local else self.syncer_state) / "checkpoints"
+
+    @property
     def metadata_port(self) -> Path:
         """The local instance-metadata endpoint's port (Docker regions)."""
         return self.root / "metadata.port"

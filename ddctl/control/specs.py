@@ -13,12 +13,13 @@ import socket
 import sys
 from dataclasses import replace
 
-from ddctl.config.regions import Region
+from ddctl.config.regions import Checkpoints, Region
 from ddctl.control.credentials import token_for
 from ddctl.control.plan import node_name
 from ddctl.control.rundir import RunDir
 from ddctl.providers.base import LOOPBACK, InstanceSpec, RegionInfo
 from ddctl.providers.deploy import REMOTE_ROOT
+from ddctl_agents import storage
 
 SYNCER_FILES = ("job.json", "secret", "tls/ca.pem", "tls/server.pem", "tls/server.key")
 """What a remote syncer needs of the job directory (never the CA's private key)."""
@@ -38,13 +39,23 @@ def syncer_port(info: RegionInfo) -> int:
         return int(probe.getsockname()[1])
 
 
-def syncer_spec(run: str, info: RegionInfo, port: int, region: Region | None = None) -> InstanceSpec:
-    """The synchronizer service of ``run`` in the region ``info`` describes, on ``port``."""
+def syncer_spec(
+    run: str, info: RegionInfo, port: int, region: Region | None = None, checkpoints: Checkpoints | None = None
+) -> InstanceSpec:
+    """The synchronizer service of ``run`` in the region ``info`` describes, on ``port``; it checkpoints as
+    ``checkpoints`` says (object storage under ``URL/RUN``) and starts from the run's resume checkpoint if it has one."""
     rundir = RunDir(run)
     job = f"{REMOTE_ROOT}/job" if info.remote else str(rundir.job)
     state_dir = f"{REMOTE_ROOT}/state" if info.remote else str(rundir.job / "state")
     state = ("--state-dir", state_dir) if info.remote else ()
     argv = (info.python, "-m", "ddctl_agents.service", "--job-dir", job, *state, "--bind", f"{info.syncer_bind}:{port}")
+    policy = checkpoints or Checkpoints()
+    argv += ("--checkpoint-every-rounds", str(policy.every_rounds), "--checkpoint-every", f"{policy.every_minutes * 60:g}")
+    argv += ("--keep-last", str(policy.keep_last), "--keep-every", str(policy.keep_every))
+    argv += ("--checkpoint-url", storage.join(policy.url, run)) if policy.url else ()
+    resume = sorted(p.name for p in rundir.resume.iterdir()) if rundir.resume.is_dir() else []
+    argv += ("--resume-from", f"{job}/resume") if resume else ()
+    names = [*SYNCER_FILES, *(f"resume/{name}" for name in resume)]
     return InstanceSpec(
         run=run,
         name="syncer",
@@ -52,7 +63,7 @@ def syncer_spec(run: str, info: RegionInfo, port: int, region: Region | None = N
         role="syncer",
         argv=(*argv, "--eval-every", f"{EVAL_EVERY_S:g}"),
         log=rundir.log("syncer"),
-        files={f"{job}/{name}": str(rundir.job / name) for name in SYNCER_FILES} if info.remote else {},
+        files={f"{job}/{name}": str(rundir.job / name) for name in names} if info.remote else {},
         disks={f"{REMOTE_ROOT}/state": str(rundir.syncer_state)} if info.remote else {},
         summary=f"{state_dir}/summary.json",
         cloud_region=region.cloud_region if region is not None else "",

@@ -21,6 +21,7 @@ from typing import Any
 from ddctl import providers
 from ddctl.config.regions import RegionsFile, job_config
 from ddctl.control import admission
+from ddctl.control import pull as pulling
 from ddctl.control.credentials import init_job_dir, token_for
 from ddctl.control.down import down
 from ddctl.control.launch import launch_at
@@ -34,7 +35,11 @@ from ddctl.control.state import InstanceRecord, State
 from ddctl.errors import DdctlError, ProvisionError
 from ddctl.providers import linkshape
 from ddctl.providers.base import Instance, InstanceSpec, Provider, RegionInfo
+from ddctl_agents import storage
 from ddctl_agents.agent.client import SyncerClient, Unavailable
+from ddctl_agents.train.data import dataset_vocab_size
+from ddctl_agents.train.job import JobConfig
+from ddctl_agents.train.presets import model_config
 from ddctl_agents.waiting import wait_until
 
 TRANSIENT_TRIES = 3
@@ -59,24 +64,47 @@ def kinds_for(rf: RegionsFile, dry_run: bool, say: Any = print) -> dict[str, str
     return dict.fromkeys((r.name for r in rf.regions), kind)
 
 
+def check_data(job: JobConfig) -> None:
+    """Tokenised data must have the model's vocabulary: refused before anything starts, not on a VM later."""
+    if job.data.token_paths:
+        need, have = dataset_vocab_size(job.data), model_config(job.inner).vocab_size
+        if need != have:
+            raise DdctlError(
+                f"training.vocab_size: the model's vocabulary is {have} but training.token_data's is {need}; "
+                f"set training.vocab_size: {need}"
+            )
+
+
 def observe(run: str, kinds: set[str]) -> list[Observed]:
     """What runs of ``run`` now, on every provider it uses (read only)."""
     return [Observed(name=i.name, alive=i.alive) for kind in sorted(kinds) for i in providers.get(kind).list_run(run)]
 
 
 def up(
-    rf: RegionsFile, state: State, *, dry_run: bool, keep: bool = False, timeout_s: float = 300.0, say: Any = print
+    rf: RegionsFile,
+    state: State,
+    *,
+    dry_run: bool,
+    keep: bool = False,
+    resume_from: str = "",
+    timeout_s: float = 300.0,
+    say: Any = print,
 ) -> dict[str, Any]:
     """Converge ``rf.run`` to its plan; return once its first round has merged.
 
-    ``keep``: when the job finishes, its machines stay (for inspection) until ``ddctl down``."""
+    ``keep``: when the job finishes, its machines stay (for inspection) until ``ddctl down``.
+    ``resume_from``: a checkpoint (or checkpoints folder: its newest) a new run's syncer starts from."""
     job = job_config(rf)
+    check_data(job)
     kinds = kinds_for(rf, dry_run, say)
     run, rundir = rf.run, RunDir(rf.run)
     record = state.run(run)
     if record is not None and record.state == "kept":
         raise DdctlError(f"run {run} finished and its machines were kept; remove them first: ddctl down --run {run}")
     fresh = record is None or record.state in ENDED
+    if resume_from and not fresh:
+        raise DdctlError(f"run {run} is {record.state}; --resume-from starts a new run: `ddctl down --run {run}` first")  # type: ignore[union-attr]
+    resumed = pulling.resume_point(resume_from, model_config(job.inner)) if resume_from else None  # before anything
     started = time.monotonic()
     try:
         if fresh:
@@ -86,10 +114,15 @@ def up(
         if fresh:  # the job (its secret, CA and certificate) is made once; a converging up keeps it
             hosts = sorted({"127.0.0.1", "localhost", *(info.syncer_host for info in infos.values())})
             init_job_dir(rundir.job, job, run, hosts)
+            if resumed is not None:
+                pulling.stage(resumed[0], rundir)
+                say(f"resuming from {resumed[1]['checkpoint']} of run {resumed[1]['run']} (round {resumed[1]['rounds']})")
             port = syncer_port(infos[rf.syncer])
             cost = plan_summary(rf, kinds, quotes=quote_plan(rf, kinds))["cost"]  # today's prices, read-only
             rate = None if cost["unknown"] else cost["total_dollars_per_hour"]
             detail = {"kinds": kinds, "learners": rf.learners, "port": port, "keep": keep, "dollars_per_hour": rate}
+            detail |= {"checkpoint_url": storage.join(rf.checkpoints.url, run)} if rf.checkpoints.url else {}
+            detail |= {"resumed_from": resumed[1]} if resumed is not None else {}
             state.create_run(run, str(rf.path), str(rundir.job), detail)
             rundir.syncer_url.write_text(f"https://{infos[rf.syncer].syncer_host}:{port}")
             say(f"made the job directory {rundir.job} (secret, CA, certificate)")
@@ -119,6 +152,7 @@ def up(
         "seconds_to_first_round": round(time.monotonic() - started, 2),
         "shaped": shaped,
         **first_round,
+        **({"resumed_from": resumed[1]} if resumed is not None else {}),
     }
 
 
@@ -162,7 +196,7 @@ def _spec(
 ) -> InstanceSpec:
     info = infos[planned.region]
     if planned.role == "syncer":
-        return syncer_spec(run, info, port, rf.region(planned.region))
+        return syncer_spec(run, info, port, rf.region(planned.region), rf.checkpoints)
     return learner_spec(run, info, rf.region(planned.region), planned.learner, port, planned.node, meet)
 
 
@@ -305,6 +339,7 @@ def _ensure_controller(run: str, state: State, say: Any) -> None:
 
 def plan_actions(rf: RegionsFile, *, dry_run: bool, say: Any = print) -> dict[str, Any]:
     """``up --plan``: the plan, what ``up`` would do about each instance given what runs now, and what it costs (read only)."""
+    check_data(job_config(rf))
     kinds = kinds_for(rf, dry_run, say)
     actions = reconcile(desired(plan(rf, kinds)), observe(rf.run, set(kinds.values())), time.time())
     return plan_summary(rf, kinds, actions, quote_plan(rf, kinds))

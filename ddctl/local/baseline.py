@@ -42,7 +42,7 @@ from ddctl_agents.train.data import BatchSampler, load_corpus, shard, validation
 from ddctl_agents.train.evaluate import evaluate_bpb
 from ddctl_agents.train.model import GPT, build_model
 from ddctl_agents.train.optim import build_inner_optimizer, inner_lr, inner_step
-from ddctl_agents.train.presets import get_preset
+from ddctl_agents.train.presets import get_preset, model_config
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import GradBucket
@@ -124,7 +124,7 @@ def _train(model: nn.Module, sampler: BatchSampler, steps: int, inner: InnerConf
 
 def _train_rank(rank: int, job: _Job) -> dict[str, Any]:
     """Train one rank on its shard and stream; rank 0 also evaluates."""
-    config = get_preset(job.inner.preset)
+    config = model_config(job.inner)
     corpus = load_corpus(job.data)
     learners = job.budget.learners
     steps = steps_per_learner(job.budget, job.inner, config.seq_len)

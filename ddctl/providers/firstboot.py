@@ -31,6 +31,9 @@ AGENT_REQUIREMENTS = (
     "cryptography>=42",
     "prometheus-client>=0.20",
     "pydantic>=2.7,<3",
+    "safetensors>=0.4",
+    "boto3>=1.34",
+    "google-cloud-storage>=2.14",
 )
 """What the agents import, installed into the VM's own venv when the image has no interpreter at ``python``."""
 DEFAULT_PYTHON = "/opt/ddctl/venv/bin/python"

@@ -148,8 +148,9 @@ async def finish(rt: SyncerRuntime) -> None:
     loop = asyncio.get_running_loop()
     params = await rt.view(lambda r: dict(r.syncer.global_params()))
     val_bpb = await loop.run_in_executor(None, rt.assembly.evaluate, params)
+    checkpoint = await rt.checkpoint(val_bpb)  # the final model, as ``ddctl pull`` fetches it
     snapshot = await rt.snapshot()
-    summary = await rt.view(lambda r: _summary(r, round(val_bpb, 5), snapshot))
+    summary = await rt.view(lambda r: _summary(r, round(val_bpb, 5), snapshot) | {"checkpoint": checkpoint["path"]})
     await loop.run_in_executor(None, write_summary, rt.settings.state_dir, summary)
     await rt.view(lambda r: _finished(r, summary))
     log.info("finished: %s; result in %s", summary["reason"], summary_path(rt.settings.state_dir))

@@ -17,24 +17,26 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
 from ddctl_agents.core.effects import Ack, Effect, Fault, Record, Send
 from ddctl_agents.core.ending import departed
 from ddctl_agents.core.links import QuorumClock, TransferMeter
 from ddctl_agents.core.messages import FragmentVersion, Update, decode_update, encode_fragment
+from ddctl_agents.core.syncer import Synchronizer
 from ddctl_agents.core.tape import TAPE_FORMAT, TapeWriter
 from ddctl_agents.core.wire import WireLimits
 from ddctl_agents.errors import BadRequest, Forbidden, JobOver, UnknownLearner
 from ddctl_agents.jsonable import to_json
+from ddctl_agents.service.checkpoints import checkpoint_loop, take_checkpoint
 from ddctl_agents.service.ending import Ending, ending_loop, linger, read_summary
 from ddctl_agents.service.log_records import JoinEntry, LeaveEntry, ReadmitEntry, RejectEntry, UpdateEntry, entry_for
 from ddctl_agents.service.publisher import Published, Publisher
 from ddctl_agents.service.recovery import recover
 from ddctl_agents.service.requests import HeartbeatBody
+from ddctl_agents.service.resume import read_local, seed
 from ddctl_agents.service.roster import LearnerInfo, Roster
+from ddctl_agents.service.settings import ServiceSettings
 from ddctl_agents.service.snapshots import take
 from ddctl_agents.service.supervise import supervise
 from ddctl_agents.service.wal import Wal
@@ -43,24 +45,6 @@ from ddctl_agents.train.flops import flops_per_token
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ServiceSettings:
-    state_dir: Path
-    run: str = "run"
-    max_update_bytes: int = 0
-    """413 above this; 0 means twice the fp32 size of the largest fragment plus 1 MiB."""
-    heartbeat_timeout_s: float = 20.0
-    """A learner silent this long is declared gone and stops counting toward quorum."""
-    snapshot_every_s: float = 30.0
-    eval_every_s: float = 0.0
-    """Evaluate the global model's val_bpb this often (0: never)."""
-    keepalive_s: float = 5.0
-    finish_timeout_s: float = 120.0
-    """A finishing job waits this long for live learners to push their last drift and leave."""
-    linger_s: float = 30.0
-    """A finished syncer keeps answering status this long (the controller reads the summary), then exits."""
 
 
 class SyncerRuntime:
@@ -84,6 +68,8 @@ class SyncerRuntime:
         self.publish_failures: dict[int, str] = {}
         """Fragments whose newest version could not be encoded for learners, with why."""
         self.snapshots: dict[str, Any] = {"taken": 0, "last_at": None, "last_seconds": None, "bytes": 0}
+        self.checkpoints: dict[str, Any] = {"taken": 0, "last_at": None, "rounds": 0, "name": None, "val_bpb": None}
+        self.resumed = read_local(settings.resume_from, assembly) if settings.resume_from is not None else None
         self.recovered: dict[str, Any] = {}
         self.ending = Ending()
         self.ended = asyncio.Event()
@@ -120,6 +106,7 @@ class SyncerRuntime:
             self._tasks = [asyncio.create_task(linger(self), name="linger")]
             return
         loops = {"rounds": self._rounds_loop, "snapshots": self._snapshot_loop, "ending": lambda: ending_loop(self)}
+        loops["checkpoints"] = lambda: checkpoint_loop(self)
         if self.settings.eval_every_s > 0:
             loops["eval"] = self._eval_loop
         self._tasks = [asyncio.create_task(supervise(name, loop, self._task_failed), name=name) for name, loop in loops.items()]
@@ -137,13 +124,20 @@ class SyncerRuntime:
     def _recover(self) -> None:
         now = self.clock()
         self.syncer, self.recovered = recover(
-            self.assembly.new_syncer, self.settings.state_dir, self.job_sha, self._open_tape, self._apply_effects
+            self._fresh_syncer, self.settings.state_dir, self.job_sha, self._open_tape, self._apply_effects
         )
         self.wal = Wal(self.settings.state_dir / "wal")
         for learner, incarnation in self.syncer.live.items():
             self.roster.info[learner] = LearnerInfo(incarnation=incarnation, last_seen=now, joined_at=now, state="recovered")
         resumed = bool(self.recovered["snapshot"] or self.recovered["replayed"] or self.recovered["quarantined"])
         self.roster.event(now, "recovered" if resumed else "started", **self.recovered)
+
+    def _fresh_syncer(self) -> Synchronizer:
+        """The job's initial model, or the checkpoint this run resumes from: where every recovery starts."""
+        syncer = self.assembly.new_syncer()
+        if self.resumed is not None:
+            seed(syncer, self.resumed)
+        return syncer
 
     def _open_tape(self, tape_bytes: int) -> None:
         path = self.settings.state_dir / "tape.jsonl"
@@ -216,6 +210,10 @@ class SyncerRuntime:
     async def snapshot(self) -> dict[str, Any]:
         """A durable snapshot now (``snapshots.take``): rounds go on while it is written."""
         return await take(self)
+
+    async def checkpoint(self, val_bpb: float | None = None) -> dict[str, Any]:
+        """A checkpoint of the global model now (``checkpoints.take_checkpoint``); rounds go on."""
+        return await take_checkpoint(self, val_bpb)
 
     async def view(self, render: Callable[[SyncerRuntime], T]) -> T:
         """A read-only view (status, metrics, clock) computed on the core thread: one consistent moment."""

@@ -25,7 +25,9 @@ from ddctl_agents.jsonable import from_json
 from ddctl_agents.service import h2tuning
 from ddctl_agents.service.app import SyncerApp
 from ddctl_agents.service.auth import read_secret
-from ddctl_agents.service.runtime import ServiceSettings, SyncerRuntime
+from ddctl_agents.service.checkpoints import checkpoint_policy
+from ddctl_agents.service.runtime import SyncerRuntime
+from ddctl_agents.service.settings import ServiceSettings
 from ddctl_agents.train.assembly import Assembly
 from ddctl_agents.train.job import JobConfig
 
@@ -158,6 +160,17 @@ def main(argv: list[str] | None = None) -> int:
         default=defaults.max_update_bytes,
         help="Refuse larger updates with 413 (0: from the model's size).",
     )
+    policy = defaults.checkpoints
+    parser.add_argument(
+        "--checkpoint-every-rounds", type=int, default=policy.every_rounds, help="Checkpoint after this many rounds (0: not)."
+    )
+    parser.add_argument(
+        "--checkpoint-every", type=float, default=policy.every_s, help="Checkpoint after this many seconds (0: not)."
+    )
+    parser.add_argument("--keep-last", type=int, default=policy.keep_last, help="Keep this many newest checkpoints.")
+    parser.add_argument("--keep-every", type=int, default=policy.keep_every, help="Also keep every Nth checkpoint (0: none).")
+    parser.add_argument("--checkpoint-url", default="", help="Also write checkpoints here: s3://B/P, gs://B/P or a directory.")
+    parser.add_argument("--resume-from", type=Path, help="A checkpoint directory a fresh state directory starts from.")
     args = parser.parse_args(argv)
     configure_logging()
     try:
@@ -171,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, value in (("--linger", args.linger), ("--finish-timeout", args.finish_timeout)):
             if not value >= 0:
                 raise ConfigError(f"{name} must be >= 0 seconds, got {value}")
+        checkpoints = checkpoint_policy(
+            args.checkpoint_every_rounds, args.checkpoint_every, args.keep_last, args.keep_every, args.checkpoint_url
+        )
         settings = ServiceSettings(
             state_dir=args.state_dir or args.job_dir / "state",
             run=files.run,
@@ -180,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
             max_update_bytes=args.max_update_bytes,
             linger_s=args.linger,
             finish_timeout_s=args.finish_timeout,
+            checkpoints=checkpoints,
+            resume_from=args.resume_from,
         )
         sock = bind_socket(args.bind)
     except AgentError as exc:

@@ -15,15 +15,15 @@ from ddctl_agents.core.admission import UpdateLimits, derive_limits
 from ddctl_agents.core.fragments import Fragmentation, TensorSpec, fragment_tensors
 from ddctl_agents.core.syncer import Synchronizer
 from ddctl_agents.errors import ConfigError
+from ddctl_agents.train import presets
 from ddctl_agents.train.checksum import params_sha256
 from ddctl_agents.train.config import ModelConfig, steps_per_learner
-from ddctl_agents.train.data import BatchSampler, Corpus, load_corpus, shard, validation_batches
+from ddctl_agents.train.data import BatchSampler, Corpus, load_corpus, require_vocab, shard, validation_batches
 from ddctl_agents.train.evaluate import evaluate_bpb
 from ddctl_agents.train.inner import InnerTrainer, Placement
 from ddctl_agents.train.job import JobConfig
 from ddctl_agents.train.learner import Learner
 from ddctl_agents.train.model import build_model, embedding_names
-from ddctl_agents.train.presets import get_preset
 
 
 def learner_name(index: int) -> str:
@@ -53,8 +53,9 @@ class Assembly:
     @classmethod
     def build(cls, config: JobConfig, corpus: Corpus | None = None) -> Assembly:
         torch.set_num_threads(config.threads)
-        model_config = get_preset(config.inner.preset)
+        model_config = presets.model_config(config.inner)
         corpus = corpus or load_corpus(config.data)
+        require_vocab(corpus, model_config.vocab_size)
         model = build_model(model_config, config.inner.seed)
         initial = {k: v.detach().clone() for k, v in model.named_parameters()}
         specs = [
@@ -109,12 +110,13 @@ class Assembly:
         )
 
     def evaluate(self, params: dict[str, torch.Tensor]) -> float:
-        """Validation bits per byte of the model holding ``params``."""
+        """Validation bits per byte of the model holding ``params``: per token over the bytes a token stands for,
+        where tokenised data says (``Corpus.val_bytes_per_token``); per token where it cannot."""
         model = build_model(self.model_config, self.config.inner.seed)
         with torch.no_grad():
             for name, param in model.named_parameters():
                 param.copy_(params[name])
-        return evaluate_bpb(model, self.val)
+        return evaluate_bpb(model, self.val) / (self.corpus.val_bytes_per_token or 1.0)
 
     def describe(self) -> dict[str, object]:
         return {

@@ -38,6 +38,8 @@ class InnerConfig:
     """Global gradient-norm clip; 0 disables it."""
     seed: int = 0
     """Seeds model initialisation and every learner's data order."""
+    vocab_size: int | None = None
+    """The model's vocabulary, overriding its preset's 256 bytes: tokenised data's (``ddctl data prepare``)."""
 
     def __post_init__(self) -> None:
         require(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
@@ -47,26 +49,43 @@ class InnerConfig:
         require(self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}")
         require(all(0 <= b < 1 for b in self.betas), f"betas must be in [0, 1), got {self.betas}")
         require(self.grad_clip >= 0, f"grad_clip must be >= 0, got {self.grad_clip}")
+        require(
+            self.vocab_size is None or 2 <= self.vocab_size <= 2**32,
+            f"vocab_size must be in [2, 2**32] (or unset: the preset's), got {self.vocab_size}",
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DataConfig:
-    """Where text comes from and how it is split; the default is the stdlib's sources."""
+    """Where the training data comes from and how it is split: text (bytes) or pre-tokenised shards.
+
+    The default is the stdlib's sources as bytes; ``token_paths`` switches to token shards
+    (the format is described in ``ddctl_agents.train.tokens``)."""
 
     paths: tuple[Path, ...] = ()
     """Text files or folders; empty means the Python standard library's .py files."""
+    token_paths: tuple[str, ...] = ()
+    """Pre-tokenised shards instead of text: ``*.bin`` files, folders of them, or ``s3://``/``gs://``
+    prefixes; each shard has its JSON sidecar. Exclusive with ``paths``; the model's vocab_size must
+    equal the shards' vocab_size."""
     max_bytes: int = 24 * 2**20
-    """Read at most this many bytes of corpus (files in sorted order)."""
+    """Read at most this many bytes of text corpus (files in sorted order); token shards are read whole."""
     val_fraction: float = 0.05
-    """Fraction of files (by a stable hash of their relative path) held out for validation."""
+    """Fraction of files or token shards (by a stable hash of their relative name) held out for validation."""
     eval_windows: int = 64
-    """Validation windows of seq_len+1 bytes used for val_bpb."""
+    """Validation windows of seq_len+1 tokens (bytes for text) used for val_bpb."""
 
     def __post_init__(self) -> None:
         require(self.max_bytes >= 4096, f"max_bytes must be >= 4096, got {self.max_bytes}")
         require(0 < self.val_fraction < 0.5, f"val_fraction must be in (0, 0.5), got {self.val_fraction}")
         require(self.eval_windows >= 1, f"eval_windows must be >= 1, got {self.eval_windows}")
         object.__setattr__(self, "paths", tuple(Path(p) for p in self.paths))
+        object.__setattr__(self, "token_paths", tuple(str(p) for p in self.token_paths))
+        require(
+            not (self.paths and self.token_paths),
+            "give text paths or token_paths, not both (text is read as bytes, token shards as their tokenizer's ids)",
+        )
+        require(all(self.token_paths), "token_paths must not contain an empty path")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -6,7 +6,9 @@ parameter sits in the transformer blocks (about 12 * d_model**2 per block).
 
 from __future__ import annotations
 
-from ddctl_agents.train.config import ConfigError, ModelConfig
+from dataclasses import replace
+
+from ddctl_agents.train.config import ConfigError, InnerConfig, ModelConfig
 
 PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(seq_len=128, d_model=128, n_layer=5, n_head=4),
@@ -28,4 +30,10 @@ def get_preset(name: str) -> ModelConfig:
         raise ConfigError(f"preset must be one of {allowed}; got {name!r}") from None
 
 
-__all__ = ["PRESETS", "get_preset"]
+def model_config(inner: InnerConfig) -> ModelConfig:
+    """The model a job trains: its preset, with the vocabulary its data needs when the job names one."""
+    preset = get_preset(inner.preset)
+    return preset if inner.vocab_size is None else replace(preset, vocab_size=inner.vocab_size)
+
+
+__all__ = ["PRESETS", "get_preset", "model_config"]

@@ -1,0 +1,201 @@
+"""A run's checkpoints on this machine: where they are, ``ddctl pull``, and what ``up --resume-from`` starts from.
+
+A checkpoint is read from wherever it is: a local directory, object storage (``s3://``, ``gs://``),
+or a run's own places, tried in order: the syncer's disk as this machine sees it (a local syncer's
+state directory, a Docker syncer's persistent disk), the run's ``checkpoints.url``, then the syncer's
+machine over SSH. A source is either one checkpoint (it has a manifest) or a checkpoints folder (its
+``index.json`` lists them; the newest is the default). Every file is checked against the manifest
+and the model before anything is written here (``train/checkpoint.py``), and the output directory
+is written whole or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ddctl import providers
+from ddctl.control.rundir import RunDir
+from ddctl.control.state import State
+from ddctl.errors import DdctlError
+from ddctl.providers.base import Instance, Provider
+from ddctl.providers.deploy import REMOTE_ROOT
+from ddctl_agents import storage
+from ddctl_agents.jsonable import from_json, to_json
+from ddctl_agents.train.checkpoint import MANIFEST, Checkpoint, CheckpointError, load, read_manifest
+from ddctl_agents.train.config import ModelConfig
+from ddctl_agents.train.model import GPT
+
+INDEX = "index.json"
+MAX_INDEX_BYTES = 1 << 20
+CONFIG = "config.json"
+"""Written beside the tensors by ``pull``: the model's config, as the built-in model is built from it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """Where checkpoints are: ``read(relative name, max_bytes)`` under it, and a label that says where."""
+
+    label: str
+    read: Callable[[str, int], bytes]
+
+
+def open_source(where: str) -> Source:
+    """A local directory or an object-storage prefix."""
+    if storage.is_remote(where) or where.startswith("file://"):
+        storage.check(where)
+        return Source(where, lambda name, limit: storage.get(storage.join(where, name), limit))
+    root = Path(where).expanduser()
+    if not root.is_dir():
+        raise DdctlError(f"{where}: no such directory; a checkpoint is a directory or s3://BUCKET/PREFIX or gs://BUCKET/PREFIX")
+    return Source(str(root), lambda name, limit: _read_local(root / name, limit))
+
+
+def run_source(run: str, state: State) -> Source:
+    """Where the run's checkpoints are, trying its syncer's disk here, its object storage, then its syncer over SSH."""
+    record = state.run(run)
+    if record is None:
+        raise DdctlError(f"no run named {run!r}; `ddctl ls` lists them, or give --from DIR|URL")
+    rundir = RunDir(run)
+    for local in (rundir.checkpoints(local=True), rundir.checkpoints(local=False)):
+        if (local / INDEX).exists():
+            return open_source(str(local))
+    url = str(record.detail.get("checkpoint_url") or "")
+    if url:
+        return open_source(url)
+    for kind in sorted(set(record.detail.get("kinds", {}).values())):
+        provider = providers.get(kind)
+        syncer = next((i for i in provider.list_run(run) if i.name == "syncer"), None)
+        if syncer is not None:
+            return _remote_source(provider, syncer, kind)
+    raise DdctlError(f"run {run} has no checkpoints here: none on the syncer's disk, no checkpoints.url, and no syncer to ask")
+
+
+def listing(source: Source) -> list[dict[str, Any]]:
+    """The checkpoints a folder's index lists, oldest first (one entry for a single checkpoint)."""
+    try:
+        index = json.loads(source.read(INDEX, MAX_INDEX_BYTES))
+        entries = index["checkpoints"]
+        if not isinstance(entries, list) or not all(isinstance(e, dict) and isinstance(e.get("name"), str) for e in entries):
+            raise ValueError("checkpoints must be a list of {name, ...}")
+        return entries
+    except (storage.StorageError, CheckpointError, FileNotFoundError):
+        manifest = read_manifest(source.read(MANIFEST, 1 << 20))  # not a folder: one checkpoint, or neither (raises)
+        return [{"name": "", "rounds": manifest.rounds, "merged": manifest.tokens.get("merged", 0), "val_bpb": manifest.val_bpb}]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DdctlError(f"{source.label}/{INDEX}: not a checkpoint index ({exc})") from None
+
+
+def fetch(source: Source, name: str = "") -> tuple[Checkpoint, dict[str, bytes], str]:
+    """The chosen checkpoint (default: the newest), checked whole; its files' bytes, and its name."""
+    entries = listing(source)
+    names = [e["name"] for e in entries]
+    chosen = name or names[-1]
+    if chosen not in names:
+        raise DdctlError(f"{source.label} has no checkpoint {name!r}; it has {', '.join(names) or 'none'}")
+    prefix = f"{chosen}/" if chosen else ""
+    files: dict[str, bytes] = {}
+
+    def read(file: str, limit: int) -> bytes:
+        files[file] = source.read(prefix + file, limit)
+        return files[file]
+
+    try:
+        manifest = read_manifest(read(MANIFEST, 1 << 20))
+        checkpoint = load(read, shapes(from_json(ModelConfig, manifest.model)))
+    except (CheckpointError, storage.StorageError) as exc:
+        raise DdctlError(f"{source.label}/{chosen or '.'}: {exc}") from None
+    return checkpoint, files, chosen or Path(source.label).name
+
+
+def shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The built-in model's parameter shapes for ``config``, without allocating it (the meta device)."""
+    with torch.device("meta"):
+        return {n: tuple(p.shape) for n, p in GPT(config).named_parameters()}
+
+
+def write_out(out: Path, checkpoint: Checkpoint, files: dict[str, bytes], hf: bool = False) -> list[str]:
+    """The checkpoint's files, its model config and (``hf``) a Hugging Face directory, into ``out``, whole or not at all."""
+    if out.exists() and any(out.iterdir()):
+        raise DdctlError(f"{out}: exists and is not empty; choose a new directory (nothing was written)")
+    tmp = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        for name, data in files.items():
+            (tmp / name).write_bytes(data)
+        (tmp / CONFIG).write_text(json.dumps(checkpoint.manifest.model, indent=1, sort_keys=True) + "\n")
+        if hf:
+            from ddctl.export.hf import write_hf
+
+            write_hf(checkpoint.params, from_json(ModelConfig, checkpoint.manifest.model), tmp / "hf")
+        written = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return written
+
+
+def resume_point(where: str, model: ModelConfig) -> tuple[dict[str, bytes], dict[str, Any]]:
+    """``up --resume-from``: the checkpoint's files, checked whole and against the new job's model, and what it is."""
+    checkpoint, files, name = fetch(open_source(where))
+    ours = to_json(model)
+    if checkpoint.manifest.model != ours:
+        differ = sorted(k for k in ours if checkpoint.manifest.model.get(k) != ours[k])
+        raise DdctlError(
+            f"--resume-from {where}: its model differs from this job's in {', '.join(differ)}; "
+            "resume with the training knobs (preset) it was trained with"
+        )
+    m = checkpoint.manifest
+    info = {
+        "from": where,
+        "checkpoint": name,
+        "run": m.run,
+        "rounds": m.rounds,
+        "val_bpb": m.val_bpb,
+        "merged": m.tokens.get("merged", 0),
+    }
+    return files, info
+
+
+def stage(files: dict[str, bytes], rundir: RunDir) -> None:
+    """The resume checkpoint into the new run's job directory, where its syncer starts from it."""
+    rundir.resume.mkdir(parents=True, exist_ok=True)
+    for file, data in files.items():
+        (rundir.resume / file).write_bytes(data)
+
+
+def _read_local(path: Path, limit: int) -> bytes:
+    try:
+        if path.stat().st_size > limit:
+            raise CheckpointError(f"{path}: {path.stat().st_size} bytes, more than its manifest says ({limit})")
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise DdctlError(f"{path}: cannot read ({exc.strerror})") from None
+
+
+def _remote_source(provider: Provider, syncer: Instance, kind: str) -> Source:
+    """The checkpoints on the syncer's own machine, file by file over SSH."""
+    root = f"{REMOTE_ROOT}/state/checkpoints"
+
+    def read(name: str, limit: int) -> bytes:
+        data = provider.read_file(syncer, f"{root}/{name}")
+        if data is None:
+            raise FileNotFoundError(f"{root}/{name}")
+        if len(data) > limit:
+            raise CheckpointError(f"{root}/{name}: {len(data)} bytes, more than its manifest says ({limit})")
+        return bytes(data)
+
+    return Source(f"{kind} syncer:{root}", read)

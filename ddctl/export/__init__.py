@@ -1,0 +1,1 @@
+"""Writing trained weights in formats other tools load (Hugging Face ``transformers``)."""
