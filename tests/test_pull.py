@@ -20,6 +20,7 @@ from ddctl_agents.train.assembly import Assembly
 from ddctl_agents.train.checkpoint import MANIFEST, MODEL
 from tests.builders import small_run
 from tests.test_service_recovery import frame_for, settle
+from tests.test_storage import gcs, gcs_server, moto_endpoint, s3, store  # noqa: F401 - fixtures
 
 runner = CliRunner()
 
@@ -113,3 +114,42 @@ def test_pull_hf_also_writes_a_directory_transformers_loads(folder: Path, tmp_pa
     config = json.loads((tmp_path / "model" / "hf" / "config.json").read_text())
     model = json.loads((tmp_path / "model" / "config.json").read_text())
     assert config["model_type"] == "gpt2" and (config["n_layer"], config["n_embd"]) == (model["n_layer"], model["d_model"])
+
+
+@pytest.mark.parametrize("store", ["s3", "gs"], indirect=True)
+def test_checkpoints_mirrored_to_object_storage_are_pulled_from_there_and_pruned_there_too(
+    store: str,  # noqa: F811 - the fixture from test_storage
+    tmp_path: Path,
+) -> None:
+    """Against a real moto S3 server and the GCS fake: the same bytes as the syncer's disk, old ones gone."""
+    from ddctl_agents import storage
+
+    url = storage.join(store, "run1")
+    assembly = Assembly.build(small_run(learners=2))
+    policy = CheckpointPolicy(every_s=0, keep_last=1, url=url)
+    settings = ServiceSettings(state_dir=tmp_path / "state", snapshot_every_s=3600, checkpoints=policy)
+
+    async def train() -> list[dict]:
+        rt = SyncerRuntime(assembly, settings)
+        await rt.start()
+        await rt.register("L0", 1, "a")
+        await rt.register("L1", 1, "b")
+        taken = []
+        for r in range(2):
+            for learner in ("L0", "L1"):
+                await rt.push(learner, frame_for(rt, learner, r, 0.02 * (r + 1)))
+            await settle(rt, r + 1)
+            taken.append(await rt.checkpoint())
+        await rt.stop()
+        return taken
+
+    taken = asyncio.run(train())
+    assert [t["uploaded"] for t in taken] == [storage.join(url, "ckpt-000001"), storage.join(url, "ckpt-000002")]
+    assert sorted(u.removeprefix(url + "/") for u in storage.listing(url)) == [
+        "ckpt-000002/manifest.json", "ckpt-000002/model.safetensors", "ckpt-000002/outer.safetensors", "index.json"
+    ]  # fmt: skip
+    code, output = pull("--from", url, "--out", str(tmp_path / "model"), "--json")
+    assert code == 0, output
+    assert json.loads(output)["checkpoint"] == "ckpt-000002"
+    local = tmp_path / "state" / "checkpoints" / "ckpt-000002"
+    assert (tmp_path / "model" / MODEL).read_bytes() == (local / MODEL).read_bytes()

@@ -173,10 +173,20 @@ class RegionsFile(_Model):
         raise RegionsError(f"{self.path}: no region named {name!r}; regions: {', '.join(r.name for r in self.regions)}")
 
 
+DATA_KNOBS = ("data", "token_data")
+"""Knobs that name data: a relative path is relative to the regions file (the job's processes run elsewhere)."""
+
+
 def job_config(rf: RegionsFile) -> JobConfig:
     """The JobConfig every process of this job agrees on: the training knobs, one learner slot per instance."""
+    knobs = dict(rf.training)
+    for knob in DATA_KNOBS:
+        if isinstance(knobs.get(knob), list):
+            knobs[knob] = [
+                p if not isinstance(p, str) or "://" in p else str((rf.path.parent / p).resolve()) for p in knobs[knob]
+            ]
     try:
-        return build_job({**rf.training, "learners": rf.learners})
+        return build_job({**knobs, "learners": rf.learners})
     except KnobError as exc:
         raise RegionsError(f"{rf.path}: training.{exc.knob}: {exc.problem}", path=rf.path, key=f"training.{exc.knob}") from None
     except AgentError as exc:

@@ -24,6 +24,7 @@ from ddctl.control import admission
 from ddctl.control import pull as pulling
 from ddctl.control.credentials import init_job_dir, token_for
 from ddctl.control.down import down
+from ddctl.control.jobdata import check_data, local_data
 from ddctl.control.launch import launch_at
 from ddctl.control.plan import PlannedInstance, desired, plan, plan_summary
 from ddctl.control.quotes import quote_plan
@@ -37,8 +38,6 @@ from ddctl.providers import linkshape
 from ddctl.providers.base import Instance, InstanceSpec, Provider, RegionInfo
 from ddctl_agents import storage
 from ddctl_agents.agent.client import SyncerClient, Unavailable
-from ddctl_agents.train.data import dataset_vocab_size
-from ddctl_agents.train.job import JobConfig
 from ddctl_agents.train.presets import model_config
 from ddctl_agents.waiting import wait_until
 
@@ -64,17 +63,6 @@ def kinds_for(rf: RegionsFile, dry_run: bool, say: Any = print) -> dict[str, str
     return dict.fromkeys((r.name for r in rf.regions), kind)
 
 
-def check_data(job: JobConfig) -> None:
-    """Tokenised data must have the model's vocabulary: refused before anything starts, not on a VM later."""
-    if job.data.token_paths:
-        need, have = dataset_vocab_size(job.data), model_config(job.inner).vocab_size
-        if need != have:
-            raise DdctlError(
-                f"training.vocab_size: the model's vocabulary is {have} but training.token_data's is {need}; "
-                f"set training.vocab_size: {need}"
-            )
-
-
 def observe(run: str, kinds: set[str]) -> list[Observed]:
     """What runs of ``run`` now, on every provider it uses (read only)."""
     return [Observed(name=i.name, alive=i.alive) for kind in sorted(kinds) for i in providers.get(kind).list_run(run)]
@@ -95,8 +83,8 @@ def up(
     ``keep``: when the job finishes, its machines stay (for inspection) until ``ddctl down``.
     ``resume_from``: a checkpoint (or checkpoints folder: its newest) a new run's syncer starts from."""
     job = job_config(rf)
-    check_data(job)
     kinds = kinds_for(rf, dry_run, say)
+    check_data(job, kinds)
     run, rundir = rf.run, RunDir(rf.run)
     record = state.run(run)
     if record is not None and record.state == "kept":
@@ -131,7 +119,8 @@ def up(
             state.update_run_detail(run, {"keep": keep})
         planned = plan(rf, kinds)
         meets = {i.learner: rendezvous_port(infos[i.region]) for i in planned if i.nodes > 1 and i.node == 0}
-        specs = {i.name: _spec(run, i, infos, rf, port, meets.get(i.learner, 0)) for i in planned}
+        mounts = local_data(job)
+        specs = {i.name: _spec(run, i, infos, rf, port, meets.get(i.learner, 0), mounts) for i in planned}
         actions = reconcile(desired(planned), observe(run, set(kinds.values())), time.time())
         changed = _carry_out(state, owners, planned, specs, actions, say)
         say("waiting for the first merged round")
@@ -192,12 +181,20 @@ def _bootstrap(rf: RegionsFile, kinds: dict[str, str], owners: dict[str, Provide
 
 
 def _spec(
-    run: str, planned: PlannedInstance, infos: dict[str, RegionInfo], rf: RegionsFile, port: int, meet: int
+    run: str,
+    planned: PlannedInstance,
+    infos: dict[str, RegionInfo],
+    rf: RegionsFile,
+    port: int,
+    meet: int,
+    mounts: tuple[str, ...],
 ) -> InstanceSpec:
     info = infos[planned.region]
     if planned.role == "syncer":
-        return syncer_spec(run, info, port, rf.region(planned.region), rf.checkpoints)
-    return learner_spec(run, info, rf.region(planned.region), planned.learner, port, planned.node, meet)
+        spec = syncer_spec(run, info, port, rf.region(planned.region), rf.checkpoints)
+    else:
+        spec = learner_spec(run, info, rf.region(planned.region), planned.learner, port, planned.node, meet)
+    return replace(spec, mounts=mounts)
 
 
 def _carry_out(
@@ -339,7 +336,7 @@ def _ensure_controller(run: str, state: State, say: Any) -> None:
 
 def plan_actions(rf: RegionsFile, *, dry_run: bool, say: Any = print) -> dict[str, Any]:
     """``up --plan``: the plan, what ``up`` would do about each instance given what runs now, and what it costs (read only)."""
-    check_data(job_config(rf))
     kinds = kinds_for(rf, dry_run, say)
+    check_data(job_config(rf), kinds)
     actions = reconcile(desired(plan(rf, kinds)), observe(rf.run, set(kinds.values())), time.time())
     return plan_summary(rf, kinds, actions, quote_plan(rf, kinds))

@@ -96,6 +96,9 @@ class InstanceSpec:
     """The cloud region to place it in (empty: the region's own); set by failover."""
     machine: dict[str, Any] = field(default_factory=dict)
     """The provider's own settings for the VM (from its region's ``RegionInfo.machine``); opaque to the control plane."""
+    mounts: tuple[str, ...] = ()
+    """Directories of this machine the instance reads at the same paths (the job's local data), read-only: a local
+    process has them, a Docker VM gets them bound; a cloud VM cannot (``up`` refuses local data for cloud regions)."""
 
     @property
     def label(self) -> str:
@@ -113,6 +116,7 @@ class InstanceSpec:
             **{
                 **raw,
                 "argv": tuple(raw["argv"]),
+                "mounts": tuple(raw.get("mounts", ())),
                 "log": Path(raw["log"]),
                 "link": None if link is None else (float(link[0]), float(link[1])),
             }

@@ -155,7 +155,11 @@ class DockerProvider:
                     HOST_KEY_LABEL: host_public,
                 },
                 "HostConfig": {
-                    "Binds": [*self.image.binds, *(f"{local}:{remote}" for remote, local in spec.disks.items())],
+                    "Binds": [
+                        *self.image.binds,
+                        *(f"{local}:{remote}" for remote, local in spec.disks.items()),
+                        *(f"{path}:{path}:ro" for path in spec.mounts),  # the job's data on this machine
+                    ],
                     "NetworkMode": network,
                 },
                 "NetworkingConfig": {"EndpointsConfig": {network: endpoint}},

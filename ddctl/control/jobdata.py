@@ -1,0 +1,44 @@
+"""The job's data as the control plane sees it: checked before anything starts, readable where the job runs.
+
+Local paths (text or token shards) are read by the job's processes at the same paths: a local
+process has them, a Docker VM gets them bound read-only (``InstanceSpec.mounts``). A cloud VM
+cannot read this machine's files, so a cloud region with local data is refused here, naming the
+path and the way out (object storage). Tokenised data must have the model's vocabulary, also
+checked here from the shards' sidecars, before any machine is made.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ddctl import providers
+from ddctl.errors import DdctlError
+from ddctl_agents import storage
+from ddctl_agents.train.data import dataset_vocab_size
+from ddctl_agents.train.job import JobConfig
+from ddctl_agents.train.presets import model_config
+
+
+def local_data(job: JobConfig) -> tuple[str, ...]:
+    """The directories of this machine the job's data lives in (a file's own folder), sorted, each once."""
+    named = [str(p) for p in job.data.paths] + [p for p in job.data.token_paths if not storage.is_remote(p)]
+    folders = {str(path if path.is_dir() else path.parent) for path in (Path(p).resolve() for p in named)}
+    return tuple(sorted(folders))
+
+
+def check_data(job: JobConfig, kinds: dict[str, str]) -> None:
+    """Refuse, before anything starts, data a region cannot read and tokens the model cannot embed."""
+    clouds = sorted({kind for kind in kinds.values() if not providers.KINDS[kind].local})
+    local = local_data(job)
+    if clouds and local:
+        raise DdctlError(
+            f"training data {local[0]} is on this machine, which {' and '.join(clouds)} VMs cannot read; "
+            "put it in object storage and name it there (training.token_data: [s3://BUCKET/PREFIX] or gs://...)"
+        )
+    if job.data.token_paths:
+        need, have = dataset_vocab_size(job.data), model_config(job.inner).vocab_size
+        if need != have:
+            raise DdctlError(
+                f"training.vocab_size: the model's vocabulary is {have} but training.token_data's is {need}; "
+                f"set training.vocab_size: {need}"
+            )
