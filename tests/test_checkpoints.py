@@ -191,3 +191,21 @@ def test_a_checkpoint_of_another_model_is_refused_before_the_syncer_serves(tmp_p
     with pytest.raises(CheckpointError, match="is not this model's|has shape"):
         SyncerRuntime(assembly, ServiceSettings(state_dir=tmp_path / "s", resume_from=tmp_path))
     assert not (tmp_path / "s").exists()  # nothing was started
+
+
+def test_bench_checkpoint_times_ours_beside_torch_save_and_load_of_the_same_tensors(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from ddctl.bench.checkpoint import measure_checkpoint
+    from ddctl.cli.app import app
+
+    result = measure_checkpoint("tiny", repeats=1, folder=tmp_path)
+    assert result["params"] == sum(t.numel() for t in Assembly.build(small_run()).initial.values())
+    assert abs(result["bytes"] - result["torch_bytes"]) < 0.02 * result["torch_bytes"]  # the same tensors, both files
+    for key in ("write", "read"):
+        base = result["torch_save_s" if key == "write" else "torch_load_s"]
+        assert result[f"{key}_s"] > 0 and base > 0 and result[f"{key}_ratio"] == round(result[f"{key}_s"] / base, 3)
+    shown = CliRunner().invoke(app, ["bench", "checkpoint", "--preset", "tiny", "--repeats", "1", "--json"])
+    assert shown.exit_code == 0 and json.loads(shown.stdout)["preset"] == "tiny"
+    refused = CliRunner().invoke(app, ["bench", "checkpoint", "--preset", "huge"])
+    assert refused.exit_code == 2 and "preset must be one of" in refused.output

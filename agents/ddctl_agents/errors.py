@@ -2,6 +2,7 @@
 
     AgentError                       bad input from a user, a file or a peer (never a bug: not a ValueError)
     ├── ConfigError                  a setting outside its allowed range
+    │   └── ContractError            a model that breaks the model contract (train/contract.py); ``rule`` names which
     ├── CodecError                   unknown codec, bad block, wrong payload size, NaN/Inf
     ├── WireError                    malformed, truncated, oversized or corrupted frame
     ├── FragmentationError           impossible fragment layout
@@ -54,6 +55,14 @@ class AgentError(Exception):
 
 class ConfigError(AgentError):
     """A setting is out of its allowed range; the message names it and the range."""
+
+
+class ContractError(ConfigError):
+    """A model factory or its model breaks one rule of the contract (``ddctl_agents.train.contract``)."""
+
+    def __init__(self, rule: str, message: str) -> None:
+        super().__init__(f"model contract, rule {rule!r}: {message}")
+        self.rule = rule
 
 
 class CodecError(AgentError):

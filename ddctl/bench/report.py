@@ -104,3 +104,20 @@ def learner_table(result: dict[str, Any]) -> Table:
             str(run["updates"]),
         )
     return table
+
+
+def checkpoint_table(result: dict[str, Any]) -> Table:
+    table = Table(title=f"checkpoint of {result['preset']} ({result['params']:,} params, model + momentum), fsynced")
+    for col in ("write s", "torch.save s", "x torch", "read+check s", "torch.load s", "x torch", "MB", "torch MB"):
+        table.add_column(col, justify="right")
+    table.add_row(
+        f"{result['write_s']:.3f}",
+        f"{result['torch_save_s']:.3f}",
+        f"{result['write_ratio']:.2f}",
+        f"{result['read_s']:.3f}",
+        f"{result['torch_load_s']:.3f}",
+        f"{result['read_ratio']:.2f}",
+        f"{result['bytes'] / 1e6:.1f}",
+        f"{result['torch_bytes'] / 1e6:.1f}",
+    )
+    return table

@@ -88,6 +88,25 @@ def syncer(
         stdout().print(syncer_table(result))
 
 
+@app.command("checkpoint")
+def checkpoint(
+    preset: Annotated[
+        str, typer.Option(help="The model whose parameters are checkpointed (tiny, small, base, large).")
+    ] = "small",
+    repeats: Annotated[int, typer.Option(help="Timed repetitions; the best is kept.")] = 3,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
+) -> None:
+    """Seconds to write and to read back (checked) a checkpoint, beside torch.save and torch.load of the same tensors."""
+    from ddctl.bench.checkpoint import measure_checkpoint
+    from ddctl.bench.report import checkpoint_table
+
+    result = run_guarded(lambda: measure_checkpoint(preset=preset, repeats=repeats))
+    if json_out:
+        print_json(result)
+    else:
+        stdout().print(checkpoint_table(result))
+
+
 @app.command("link")
 def link(
     rate: Annotated[float, typer.Option(help="Uplink rate the tbf qdisc allows, Mbit/s.")] = 80.0,

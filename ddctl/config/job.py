@@ -32,6 +32,7 @@ KNOBS: dict[str, tuple[str, ...]] = {
     "data": ("data.paths",),
     "token_data": ("data.token_paths",),
     "vocab_size": ("inner.vocab_size",),
+    "model": ("inner.model",),
     "max_bytes": ("data.max_bytes",),
     "eval_windows": ("data.eval_windows",),
     "tokens": ("budget.tokens",),

@@ -38,9 +38,9 @@ from ddctl_agents.train.config import (
     require,
     steps_per_learner,
 )
+from ddctl_agents.train.contract import build
 from ddctl_agents.train.data import BatchSampler, load_corpus, shard, validation_batches
 from ddctl_agents.train.evaluate import evaluate_bpb
-from ddctl_agents.train.model import GPT, build_model
 from ddctl_agents.train.optim import build_inner_optimizer, inner_lr, inner_step
 from ddctl_agents.train.presets import get_preset, model_config
 
@@ -100,7 +100,7 @@ def _join_group(rank: int, job: _Job) -> None:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=job.budget.learners, timeout=timeout)
 
 
-def _wrap_ddp(model: GPT, counter: _CommCounter) -> nn.Module:
+def _wrap_ddp(model: nn.Module, counter: _CommCounter) -> nn.Module:
     """DDP with the counting hook. Every rank builds the same model from the seed, so the
     initial broadcast is skipped and every byte moved passes through the hook."""
     ddp = DistributedDataParallel(model, init_sync=False)
@@ -128,7 +128,7 @@ def _train_rank(rank: int, job: _Job) -> dict[str, Any]:
     corpus = load_corpus(job.data)
     learners = job.budget.learners
     steps = steps_per_learner(job.budget, job.inner, config.seq_len)
-    model = build_model(config, job.inner.seed)
+    model = build(config, job.inner, job.inner.seed)
     sampler = BatchSampler(
         shard(corpus.train, rank, learners),
         job.inner.batch_size,

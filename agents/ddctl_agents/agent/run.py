@@ -1,6 +1,7 @@
 """Run one learner against a syncer: ``python -m ddctl_agents.agent --syncer URL --name L0 ...``.
 
-The learner fetches the job from the syncer, registers (a fresh incarnation per
+The learner fetches the job from the syncer (with the source of a model of
+your own, unpacked to a local folder: ``train/modelfiles.py``), registers (a fresh incarnation per
 process, so its update ids never collide with a previous life's), bootstraps
 every fragment from the subscription stream, then trains. Between steps it
 adopts arrived fragments and queues due outer gradients; the network threads
@@ -42,6 +43,7 @@ from ddctl_agents.train.assembly import Assembly, learner_index
 from ddctl_agents.train.device import DEVICE_CHOICES, describe, resolve_device
 from ddctl_agents.train.inner import Placement
 from ddctl_agents.train.job import JobConfig
+from ddctl_agents.train.modelfiles import unpack
 from ddctl_agents.train.ranks import Decisions, Ranks, join, leave, share_text
 
 log = logging.getLogger(__name__)
@@ -97,13 +99,20 @@ def _register(opts: LearnerOptions) -> tuple[Assembly, Comms, dict[str, Any]]:
         job_answer = retry(client.job, give_up_after_s=120.0)
     finally:
         client.close()
-    assembly = Assembly.build(from_json(JobConfig, job_answer["job"]))
+    model_files = job_answer.get("model_files") or {}
+    assembly = _assemble(job_answer["job"], model_files)
     job = assembly.config
     me = Identity(name=opts.name, incarnation=time.time_ns() // 1000, region=opts.region)
     connect = functools.partial(SyncerClient, opts.syncer, opts.token, opts.ca)
     comms = Comms(connect, me, job.sync.codec, job.sync.block, parallel_uploads=opts.parallel_uploads)
     answer = comms.start(assembly.fragmentation.count)
-    return assembly, comms, {"job": job_answer["job"], "start_step": int(answer["start_step"]), "incarnation": me.incarnation}
+    start = {"job": job_answer["job"], "model_files": model_files, "start_step": int(answer["start_step"])}
+    return assembly, comms, start | {"incarnation": me.incarnation}
+
+
+def _assemble(job: Any, model_files: dict[str, str]) -> Assembly:
+    """The job as the syncer sent it, its own model (if any) imported from the files that came with it."""
+    return Assembly.build(from_json(JobConfig, job), model_dir=unpack(model_files))
 
 
 def _start(opts: LearnerOptions, ranks: Ranks, group: Any) -> tuple[Assembly, Comms | None, dict[str, Any]]:
@@ -120,7 +129,7 @@ def _start(opts: LearnerOptions, ranks: Ranks, group: Any) -> tuple[Assembly, Co
     shared = json.loads(share_text(ranks, json.dumps(start) if ranks.leader else None, group))
     if "over" in shared:
         raise refused or Refused(410, JOB_OVER, str(shared["over"]))
-    return assembly or Assembly.build(from_json(JobConfig, shared["job"])), comms, shared
+    return assembly or _assemble(shared["job"], shared.get("model_files") or {}), comms, shared
 
 
 def run_learner(opts: LearnerOptions, stop: threading.Event | None = None) -> dict[str, Any]:

@@ -43,6 +43,7 @@ from ddctl_agents.service.requests import (
     parse_query,
 )
 from ddctl_agents.service.runtime import SyncerRuntime
+from ddctl_agents.train.modelfiles import pack
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -60,6 +61,8 @@ class SyncerApp:
 
     def __init__(self, runtime: SyncerRuntime, secret: bytes) -> None:
         self.rt, self.secret = runtime, secret
+        self.model_files = pack(runtime.assembly.model_dir)
+        """The source of the job's own model, which learners (having no job directory) get with the job."""
         self.routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
             ("GET", "/healthz"): self.healthz,
             ("GET", "/v1/job"): self.job,
@@ -134,7 +137,8 @@ class SyncerApp:
 
     async def job(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.identity(scope)
-        await _json(send, 200, {"run": self.rt.settings.run, "job": self.rt.job_json, "job_sha": self.rt.job_sha})
+        answer: dict[str, Any] = {"run": self.rt.settings.run, "job": self.rt.job_json, "job_sha": self.rt.job_sha}
+        await _json(send, 200, answer | ({"model_files": self.model_files} if self.model_files else {}))
 
     async def register(self, scope: Scope, receive: Receive, send: Send) -> None:
         who = self.identity(scope)

@@ -41,7 +41,6 @@ from ddctl_agents.service.snapshots import take
 from ddctl_agents.service.supervise import supervise
 from ddctl_agents.service.wal import Wal
 from ddctl_agents.train.assembly import Assembly
-from ddctl_agents.train.flops import flops_per_token
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -77,7 +76,7 @@ class SyncerRuntime:
         self.started_at = clock()
         self.quorum_clock = QuorumClock(self.syncer.config.quorum.quorum, self.started_at)
         self.parameters = sum(t.numel() for t in assembly.initial.values())
-        self.flops_per_token = flops_per_token(assembly.model_config)
+        self.flops_per_token = assembly.flops_per_token()
         """The job's model FLOPs per trained token, behind every learner's MFU on the status page."""
         self.tokens_per_learner = assembly.total_steps * assembly.config.inner.batch_size * assembly.model_config.seq_len
         self.bytes_up = 0

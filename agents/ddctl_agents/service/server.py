@@ -1,7 +1,8 @@
 """Run the synchronizer service: ``python -m ddctl_agents.service --job-dir DIR``.
 
 A job directory holds ``job.json`` (the run id and the JobConfig), ``secret``
-(hex) and, for TLS, ``tls/server.pem`` + ``tls/server.key`` signed by the job's
+(hex), ``model/`` when the job trains a model of its own (``train/modelfiles.py``)
+and, for TLS, ``tls/server.pem`` + ``tls/server.key`` signed by the job's
 own CA (``tls/ca.pem``, which learners pin). Without TLS files the service
 speaks h2c (HTTP/2 prior knowledge), and only on a loopback address.
 """
@@ -9,6 +10,7 @@ speaks h2c (HTTP/2 prior knowledge), and only on a loopback address.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import json
 import signal
@@ -30,6 +32,7 @@ from ddctl_agents.service.runtime import SyncerRuntime
 from ddctl_agents.service.settings import ServiceSettings
 from ddctl_agents.train.assembly import Assembly
 from ddctl_agents.train.job import JobConfig
+from ddctl_agents.train.modelfiles import MODEL_DIR
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +42,8 @@ class JobFiles:
     secret: bytes
     cert: Path | None
     key: Path | None
+    model_dir: Path | None = None
+    """The shipped source of the job's own model, imported from here and served to learners with the job."""
 
 
 def load_job_dir(job_dir: Path) -> JobFiles:
@@ -61,7 +66,10 @@ def load_job_dir(job_dir: Path) -> JobFiles:
         raise ConfigError(f"{job_dir}: {exc}") from None
     cert, key = job_dir / "tls" / "server.pem", job_dir / "tls" / "server.key"
     has_tls = cert.exists() and key.exists()
-    return JobFiles(run=raw["run"], job=job, secret=secret, cert=cert if has_tls else None, key=key if has_tls else None)
+    model_dir = job_dir / MODEL_DIR if (job_dir / MODEL_DIR).is_dir() else None
+    return JobFiles(
+        run=raw["run"], job=job, secret=secret, cert=cert if has_tls else None, key=key if has_tls else None, model_dir=model_dir
+    )
 
 
 def is_loopback(host: str) -> bool:
@@ -114,7 +122,7 @@ async def run_service(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    assembly = await loop.run_in_executor(None, Assembly.build, files.job)
+    assembly = await loop.run_in_executor(None, functools.partial(Assembly.build, files.job, model_dir=files.model_dir))
     runtime = SyncerRuntime(assembly, settings)
     app = SyncerApp(runtime, files.secret)
 

@@ -8,6 +8,7 @@ bit-identical to its run, and every process of a job agree on the layout.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -15,7 +16,7 @@ from ddctl_agents.core.admission import UpdateLimits, derive_limits
 from ddctl_agents.core.fragments import Fragmentation, TensorSpec, fragment_tensors
 from ddctl_agents.core.syncer import Synchronizer
 from ddctl_agents.errors import ConfigError
-from ddctl_agents.train import presets
+from ddctl_agents.train import contract, presets
 from ddctl_agents.train.checksum import params_sha256
 from ddctl_agents.train.config import ModelConfig, steps_per_learner
 from ddctl_agents.train.data import BatchSampler, Corpus, load_corpus, require_vocab, shard, validation_batches
@@ -23,7 +24,6 @@ from ddctl_agents.train.evaluate import evaluate_bpb
 from ddctl_agents.train.inner import InnerTrainer, Placement
 from ddctl_agents.train.job import JobConfig
 from ddctl_agents.train.learner import Learner
-from ddctl_agents.train.model import build_model, embedding_names
 
 
 def learner_name(index: int) -> str:
@@ -49,19 +49,19 @@ class Assembly:
     embeddings: frozenset[str]
     total_steps: int
     val: list[tuple[torch.Tensor, torch.Tensor]]
+    model_dir: Path | None = None
+    """Where a model of your own is imported from (``train/modelfiles.py``); None: installed or a file path."""
 
     @classmethod
-    def build(cls, config: JobConfig, corpus: Corpus | None = None) -> Assembly:
+    def build(cls, config: JobConfig, corpus: Corpus | None = None, model_dir: Path | None = None) -> Assembly:
         torch.set_num_threads(config.threads)
         model_config = presets.model_config(config.inner)
         corpus = corpus or load_corpus(config.data)
         require_vocab(corpus, model_config.vocab_size)
-        model = build_model(model_config, config.inner.seed)
+        model = contract.build(model_config, config.inner, config.inner.seed, model_dir)
         initial = {k: v.detach().clone() for k, v in model.named_parameters()}
-        specs = [
-            TensorSpec(name=n, shape=tuple(p.shape), is_embedding=n in embedding_names(model))
-            for n, p in model.named_parameters()
-        ]
+        embeddings = contract.embeddings_of(model)
+        specs = [TensorSpec(name=n, shape=tuple(p.shape), is_embedding=n in embeddings) for n, p in model.named_parameters()]
         fragmentation = fragment_tensors(specs, config.sync.fragments, config.fragmentation)
         return cls(
             config=config,
@@ -69,10 +69,19 @@ class Assembly:
             corpus=corpus,
             initial=initial,
             fragmentation=fragmentation,
-            embeddings=embedding_names(model),
+            embeddings=embeddings,
             total_steps=steps_per_learner(config.budget, config.inner, model_config.seq_len),
             val=validation_batches(corpus.val, model_config.seq_len, config.data.eval_windows, config.inner.batch_size),
+            model_dir=model_dir,
         )
+
+    def new_model(self) -> torch.nn.Module:
+        """The job's model at the seed's initialisation (``train/contract.py``)."""
+        return contract.build(self.model_config, self.config.inner, self.config.inner.seed, self.model_dir)
+
+    def flops_per_token(self) -> int:
+        """Training FLOPs per token of the job's model, behind MFU."""
+        return contract.model_flops(self.config.inner, self.model_config, sum(v.numel() for v in self.initial.values()))
 
     def new_syncer(self) -> Synchronizer:
         return Synchronizer(self.initial, self.fragmentation, self.embeddings, self.config.syncer, self.update_limits())
@@ -93,7 +102,7 @@ class Assembly:
 
         ``placement``: its device and ranks (default: one CPU process, as every simulation runs).
         """
-        model = build_model(self.model_config, self.config.inner.seed)
+        model = self.new_model()
         data = shard(self.corpus.train, index, self.config.budget.learners)
         sampler = BatchSampler(
             data, self.config.inner.batch_size, self.model_config.seq_len, seed=self.config.inner.seed, stream=index
@@ -112,7 +121,7 @@ class Assembly:
     def evaluate(self, params: dict[str, torch.Tensor]) -> float:
         """Validation bits per byte of the model holding ``params``: per token over the bytes a token stands for,
         where tokenised data says (``Corpus.val_bytes_per_token``); per token where it cannot."""
-        model = build_model(self.model_config, self.config.inner.seed)
+        model = self.new_model()
         with torch.no_grad():
             for name, param in model.named_parameters():
                 param.copy_(params[name])

@@ -4,6 +4,7 @@ fails at the edge with a message, not deep inside a training loop."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,10 @@ def require(ok: bool, message: str) -> None:
     """Raise ConfigError(message) unless ok: keeps validation blocks one line per rule."""
     if not ok:
         raise ConfigError(message)
+
+
+MODEL_SPEC = re.compile(r"(?P<where>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*|[^:]+\.py):(?P<factory>[A-Za-z_]\w*)")
+"""``package.module:factory`` or ``path/to/file.py:factory`` (the contract: ``ddctl_agents.train.contract``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,6 +45,9 @@ class InnerConfig:
     """Seeds model initialisation and every learner's data order."""
     vocab_size: int | None = None
     """The model's vocabulary, overriding its preset's 256 bytes: tokenised data's (``ddctl data prepare``)."""
+    model: str = ""
+    """Your own network: ``package.module:factory`` or ``path/to/file.py:factory`` (``train/contract.py``
+    says what the factory must return); empty means the built-in transformer."""
 
     def __post_init__(self) -> None:
         require(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
@@ -52,6 +60,10 @@ class InnerConfig:
         require(
             self.vocab_size is None or 2 <= self.vocab_size <= 2**32,
             f"vocab_size must be in [2, 2**32] (or unset: the preset's), got {self.vocab_size}",
+        )
+        require(
+            not self.model or MODEL_SPEC.fullmatch(self.model) is not None,
+            f"model must be package.module:factory or path/to/file.py:factory (empty: built-in), got {self.model!r}",
         )
 
 

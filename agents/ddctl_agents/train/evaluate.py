@@ -5,15 +5,15 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from ddctl_agents.train.model import GPT
+from ddctl_agents.train.contract import quality_loss
 
 
-def evaluate_bpb(model: GPT, batches: list[tuple[Tensor, Tensor]]) -> float:
+def evaluate_bpb(model: nn.Module, batches: list[tuple[Tensor, Tensor]]) -> float:
     """Token-weighted mean cross-entropy over the batches, in bits per byte.
 
-    Uses the pure cross-entropy (no MoE balancing term), runs in eval mode
+    Uses the pure cross-entropy (``.ce``: no MoE balancing term), runs in eval mode
     without gradients, and restores the model's previous mode. Losses stay on
     the device until one final host sync.
     """
@@ -25,8 +25,7 @@ def evaluate_bpb(model: GPT, batches: list[tuple[Tensor, Tensor]]) -> float:
     try:
         with torch.no_grad():
             for x, y in batches:
-                ce = model(x.to(device), y.to(device)).ce
-                assert ce is not None  # targets were given
+                ce = quality_loss(model(x.to(device), y.to(device)))
                 total += ce.double() * y.numel()
                 tokens += y.numel()
     finally:

@@ -9,6 +9,7 @@ matrix multiply (forward 2, backward 4), plus attention's 12 x layers x d_model 
 seq_len (scores and values, forward and backward, the common non-causal count).
 Embedding lookups cost nothing; a tied output head counts once, as a matmul.
 For a mixture-of-experts layer only the top_k experts a token visits count.
+A model of your own counts 6 x its parameters (``custom_flops_per_token``).
 """
 
 from __future__ import annotations
@@ -47,6 +48,14 @@ def flops_per_token(config: ModelConfig) -> int:
     return 6 * matmul_weights_per_token(config) + 12 * config.n_layer * config.d_model * config.seq_len
 
 
+def custom_flops_per_token(params: int) -> int:
+    """A model of your own (``train/contract.py``): 6 x its parameters, Kaplan et al.'s (2020) estimate.
+
+    Its layers are unknown here, so attention's context term is left out and an embedding lookup
+    counts as a matmul; the built-in's exact count above does neither."""
+    return 6 * params
+
+
 def peak_flops(accelerator: str) -> float | None:
     """One device's dense bf16 peak, or None for a CPU or an accelerator not in the table."""
     name = accelerator.upper().replace("-", " ")
@@ -69,4 +78,12 @@ def utilisation(model_flops_per_s: float, accelerator: str, devices: int) -> flo
     return model_flops_per_s / (peak * devices)
 
 
-__all__ = ["PEAK_BF16_FLOPS", "flops_per_token", "matmul_weights_per_token", "mfu", "peak_flops", "utilisation"]
+__all__ = [
+    "PEAK_BF16_FLOPS",
+    "custom_flops_per_token",
+    "flops_per_token",
+    "matmul_weights_per_token",
+    "mfu",
+    "peak_flops",
+    "utilisation",
+]

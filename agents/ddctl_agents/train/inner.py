@@ -2,7 +2,7 @@
 
 One rank trains the plain module; several ranks of one learner train it with
 DDP (every rank holds the whole model) or, with ``shard``, FSDP2 (``fully_shard``
-per block: each rank holds a shard). Either way the learner's batch is split
+per block where the model has ``blocks``, else as one unit: each rank holds a shard). Either way the learner's batch is split
 across the ranks, so N ranks with b/N rows each take the step one rank takes
 with b rows.
 
@@ -27,7 +27,6 @@ from ddctl_agents.train.config import InnerConfig
 from ddctl_agents.train.data import BatchSampler
 from ddctl_agents.train.device import autocast, configure_math
 from ddctl_agents.train.hostcopy import HostCopier, Snapshot
-from ddctl_agents.train.model import GPT
 from ddctl_agents.train.optim import build_inner_optimizer, inner_step
 from ddctl_agents.train.ranks import Ranks
 
@@ -44,10 +43,12 @@ class Placement:
     """torch.compile the forward and backward (minutes of compilation, then faster steps)."""
 
 
-def _shard(model: GPT) -> None:
+def _shard(model: nn.Module) -> None:
+    """FSDP2 per block of ``model.blocks`` (the contract's optional ModuleList), then the rest as one unit."""
     from torch.distributed.fsdp import fully_shard
 
-    for block in model.blocks:
+    blocks = getattr(model, "blocks", None)
+    for block in blocks if isinstance(blocks, nn.ModuleList) else ():
         fully_shard(block)
     fully_shard(model)
 
@@ -55,7 +56,7 @@ def _shard(model: GPT) -> None:
 class InnerTrainer:
     """See the module docstring."""
 
-    def __init__(self, model: GPT, inner: InnerConfig, sampler: BatchSampler, placement: Placement) -> None:
+    def __init__(self, model: nn.Module, inner: InnerConfig, sampler: BatchSampler, placement: Placement) -> None:
         ranks = placement.ranks
         if sampler.batch_size % ranks.world:
             raise ConfigError(f"batch_size {sampler.batch_size} does not split over {ranks.world} ranks; make it a multiple")
@@ -73,7 +74,8 @@ class InnerTrainer:
         if ranks.world > 1 and not self.sharded:
             from torch.nn.parallel import DistributedDataParallel
 
-            forward = DistributedDataParallel(model, init_sync=False)  # every rank builds the same seeded model
+            unused = bool(getattr(model, "unused_parameters", ()))  # the contract lets a model leave some out of a step
+            forward = DistributedDataParallel(model, init_sync=False, find_unused_parameters=unused)  # same seeded model
         self.forward = cast(nn.Module, torch.compile(forward)) if placement.compile else forward
         self.optimizer = build_inner_optimizer(model, inner, fused=self.device.type == "cuda")
         self.rows = sampler.batch_size // ranks.world

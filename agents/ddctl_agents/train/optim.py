@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from ddctl_agents.train.config import InnerConfig, require
+from ddctl_agents.train.contract import training_loss
 from ddctl_agents.train.model import POSITION_EMBEDDING
 
 
@@ -59,7 +60,7 @@ def inner_step(
     """
     for group in optimizer.param_groups:
         group["lr"] = lr
-    loss: Tensor = model(x, y).loss
+    loss = training_loss(model(x, y))
     optimizer.zero_grad(set_to_none=True)
     loss.backward()  # type: ignore[no-untyped-call]
     if grad_clip > 0:
