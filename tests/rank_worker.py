@@ -58,9 +58,9 @@ class OuterStepPeer:
         return out
 
 
-def job(batch: int) -> JobConfig:
+def job(batch: int, model: str = "") -> JobConfig:
     return JobConfig(
-        inner=InnerConfig(preset="tiny", batch_size=batch, warmup_steps=4),
+        inner=InnerConfig(preset="tiny", batch_size=batch, warmup_steps=4, model=model),
         data=DataConfig(max_bytes=1 << 20),
         budget=RunBudget(tokens=1_000_000, learners=1),
         sync=SyncSettings(fragments=FRAGMENTS, inner_steps=INNER_STEPS, codec="fp32"),
@@ -74,11 +74,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--shard", action="store_true")
+    parser.add_argument("--model", default="", help="A model of your own (train/contract.py); default: the built-in.")
     args = parser.parse_args()
     ranks = Ranks.from_env()
     group = join(ranks, torch.device("cpu"))
     try:
-        assembly = Assembly.build(job(args.batch))
+        assembly = Assembly.build(job(args.batch, args.model))
         learner = assembly.new_learner(0, placement=Placement(ranks=ranks, shard=args.shard))
         peer = OuterStepPeer(assembly.initial, assembly.fragmentation) if ranks.leader else None
         loop = StepLoop(learner, Decisions(ranks, 1 + 2 * FRAGMENTS, group), peer)

@@ -73,6 +73,17 @@ def test_two_ranks_with_half_the_rows_train_as_one_rank_with_the_whole_batch(
     assert leader["sent_tokens"] == reference["sent_tokens"] > 0  # the learner's tokens, counted once
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(("example", "mode"), [("hf_model.py", "fsdp2"), ("tiny_rnn.py", "ddp")])
+def test_a_model_of_your_own_trains_on_two_ranks_as_on_one(tmp_path: Path, example: str, mode: str) -> None:
+    """FSDP2 shards the HF example per block (its ``blocks``), DDP replicates the GRU: both as one rank trains."""
+    model = ["--model", f"{ROOT / 'docs' / 'examples' / example}:build"]
+    one = _run(tmp_path / "one", 1, *model)
+    two = _run(tmp_path / "two", 2, *model, *(["--shard"] if mode == "fsdp2" else []))
+    assert all(rank["adoptions"] == one["ranks"][0]["adoptions"] for rank in two["ranks"])
+    assert _max_difference(one["params"], two["params"]) < TOLERANCE
+
+
 def _run_free_reference_params(one_rank: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The seed's initial parameters: what the comparison would be against had nothing trained."""
     from ddctl_agents.train.model import build_model

@@ -60,7 +60,7 @@ class ConfigError(AgentError):
 class ContractError(ConfigError):
     """A model factory or its model breaks one rule of the contract (``ddctl_agents.train.contract``)."""
 
-    def __init__(self, rule: str, message: str) -> None:
+    def __init__(self, message: str, rule: str = "contract") -> None:
         super().__init__(f"model contract, rule {rule!r}: {message}")
         self.rule = rule
 

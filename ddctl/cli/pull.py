@@ -28,6 +28,7 @@ def pull(
 ) -> None:
     """Fetch a run's trained model: every file checked against its manifest, then written whole (or not at all)."""
     from ddctl.control import pull as pulling
+    from ddctl.control.rundir import RunDir
     from ddctl.control.runs import choose_run
     from ddctl.control.state import State
 
@@ -42,7 +43,8 @@ def pull(
         if list_only:
             return {"run": name, "from": where.label, "checkpoints": pulling.listing(where)}
         found, files, chosen = pulling.fetch(where, checkpoint)
-        written = pulling.write_out(out, found, files, hf=hf)
+        job = RunDir(name).job if name else None  # a model of yours: its source comes along
+        written = pulling.write_out(out, found, files, hf=hf, source_of=job)
         m = found.manifest
         return {"run": m.run, "from": where.label, "checkpoint": chosen, "rounds": m.rounds, "versions": m.versions,
                 "merged": m.tokens.get("merged", 0), "val_bpb": m.val_bpb, "out": str(out), "files": written}  # fmt: skip

@@ -59,6 +59,10 @@ def train(
     preset: Annotated[
         str | None, typer.Option(help=f"Model preset: tiny, tiny-moe, small, base, large [default: {default('preset')}].")
     ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(help="Your own network, path/to/file.py:factory or package.module:factory, instead of the preset's."),
+    ] = None,
     tokens: Annotated[
         int | None, typer.Option(help=f"Total token budget across all learners [default: {default('tokens')}].")
     ] = None,
@@ -110,7 +114,7 @@ def train(
     knobs = {
         "learners": learners, "fragments": fragments, "inner_steps": inner_steps, "overlap": overlap, "quorum": quorum,
         "grace": grace, "codec": codec, "down_codec": down_codec, "merge": merge, "fragmentation": fragmentation,
-        "error_feedback": error_feedback, "push_before_overwrite": push_before_overwrite, "preset": preset,
+        "error_feedback": error_feedback, "push_before_overwrite": push_before_overwrite, "preset": preset, "model": model,
         "tokens": tokens, "batch_size": batch_size, "lr": lr, "outer_lr": outer_lr, "outer_momentum": outer_momentum,
         "data": data or None, "max_bytes": max_bytes, "seed": seed, "threads": threads,
     }  # fmt: skip
@@ -120,6 +124,11 @@ def train(
         from ddctl.cli.train_options import build_config
 
         config = build_config(knobs, cluster)
+        if config.inner.model:  # a broken factory fails here, naming the rule, before any data is read
+            from ddctl_agents.train.contract import check_contract
+            from ddctl_agents.train.presets import model_config
+
+            check_contract(config.inner.model, model_config(config.inner), fragments=config.sync.fragments)
         with progress_bar("training", config.budget.tokens) as update:
             if baseline is Baseline.dp:
                 from ddctl.local.baseline import run_data_parallel

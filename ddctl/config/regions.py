@@ -185,6 +185,10 @@ def job_config(rf: RegionsFile) -> JobConfig:
             knobs[knob] = [
                 p if not isinstance(p, str) or "://" in p else str((rf.path.parent / p).resolve()) for p in knobs[knob]
             ]
+    model = knobs.get("model")
+    if isinstance(model, str) and ":" in model and model.rpartition(":")[0].endswith(".py"):  # a file: relative to us
+        where, _, factory = model.rpartition(":")
+        knobs["model"] = f"{(rf.path.parent / where).resolve()}:{factory}"
     try:
         return build_job({**knobs, "learners": rf.learners})
     except KnobError as exc:

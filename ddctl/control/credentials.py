@@ -7,6 +7,7 @@ own token and the CA certificate, which they pin (no public CA is trusted).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import ipaddress
 import json
@@ -24,6 +25,7 @@ from ddctl_agents.errors import AgentError
 from ddctl_agents.jsonable import to_json
 from ddctl_agents.service.auth import ADMIN, derive_token, read_secret
 from ddctl_agents.train.job import JobConfig
+from ddctl_agents.train.modelfiles import ship
 
 VALID_DAYS = 30
 
@@ -89,6 +91,8 @@ def init_job_dir(directory: Path, job: JobConfig, run: str, hosts: list[str], tl
     if (directory / "job.json").exists():
         raise DdctlError(f"{directory} already holds a job; pick an empty directory (nothing was changed)")
     directory.mkdir(parents=True, exist_ok=True)
+    if job.inner.model:  # your model's source travels with the job (JOB_DIR/model/), named as the agents import it
+        job = dataclasses.replace(job, inner=dataclasses.replace(job.inner, model=ship(job.inner.model, directory)))
     _write(directory / "secret", (secrets.token_hex(32) + "\n").encode(), private=True)
     if tls:
         make_tls(directory / "tls", run, hosts)

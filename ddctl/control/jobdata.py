@@ -1,4 +1,4 @@
-"""The job's data as the control plane sees it: checked before anything starts, readable where the job runs.
+"""The job's data and model as the control plane sees them: checked before anything starts, readable where the job runs.
 
 Local paths (text or token shards) are read by the job's processes at the same paths: a local
 process has them, a Docker VM gets them bound read-only (``InstanceSpec.mounts``). A cloud VM
@@ -11,11 +11,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from ddctl import providers
 from ddctl.errors import DdctlError
 from ddctl_agents import storage
+from ddctl_agents.train.config import InnerConfig
+from ddctl_agents.train.contract import build, check_contract
 from ddctl_agents.train.data import dataset_vocab_size
 from ddctl_agents.train.job import JobConfig
+from ddctl_agents.train.model import GPT
 from ddctl_agents.train.presets import model_config
 
 
@@ -27,7 +32,8 @@ def local_data(job: JobConfig) -> tuple[str, ...]:
 
 
 def check_data(job: JobConfig, kinds: dict[str, str]) -> None:
-    """Refuse, before anything starts, data a region cannot read and tokens the model cannot embed."""
+    """Refuse, before anything starts, data a region cannot read, tokens the model cannot embed, and a model of
+    yours that breaks its contract (``train/contract.py``)."""
     clouds = sorted({kind for kind in kinds.values() if not providers.KINDS[kind].local})
     local = local_data(job)
     if clouds and local:
@@ -35,6 +41,8 @@ def check_data(job: JobConfig, kinds: dict[str, str]) -> None:
             f"training data {local[0]} is on this machine, which {' and '.join(clouds)} VMs cannot read; "
             "put it in object storage and name it there (training.token_data: [s3://BUCKET/PREFIX] or gs://...)"
         )
+    if job.inner.model:  # your model, built and run once here: a broken contract fails now, not on a VM later
+        check_contract(job.inner.model, model_config(job.inner), fragments=job.sync.fragments)
     if job.data.token_paths:
         need, have = dataset_vocab_size(job.data), model_config(job.inner).vocab_size
         if need != have:
@@ -42,3 +50,13 @@ def check_data(job: JobConfig, kinds: dict[str, str]) -> None:
                 f"training.vocab_size: the model's vocabulary is {have} but training.token_data's is {need}; "
                 f"set training.vocab_size: {need}"
             )
+
+
+def model_shapes(inner: InnerConfig) -> dict[str, tuple[int, ...]]:
+    """The parameters the job's model has, by name: the built-in's from the meta device (nothing allocated), yours
+    built once on the CPU (as the syncer builds it)."""
+    config = model_config(inner)
+    if not inner.model:
+        with torch.device("meta"):
+            return {n: tuple(p.shape) for n, p in GPT(config).named_parameters()}
+    return {n: tuple(p.shape) for n, p in build(config, inner, inner.seed).named_parameters()}

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ddctl import providers
+from ddctl.control.jobdata import model_shapes
 from ddctl.control.rundir import RunDir
 from ddctl.control.state import State
 from ddctl.errors import DdctlError
@@ -30,8 +31,10 @@ from ddctl.providers.deploy import REMOTE_ROOT
 from ddctl_agents import storage
 from ddctl_agents.jsonable import from_json, to_json
 from ddctl_agents.train.checkpoint import MANIFEST, Checkpoint, CheckpointError, load, read_manifest
-from ddctl_agents.train.config import ModelConfig
+from ddctl_agents.train.config import InnerConfig, ModelConfig
 from ddctl_agents.train.model import GPT
+from ddctl_agents.train.modelfiles import MODEL_DIR, pack
+from ddctl_agents.train.presets import model_config
 
 INDEX = "index.json"
 MAX_INDEX_BYTES = 1 << 20
@@ -93,8 +96,11 @@ def listing(source: Source) -> list[dict[str, Any]]:
         raise DdctlError(f"{source.label}/{INDEX}: not a checkpoint index ({exc})") from None
 
 
-def fetch(source: Source, name: str = "") -> tuple[Checkpoint, dict[str, bytes], str]:
-    """The chosen checkpoint (default: the newest), checked whole; its files' bytes, and its name."""
+def fetch(
+    source: Source, name: str = "", expect: dict[str, tuple[int, ...]] | None = None
+) -> tuple[Checkpoint, dict[str, bytes], str]:
+    """The chosen checkpoint (default: the newest), checked whole against ``expect`` (the parameters it must hold;
+    default: the built-in model's for its config, or its own for a model of yours); its files' bytes, and its name."""
     entries = listing(source)
     names = [e["name"] for e in entries]
     chosen = name or names[-1]
@@ -109,7 +115,10 @@ def fetch(source: Source, name: str = "") -> tuple[Checkpoint, dict[str, bytes],
 
     try:
         manifest = read_manifest(read(MANIFEST, 1 << 20))
-        checkpoint = load(read, shapes(from_json(ModelConfig, manifest.model)))
+        custom = bool(manifest.job.get("inner", {}).get("model"))  # yours: its source is the job's, not here
+        checkpoint = load(
+            read, expect if expect is not None else None if custom else shapes(from_json(ModelConfig, manifest.model))
+        )
     except (CheckpointError, storage.StorageError) as exc:
         raise DdctlError(f"{source.label}/{chosen or '.'}: {exc}") from None
     return checkpoint, files, chosen or Path(source.label).name
@@ -121,8 +130,11 @@ def shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         return {n: tuple(p.shape) for n, p in GPT(config).named_parameters()}
 
 
-def write_out(out: Path, checkpoint: Checkpoint, files: dict[str, bytes], hf: bool = False) -> list[str]:
-    """The checkpoint's files, its model config and (``hf``) a Hugging Face directory, into ``out``, whole or not at all."""
+def write_out(
+    out: Path, checkpoint: Checkpoint, files: dict[str, bytes], hf: bool = False, source_of: Path | None = None
+) -> list[str]:
+    """The checkpoint's files, its model config, the source of a model of yours (from the job directory ``source_of``)
+    and (``hf``) a Hugging Face directory, into ``out``, whole or not at all."""
     if out.exists() and any(out.iterdir()):
         raise DdctlError(f"{out}: exists and is not empty; choose a new directory (nothing was written)")
     tmp = out.with_name(f".{out.name}.partial")
@@ -132,6 +144,9 @@ def write_out(out: Path, checkpoint: Checkpoint, files: dict[str, bytes], hf: bo
         for name, data in files.items():
             (tmp / name).write_bytes(data)
         (tmp / CONFIG).write_text(json.dumps(checkpoint.manifest.model, indent=1, sort_keys=True) + "\n")
+        for name, text in pack(source_of / MODEL_DIR if source_of is not None else None).items():
+            (tmp / MODEL_DIR / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / MODEL_DIR / name).write_text(text)
         if hf:
             from ddctl.export.hf import write_hf
 
@@ -146,10 +161,10 @@ def write_out(out: Path, checkpoint: Checkpoint, files: dict[str, bytes], hf: bo
     return written
 
 
-def resume_point(where: str, model: ModelConfig) -> tuple[dict[str, bytes], dict[str, Any]]:
+def resume_point(where: str, inner: InnerConfig) -> tuple[dict[str, bytes], dict[str, Any]]:
     """``up --resume-from``: the checkpoint's files, checked whole and against the new job's model, and what it is."""
-    checkpoint, files, name = fetch(open_source(where))
-    ours = to_json(model)
+    checkpoint, files, name = fetch(open_source(where), expect=model_shapes(inner))
+    ours = to_json(model_config(inner))
     if checkpoint.manifest.model != ours:
         differ = sorted(k for k in ours if checkpoint.manifest.model.get(k) != ours[k])
         raise DdctlError(

@@ -16,6 +16,7 @@ The sizes are computed without torch (``ddctl --help`` and ``up --plan`` stay li
 from __future__ import annotations
 
 import importlib
+import math
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from typing import Any
 
 from ddctl.config.regions import Region, RegionsFile, job_config
 from ddctl.config.train import ClusterConfig
+from ddctl.control.jobdata import model_shapes
 from ddctl.control.plan import plan
 from ddctl.providers import KINDS
 from ddctl_agents.train.config import ModelConfig
@@ -106,7 +108,10 @@ class SyncTraffic:
 
 def sync_traffic(job: JobConfig, step_s: float = STEP_S) -> SyncTraffic:
     """The job's own traffic: its model's tensors in its codecs, its fragments, its H."""
-    sizes = [n for _, n in model_tensors(model_config(job.inner))]
+    if job.inner.model:  # yours: its own tensors
+        sizes = [math.prod(shape) for shape in model_shapes(job.inner).values()]
+    else:
+        sizes = [n for _, n in model_tensors(model_config(job.inner))]
     sync = job.sync
     return SyncTraffic(
         up_bytes=sync_bytes(sizes, sync.codec, sync.block, sync.fragments, "update"),

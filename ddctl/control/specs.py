@@ -20,6 +20,7 @@ from ddctl.control.rundir import RunDir
 from ddctl.providers.base import LOOPBACK, InstanceSpec, RegionInfo
 from ddctl.providers.deploy import REMOTE_ROOT
 from ddctl_agents import storage
+from ddctl_agents.train.modelfiles import MODEL_DIR, pack
 
 SYNCER_FILES = ("job.json", "secret", "tls/ca.pem", "tls/server.pem", "tls/server.key")
 """What a remote syncer needs of the job directory (never the CA's private key)."""
@@ -55,7 +56,11 @@ def syncer_spec(
     argv += ("--checkpoint-url", storage.join(policy.url, run)) if policy.url else ()
     resume = sorted(p.name for p in rundir.resume.iterdir()) if rundir.resume.is_dir() else []
     argv += ("--resume-from", f"{job}/resume") if resume else ()
-    names = [*SYNCER_FILES, *(f"resume/{name}" for name in resume)]
+    names = [
+        *SYNCER_FILES,
+        *(f"resume/{name}" for name in resume),
+        *(f"{MODEL_DIR}/{n}" for n in sorted(pack(rundir.job / MODEL_DIR))),
+    ]
     return InstanceSpec(
         run=run,
         name="syncer",

@@ -38,7 +38,6 @@ from ddctl.providers import linkshape
 from ddctl.providers.base import Instance, InstanceSpec, Provider, RegionInfo
 from ddctl_agents import storage
 from ddctl_agents.agent.client import SyncerClient, Unavailable
-from ddctl_agents.train.presets import model_config
 from ddctl_agents.waiting import wait_until
 
 TRANSIENT_TRIES = 3
@@ -92,7 +91,7 @@ def up(
     fresh = record is None or record.state in ENDED
     if resume_from and not fresh:
         raise DdctlError(f"run {run} is {record.state}; --resume-from starts a new run: `ddctl down --run {run}` first")  # type: ignore[union-attr]
-    resumed = pulling.resume_point(resume_from, model_config(job.inner)) if resume_from else None  # before anything
+    resumed = pulling.resume_point(resume_from, job.inner) if resume_from else None  # before anything
     started = time.monotonic()
     try:
         if fresh:

@@ -56,7 +56,7 @@ class HFCausalLM(nn.Module):
     @property
     def blocks(self) -> nn.ModuleList:
         """The transformer layers, one FSDP2 unit each under ``--shard``."""
-        return self.lm.transformer.h  # type: ignore[no-any-return]
+        return self.lm.transformer.h
 
     def forward(self, tokens: Tensor, targets: Tensor) -> Output:
         logits = self.lm(input_ids=tokens, use_cache=False).logits

@@ -53,11 +53,16 @@ MAX_NAME = 256
 """Longest parameter name the wire format's tensor table takes."""
 
 
+def refusal(rule: str, message: str) -> ContractError:
+    """The error for a broken ``rule`` (a word of the module docstring's rules: spec, load, factory, output, ...)."""
+    return ContractError(message, rule)
+
+
 def split_spec(spec: str) -> tuple[str, str]:
     """(module or file, factory) of a spec; a malformed one is refused naming both forms."""
     match = MODEL_SPEC.fullmatch(spec)
     if match is None:
-        raise ContractError("spec", f"{spec!r} is not package.module:factory or path/to/file.py:factory")
+        raise refusal("spec", f"{spec!r} is not package.module:factory or path/to/file.py:factory")
     return match["where"], match["factory"]
 
 
@@ -67,14 +72,16 @@ def load_factory(spec: str, search: Path | None = None) -> Factory:
     if where.endswith(".py"):
         path = Path(where).expanduser().resolve()
         if not path.is_file():
-            raise ContractError("load", f"{spec}: no file {path}")
+            raise refusal("load", f"{spec}: no file {path}")
+        if not path.stem.isidentifier():
+            raise refusal("spec", f"{spec}: {path.name} cannot be imported; name the file like a Python module")
         where, search = path.stem, path.parent
     module = _import(spec, where, search)
     factory = getattr(module, name, None)
     if factory is None:
-        raise ContractError("load", f"{spec}: module {where} has no attribute {name!r}")
+        raise refusal("load", f"{spec}: module {where} has no attribute {name!r}")
     if not callable(factory):
-        raise ContractError("load", f"{spec}: {where}.{name} is a {type(factory).__name__}, not a callable factory")
+        raise refusal("load", f"{spec}: {where}.{name} is a {type(factory).__name__}, not a callable factory")
     return factory  # type: ignore[no-any-return]
 
 
@@ -82,18 +89,18 @@ def _import(spec: str, name: str, search: Path | None) -> Any:
     """Import ``name``, from ``search`` first when given (a copy imported earlier from elsewhere is forgotten)."""
     if search is not None:
         root = search.resolve()
-        if str(root) not in sys.path:
-            sys.path.insert(0, str(root))
+        if sys.path[:1] != [str(root)]:  # first, even if an earlier load put it further down
+            sys.path[:] = [str(root), *(entry for entry in sys.path if entry != str(root))]
         _forget_elsewhere(name.partition(".")[0], root)
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
         if exc.name is not None and (name == exc.name or name.startswith(f"{exc.name}.")):
             looked = f"{search} and the installed packages" if search is not None else "the installed packages"
-            raise ContractError("load", f"{spec}: no module {name} (looked in {looked})") from None
-        raise ContractError("load", f"{spec}: importing {name} failed: {exc}") from None
+            raise refusal("load", f"{spec}: no module {name} (looked in {looked})") from None
+        raise refusal("load", f"{spec}: importing {name} failed: {exc}") from None
     except Exception as exc:  # the user's module runs here: any failure is theirs to fix, named
-        raise ContractError("load", f"{spec}: importing {name} raised {type(exc).__name__}: {exc}") from None
+        raise refusal("load", f"{spec}: importing {name} raised {type(exc).__name__}: {exc}") from None
 
 
 def _forget_elsewhere(top: str, root: Path) -> None:
@@ -121,9 +128,9 @@ def _call(spec: str, factory: Factory, config: ModelConfig, seed: int) -> nn.Mod
         except AgentError:
             raise
         except Exception as exc:
-            raise ContractError("factory", f"{spec}: the factory raised {type(exc).__name__}: {exc}") from None
+            raise refusal("factory", f"{spec}: the factory raised {type(exc).__name__}: {exc}") from None
     if not isinstance(model, nn.Module):
-        raise ContractError("factory", f"{spec}: the factory returned a {type(model).__name__}, not a torch.nn.Module")
+        raise refusal("factory", f"{spec}: the factory returned a {type(model).__name__}, not a torch.nn.Module")
     return model
 
 
@@ -131,7 +138,7 @@ def training_loss(out: object) -> Tensor:
     """What training minimises: the output itself when a tensor, else its ``.loss``."""
     loss = out if isinstance(out, Tensor) else getattr(out, "loss", None)
     if not isinstance(loss, Tensor):
-        raise ContractError("output", f"forward returned a {type(out).__name__}: give a scalar tensor or an object with .loss")
+        raise refusal("output", f"forward returned a {type(out).__name__}: give a scalar tensor or an object with .loss")
     return loss
 
 
@@ -166,7 +173,7 @@ def check_contract(spec: str, config: ModelConfig, search: Path | None = None, *
     embeddings = _names(spec, "embedding_names", embeddings_of(first), named)
     blocks = getattr(first, "blocks", None)
     if blocks is not None and not isinstance(blocks, nn.ModuleList):
-        raise ContractError("blocks", f"{spec}: .blocks is a {type(blocks).__name__}; allowed: an nn.ModuleList, or none")
+        raise refusal("blocks", f"{spec}: .blocks is a {type(blocks).__name__}; allowed: an nn.ModuleList, or none")
     tokens, targets = _batch(config)
     buffers = {name: b.detach().clone() for name, b in first.named_buffers()}
     first.train()
@@ -175,10 +182,10 @@ def check_contract(spec: str, config: ModelConfig, search: Path | None = None, *
     again.train()
     replayed = training_loss(_forward(spec, again, tokens, targets))
     if not torch.equal(loss.detach(), replayed.detach()):
-        raise ContractError("determinism", f"{spec}: one batch, two forwards, two losses ({loss}, {replayed}); no dropout")
+        raise refusal("determinism", f"{spec}: one batch, two forwards, two losses ({loss}, {replayed}); no dropout")
     for name, before in buffers.items():
         if not torch.equal(before, first.get_buffer(name)):
-            raise ContractError("buffers", f"{spec}: training changed buffer {name}; buffers are not synchronised")
+            raise refusal("buffers", f"{spec}: training changed buffer {name}; buffers are not synchronised")
     first.eval()
     with torch.no_grad():
         _scalar(spec, "ce", quality_loss(_forward(spec, first, tokens, targets)), grad=False)
@@ -187,7 +194,7 @@ def check_contract(spec: str, config: ModelConfig, search: Path | None = None, *
         try:
             fragment_tensors(specs, fragments)
         except AgentError as exc:
-            raise ContractError("fragments", f"{spec}: {len(specs)} tensors cannot make {fragments} fragments: {exc}") from None
+            raise refusal("fragments", f"{spec}: {len(specs)} tensors cannot make {fragments} fragments: {exc}") from None
     params = sum(p.numel() for p in named.values())
     return {
         "params": params,
@@ -200,25 +207,25 @@ def check_contract(spec: str, config: ModelConfig, search: Path | None = None, *
 
 def _check_parameters(spec: str, named: dict[str, nn.Parameter]) -> None:
     if not named:
-        raise ContractError("parameters", f"{spec}: the model has no parameters; the syncer merges parameters, give it some")
+        raise refusal("parameters", f"{spec}: the model has no parameters; the syncer merges parameters, give it some")
     rank = WireLimits().max_rank
     for name, param in named.items():
         if not 0 < len(name) <= MAX_NAME:
-            raise ContractError("parameters", f"{spec}: parameter name {name[:40]!r}... is over {MAX_NAME} characters")
+            raise refusal("parameters", f"{spec}: parameter name {name[:40]!r}... is over {MAX_NAME} characters")
         if param.dtype != torch.float32:
-            raise ContractError("parameters", f"{spec}: {name} is {param.dtype}; parameters must be float32 (autocast does bf16)")
+            raise refusal("parameters", f"{spec}: {name} is {param.dtype}; parameters must be float32 (autocast does bf16)")
         if param.ndim > rank:
-            raise ContractError("parameters", f"{spec}: {name} has {param.ndim} dimensions; at most {rank}")
+            raise refusal("parameters", f"{spec}: {name} has {param.ndim} dimensions; at most {rank}")
         if param.device.type != "cpu":
-            raise ContractError("parameters", f"{spec}: {name} is on {param.device}; build on the CPU (training moves it)")
+            raise refusal("parameters", f"{spec}: {name} is on {param.device}; build on the CPU (training moves it)")
 
 
 def _check_same(spec: str, first: dict[str, nn.Parameter], again: dict[str, nn.Parameter]) -> None:
     if list(first) != list(again):
-        raise ContractError("determinism", f"{spec}: two builds with one seed named different parameters")
+        raise refusal("determinism", f"{spec}: two builds with one seed named different parameters")
     for name, param in first.items():
         if param.shape != again[name].shape or not torch.equal(param, again[name]):
-            raise ContractError(
+            raise refusal(
                 "determinism",
                 f"{spec}: two builds with one seed differ at {name}; draw randomness from torch's seeded generator only",
             )
@@ -228,7 +235,7 @@ def _names(spec: str, attribute: str, names: Iterable[str], named: dict[str, nn.
     chosen = frozenset(names)
     stray = sorted(chosen - set(named))
     if stray:
-        raise ContractError(attribute, f"{spec}: .{attribute} lists {', '.join(stray[:3])}, not parameter names")
+        raise refusal(attribute, f"{spec}: .{attribute} lists {', '.join(stray[:3])}, not parameter names")
     return chosen
 
 
@@ -243,16 +250,16 @@ def _forward(spec: str, model: nn.Module, tokens: Tensor, targets: Tensor) -> ob
     try:
         return model(tokens, targets)
     except Exception as exc:
-        raise ContractError("forward", f"{spec}: forward(tokens, targets) raised {type(exc).__name__}: {exc}") from None
+        raise refusal("forward", f"{spec}: forward(tokens, targets) raised {type(exc).__name__}: {exc}") from None
 
 
 def _scalar(spec: str, what: str, value: Tensor, *, grad: bool) -> Tensor:
     if value.ndim != 0 or not value.is_floating_point():
-        raise ContractError("output", f"{spec}: the {what} is {value.dtype} of shape {tuple(value.shape)}; allowed: one float")
+        raise refusal("output", f"{spec}: the {what} is {value.dtype} of shape {tuple(value.shape)}; allowed: one float")
     if not math.isfinite(float(value.detach())):
-        raise ContractError("output", f"{spec}: the {what} is {float(value.detach())} on a random batch; it must be finite")
+        raise refusal("output", f"{spec}: the {what} is {float(value.detach())} on a random batch; it must be finite")
     if grad and not value.requires_grad:
-        raise ContractError("output", f"{spec}: the {what} does not require grad; compute it from the parameters, not detached")
+        raise refusal("output", f"{spec}: the {what} does not require grad; compute it from the parameters, not detached")
     return value
 
 
@@ -260,26 +267,25 @@ def _check_backward(spec: str, model: nn.Module, loss: Tensor, unused: frozenset
     try:
         loss.backward()  # type: ignore[no-untyped-call]
     except Exception as exc:
-        raise ContractError("backward", f"{spec}: loss.backward() raised {type(exc).__name__}: {exc}") from None
+        raise refusal("backward", f"{spec}: loss.backward() raised {type(exc).__name__}: {exc}") from None
     for name, param in model.named_parameters():
         if name in unused:
             continue
         if param.grad is None:
-            raise ContractError(
-                "gradients", f"{spec}: {name} got no gradient; use it in the loss or list it in .unused_parameters"
-            )
+            raise refusal("gradients", f"{spec}: {name} got no gradient; use it in the loss or list it in .unused_parameters")
         if not bool(torch.isfinite(param.grad).all()):
-            raise ContractError("gradients", f"{spec}: the gradient of {name} is not finite")
+            raise refusal("gradients", f"{spec}: the gradient of {name} is not finite")
 
 
 __all__ = [
     "Factory",
     "build",
     "check_contract",
-        "embeddings_of",
+    "embeddings_of",
     "load_factory",
     "model_flops",
     "quality_loss",
+    "refusal",
     "split_spec",
     "training_loss",
 ]

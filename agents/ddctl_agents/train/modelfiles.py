@@ -19,8 +19,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
-from ddctl_agents.errors import ContractError
-from ddctl_agents.train.contract import split_spec
+from ddctl_agents.train.contract import refusal, split_spec
 
 MODEL_DIR = "model"
 """The job directory's folder that holds the shipped source."""
@@ -31,27 +30,30 @@ PRESENT = "ddctl_agents"
 
 
 def ship(spec: str, job_dir: Path) -> str:
-    """Copy ``spec``'s source into ``job_dir/model/``; returns the spec as the agents must use it."""
+    """Copy ``spec``'s source into ``job_dir/model/``; returns the spec as the agents must use it.
+
+    Shipping a returned spec again into the same ``job_dir`` is a no-op, so callers need not know whether it was."""
     if not spec:
         return ""
     where, name = split_spec(spec)
     if where.endswith(".py"):
         source = Path(where).expanduser().resolve()
         if not source.is_file():
-            raise ContractError("load", f"{spec}: no file {source}")
+            raise refusal("load", f"{spec}: no file {source}")
         top, files = source.stem, {source.name: source}
         if not top.isidentifier():
-            raise ContractError("spec", f"{spec}: {source.name} cannot be imported; name the file like a Python module")
+            raise refusal("spec", f"{spec}: {source.name} cannot be imported; name the file like a Python module")
     else:
         top = where.partition(".")[0]
-        if top == PRESENT:
-            return spec
+        shipped = job_dir / MODEL_DIR
+        if top == PRESENT or (shipped / top).is_dir() or (shipped / f"{top}.py").is_file():
+            return spec  # on every VM already, or shipped before: shipping again changes nothing
         files = _sources(spec, top)
     if top in sys.stdlib_module_names or top in ("ddctl", "ddctl_agents"):
-        raise ContractError("spec", f"{spec}: a module named {top} would shadow {top} on the VMs; rename it")
+        raise refusal("spec", f"{spec}: a module named {top} would shadow {top} on the VMs; rename it")
     size = sum(path.stat().st_size for path in files.values())
     if size > MAX_SOURCE_BYTES:
-        raise ContractError("load", f"{spec}: {size} bytes of source; at most {MAX_SOURCE_BYTES} travel with a job")
+        raise refusal("load", f"{spec}: {size} bytes of source; at most {MAX_SOURCE_BYTES} travel with a job")
     for relative, path in files.items():
         target = job_dir / MODEL_DIR / relative
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -64,11 +66,11 @@ def _sources(spec: str, top: str) -> dict[str, Path]:
     try:
         found = importlib.util.find_spec(top)
     except (ImportError, ValueError) as exc:
-        raise ContractError("load", f"{spec}: cannot find {top}: {exc}") from None
+        raise refusal("load", f"{spec}: cannot find {top}: {exc}") from None
     if found is None:
-        raise ContractError("load", f"{spec}: no module {top} on this machine; give path/to/file.py:factory instead")
+        raise refusal("load", f"{spec}: no module {top} on this machine; give path/to/file.py:factory instead")
     if found.origin is None or not found.origin.endswith(".py"):
-        raise ContractError("load", f"{spec}: {top} is not Python source ({found.origin}); only source files can be shipped")
+        raise refusal("load", f"{spec}: {top} is not Python source ({found.origin}); only source files can be shipped")
     origin = Path(found.origin)
     if found.submodule_search_locations is None:
         return {origin.name: origin}
@@ -110,7 +112,7 @@ def unpack(files: Mapping[str, str], root: Path | None = None) -> Path | None:
     for name in files:
         parts = PurePosixPath(name).parts
         if not name.endswith(".py") or PurePosixPath(name).is_absolute() or ".." in parts or "\\" in name:
-            raise ContractError("load", f"shipped model file {name!r}: allowed are relative paths of .py files")
+            raise refusal("load", f"shipped model file {name!r}: allowed are relative paths of .py files")
     target = (root or Path(tempfile.gettempdir())) / f"ddctl-model-{digest(files)[:16]}"
     if target.is_dir():
         return target
