@@ -1,5 +1,6 @@
-"""Your data, end to end: text tokenised by ``ddctl data prepare`` trains a dry run to its end (Docker VMs read the
-shards through a read-only bind, local processes at their paths), and what cannot work is refused at ``up --plan``."""
+"""Your model and your data, end to end: a Hugging Face model of yours trains on text tokenised by ``ddctl data
+prepare`` in a dry run to its end (its source shipped with the job; Docker VMs read the shards through a read-only
+bind, local processes at their paths), and what cannot work is refused at ``up --plan``."""
 
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ def regions(tmp_path: Path, training: dict, provider: str = "docker") -> Path:
 
 @pytest.mark.slow
 def test_a_dry_run_trains_on_prepared_token_shards_to_its_end(tmp_path: Path, shards: Path) -> None:
-    path = regions(tmp_path, {"token_data": ["shards"], "vocab_size": 320})  # relative to the regions file
+    model = f"{Path(__file__).parents[1] / 'docs' / 'examples' / 'hf_model.py'}:build"
+    path = regions(tmp_path, {"token_data": ["shards"], "vocab_size": 320, "model": model})  # data: relative to the file
     run = dry_run_up(path)["run"]
     try:
         summary = check_finished(run_to_its_end(run), ["L0", "L1"], BUDGET)
@@ -57,6 +59,9 @@ def test_a_dry_run_trains_on_prepared_token_shards_to_its_end(tmp_path: Path, sh
         pulled = runner.invoke(app, ["pull", run, "--out", str(tmp_path / "model"), "--json"])
         assert pulled.exit_code == 0, pulled.output
         assert json.loads((tmp_path / "model" / "config.json").read_text())["vocab_size"] == 320
+        assert (tmp_path / "model" / "model" / "hf_model.py").exists()  # the model's source beside its weights
+        manifest = json.loads((tmp_path / "model" / "manifest.json").read_text())
+        assert manifest["job"]["inner"]["model"] == "hf_model:build"  # as the agents imported it, from the job
     finally:
         down = runner.invoke(app, ["down", "--run", run, "--json"])
     assert down.exit_code == 0, down.output
@@ -73,4 +78,9 @@ def test_data_the_model_or_the_regions_cannot_use_is_refused_at_plan_time(tmp_pa
     cloud.write_text(yaml.safe_dump(raw))
     far = runner.invoke(app, ["up", "-f", str(cloud), "--plan"])
     assert far.exit_code == 2 and f"training data {shards} is on this machine, which aws VMs cannot read" in far.output
-    assert "object storage" in far.output and not (tmp_path / "home" / "runs").exists()
+    assert "object storage" in far.output
+    broken = tmp_path / "broken.py"
+    broken.write_text("def build(config):\n    return 42\n")
+    mine = runner.invoke(app, ["up", "-f", str(regions(tmp_path, {"model": "broken.py:build"})), "--plan", "--dry-run"])
+    assert mine.exit_code == 2 and "rule 'factory'" in mine.output and "not a torch.nn.Module" in mine.output, mine.output
+    assert not (tmp_path / "home" / "runs").exists()  # nothing was made
