@@ -39,6 +39,7 @@ def _regions(tmp_path: Path) -> Path:
         "run": "cloudy",
         "syncer": "virginia",
         "training": {"preset": "tiny", "tokens": 4_000_000, "fragments": 2, "inner_steps": 8},
+        "checkpoints": {"every_rounds": 2, "every_minutes": 0},
         "regions": [
             {"name": "virginia", "provider": "aws", "cloud_region": "us-east-1", "zones": ["us-east-1a", "us-east-1b"],
              "instance_types": ["g6.xlarge", "g5.xlarge"], **common},
@@ -129,6 +130,13 @@ def test_two_aws_regions_train_survive_an_interruption_with_failover_and_leave_n
             assert failed and failed[0]["error"] == "capacity", after["events"][-20:]  # the controller's reason, recorded
             attempts = [(c.zone, c.status) for c in aws.calls("RunInstances") if c.region == "us-east-1"]
             assert ("us-east-1a", 500) in attempts and attempts[-1] == ("us-east-1b", 200)
+
+            # the model so far, from the syncer's own VM over SSH (no disk of it here, no object storage named)
+            pulled = runner.invoke(app, ["pull", run, "--out", str(tmp_path / "model"), "--json"])
+            assert pulled.exit_code == 0, pulled.output
+            result = json.loads(pulled.stdout)
+            assert result["from"].startswith("aws syncer:") and 2 <= result["rounds"] <= status_json()["rounds"]
+            assert (tmp_path / "model" / "model.safetensors").stat().st_size > 1_000_000
         finally:
             down = runner.invoke(app, ["down", "--run", run, "--json"])
         assert down.exit_code == 0, down.output

@@ -121,6 +121,11 @@ def fetch(
         )
     except (CheckpointError, storage.StorageError) as exc:
         raise DdctlError(f"{source.label}/{chosen or '.'}: {exc}") from None
+    except FileNotFoundError as exc:  # the syncer pruned it while we read it: a newer one is there
+        raise DdctlError(
+            f"{source.label}/{chosen}: {exc.args[0] if exc.args else 'a file'} went away while it was "
+            "read (the syncer keeps only the newest; a newer checkpoint replaced it); pull again"
+        ) from None
     return checkpoint, files, chosen or Path(source.label).name
 
 

@@ -57,10 +57,9 @@ def log_text(console: str) -> str:
 def read_file(ssh_target: Callable[[], deploy.Target], console: Callable[[], str], path: str) -> bytes | None:
     """A file of a running VM (over SSH), or of an ended one from its last words on the console; None if neither has it."""
     try:
-        status, out, _ = deploy.run_command(ssh_target(), f"cat {path}", wait_s=5.0)
+        return deploy.read_bytes(ssh_target(), path)  # bytes as they are: a summary, or a checkpoint's tensors
     except DdctlError:
         return last_files(console()).get(path)
-    return out.encode() if status == 0 else None
 
 
 def collect_log(ssh_target: Callable[[], deploy.Target], console: Callable[[], str], log: Path, provider_id: str) -> None:

@@ -186,6 +186,20 @@ def read_text(target: Target, path: str) -> str:
     return _sync(job)
 
 
+def read_bytes(target: Target, path: str, wait_s: float = 5.0) -> bytes | None:
+    """A remote file's bytes exactly (no text decoding: checkpoints are binary); None if it cannot be read."""
+
+    async def job() -> bytes | None:
+        conn = await _connect(target, wait_s)
+        try:
+            done = await conn.run(f"cat {shlex.quote(path)}", check=False, encoding=None)
+            return bytes(done.stdout) if done.exit_status == 0 and isinstance(done.stdout, bytes) else None
+        finally:
+            conn.close()
+
+    return _sync(job)
+
+
 def ssh_argv(target: Target, known_hosts: Path, command: list[str]) -> list[str]:
     """The OpenSSH client command line for an interactive session with the same pinning."""
     return [
