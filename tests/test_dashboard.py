@@ -213,3 +213,13 @@ def test_a_learner_over_several_vms_is_one_row_priced_for_all_of_them() -> None:
     assert list(rows) == ["L0", "L1"] and west["dollars_per_hour"] == 4 * 2.5
     assert (rows["L1"]["vms"], rows["L1"]["dollars_per_hour"], rows["L1"]["devices"]) == (3, 3 * 2.5, 24)
     assert (rows["L0"]["vms"], rows["L0"]["dollars_per_hour"]) == (1, 2.5)
+
+
+def test_a_finished_run_with_a_checkpoint_says_how_to_pull_its_model() -> None:
+    from ddctl.dashboard.render import finished_lines
+
+    job = {"phase": "finished", "summary": {"reason": "done", "val_bpb": 2.5, "tokens": {}, "checkpoint": "/s/ckpt-000004"}}
+    [line] = finished_lines({"run": "r7", "job": job})
+    assert "model: ddctl pull r7" in line.plain
+    [line] = finished_lines({"run": "r7", "job": {**job, "summary": {**job["summary"], "checkpoint": ""}}})
+    assert "ddctl pull" not in line.plain  # a summary from before checkpoints: nothing to point at

@@ -9,11 +9,12 @@ import typer
 
 from ddctl.cli.errors import run_guarded
 from ddctl.cli.output import print_json
-from ddctl.cli.selection import JsonOption
+from ddctl.cli.selection import JsonOption, RunOption
 
 
 def pull(
     run: Annotated[str, typer.Argument(help="The run (default: the only live one; `ddctl ls` lists them).")] = "",
+    run_option: RunOption = "",
     out: Annotated[
         Path, typer.Option("--out", help="A new directory for model.safetensors, outer.safetensors, manifest.json, config.json.")
     ] = Path("model"),
@@ -38,7 +39,7 @@ def pull(
             name = ""
         else:
             with State() as state:
-                name = choose_run(state, run)
+                name = choose_run(state, run or run_option)
                 where = pulling.run_source(name, state)
         if list_only:
             return {"run": name, "from": where.label, "checkpoints": pulling.listing(where)}

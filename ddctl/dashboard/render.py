@@ -218,6 +218,7 @@ def finished_lines(s: dict[str, Any]) -> list[Text]:
     tokens = result.get("tokens") or {}
     cost = "" if result.get("dollars") is None else f" · ${result['dollars']:.2f}"
     where = f" · result in {result['result']}" if result.get("result") else ""
+    where += f" · model: ddctl pull {s.get('run', '')}" if result.get("checkpoint") else ""
     return [
         _line(
             ("finished", "bold green"),
