@@ -36,12 +36,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 import gcp_shapes as gs
 from gcp_shapes import BASE, ApiError, fingerprint, not_found, now_rfc3339
+from served import Served
 
 DEFAULT_ZONES = {"us-central1": ["us-central1-a", "us-central1-b", "us-central1-c"],
                  "europe-west4": ["europe-west4-a", "europe-west4-b"], "us-east1": ["us-east1-b", "us-east1-c"],
@@ -139,9 +140,10 @@ def _hosts(network: Any, skip: int) -> Iterator[str]:
     return (str(a) for i, a in enumerate(network.hosts()) if i >= skip)
 
 
-class GcpCloud:
+class GcpCloud(Served):
     """Compute Engine on 127.0.0.1:<free port>; thread-safe. State changes that take time happen lazily, on the next look."""
 
+    thread_name = "gcp-cloud"
     WAIT_S = 2.0  # how long operations/{op}/wait blocks at most (Google: up to 2 minutes)
 
     def __init__(self, *, project: str = "ddctl-test", zones: dict[str, list[str]] | None = None, op_delay_s: float = 0.0,
@@ -151,8 +153,6 @@ class GcpCloud:
         self._region = {z: region for region, zs in self.zones.items() for z in zs}
         self._lock = threading.RLock()
         self._nat, self._internal = _hosts(gs.NAT_POOL, 0), _hosts(gs.INTERNAL_POOL, 1)  # never reset: addresses are never reused
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
         self._instances: dict[tuple[str, str], dict[str, Any]] = {}
         self._lives: dict[tuple[str, str], _Life] = {}
         self._firewalls: dict[str, dict[str, Any]] = {}
@@ -163,37 +163,11 @@ class GcpCloud:
         self._calls: list[Call] = []
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
-    @property
-    def endpoint(self) -> str:
-        if self._server is None:
-            raise RuntimeError("GcpCloud is not started")
-        return f"http://127.0.0.1:{self._server.server_port}"
-
     def env(self) -> dict[str, str]:
         return {"DDCTL_GCP_ENDPOINT": self.endpoint, "GOOGLE_CLOUD_PROJECT": self.project}
 
-    def start(self) -> GcpCloud:
-        if self._server is None:
-            self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-            self._server.daemon_threads = True
-            self._server.cloud = self  # type: ignore[attr-defined]
-            self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), name="gcp-cloud", daemon=True)
-            self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            assert self._thread is not None
-            self._thread.join()
-            self._server = self._thread = None
-
-    def __enter__(self) -> GcpCloud:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def handler(self) -> type[BaseHTTPRequestHandler]:
+        return _Handler
 
     def client(self, name: str) -> Any:
         """A compute_v1 client (e.g. "InstancesClient") wired here, including the operation pollers insert() uses."""
@@ -641,7 +615,7 @@ class GcpCloud:
 class _Handler(BaseHTTPRequestHandler):
     def _serve(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
-        status, payload = self.server.cloud._dispatch(self.command, self.path, self.rfile.read(length))  # type: ignore[attr-defined]
+        status, payload = self.server.owner._dispatch(self.command, self.path, self.rfile.read(length))  # type: ignore[attr-defined]
         data = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json; charset=UTF-8")

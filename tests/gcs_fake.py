@@ -28,11 +28,13 @@ import re
 import secrets
 import threading
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 import google_crc32c
+
+from served import Served
 
 _B = r"/b/(?P<bucket>[^/]+)"
 _ROUTES = [(verb, re.compile(path + "$"), key) for verb, path, key in [
@@ -83,8 +85,10 @@ def _hashes(data: bytes) -> dict[str, str]:
     return {"crc32c": base64.b64encode(crc).decode(), "md5Hash": base64.b64encode(hashlib.md5(data).digest()).decode()}
 
 
-class GcsFake:
+class GcsFake(Served):
     """Cloud Storage on 127.0.0.1:<free port>; thread-safe. ``page_size`` caps a list page (GCS: 1000)."""
+
+    thread_name = "gcs-fake"
 
     def __init__(self, *, page_size: int = 1000) -> None:
         self.page_size = page_size
@@ -94,40 +98,12 @@ class GcsFake:
         self._rules: list[tuple[str, int, int | None]] = []
         self._calls: list[Call] = []
         self._generations = itertools.count(1_700_000_000_000_000)
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
-
-    @property
-    def endpoint(self) -> str:
-        if self._server is None:
-            raise RuntimeError("GcsFake is not started")
-        return f"http://127.0.0.1:{self._server.server_port}"
 
     def env(self) -> dict[str, str]:
         return {"STORAGE_EMULATOR_HOST": self.endpoint}
 
-    def start(self) -> GcsFake:
-        if self._server is None:
-            self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-            self._server.daemon_threads = True
-            self._server.fake = self  # type: ignore[attr-defined]
-            self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), name="gcs-fake", daemon=True)
-            self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            assert self._thread is not None
-            self._thread.join()
-            self._server = self._thread = None
-
-    def __enter__(self) -> GcsFake:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def handler(self) -> type[BaseHTTPRequestHandler]:
+        return _Handler
 
     # --- state, for tests -------------------------------------------------------------------------------------------
 
@@ -314,7 +290,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         headers = {k.lower(): v for k, v in self.headers.items()}
-        fake: GcsFake = self.server.fake  # type: ignore[attr-defined]
+        fake: GcsFake = self.server.owner  # type: ignore[attr-defined]
         status, extra, data = fake.dispatch(self.command, self.path, headers, self.rfile.read(length))
         self.send_response(status)
         for name, value in extra.items():
