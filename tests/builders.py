@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 from ddctl.config.train import ClusterConfig, TrainConfig
 from ddctl_agents.core.config import SyncerConfig
@@ -82,6 +83,14 @@ def small_run(tokens: int = 40_000, learners: int = 2, **kw: object) -> TrainCon
         cluster=cluster,
         **kw,  # type: ignore[arg-type]
     )
+
+
+def regions_at(tmp_path: Path, monkeypatch: Any, raw: dict[str, Any]) -> Path:
+    """``raw`` as tmp_path/regions.yaml, with ddctl's data directory under tmp_path/home (a run's files stay in the test)."""
+    monkeypatch.setenv("DDCTL_HOME", str(tmp_path / "home"))
+    path = tmp_path / "regions.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
 
 
 def dry_run_up(regions: Path) -> dict[str, Any]:

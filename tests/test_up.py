@@ -16,7 +16,7 @@ from ddctl.cli.app import app
 from ddctl.providers import linkshape
 from ddctl.providers.process import ProcessProvider
 from ddctl_agents.waiting import wait_until
-from tests.builders import dry_run_up, instances_removed
+from tests.builders import dry_run_up, instances_removed, regions_at
 
 runner = CliRunner()
 REGIONS = {
@@ -32,10 +32,7 @@ REGIONS = {
 
 @pytest.fixture
 def regions_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("DDCTL_HOME", str(tmp_path / "home"))
-    path = tmp_path / "regions.yaml"
-    path.write_text(yaml.safe_dump(REGIONS))
-    return path
+    return regions_at(tmp_path, monkeypatch, REGIONS)
 
 
 def test_plan_creates_nothing_and_prices_local_regions_at_zero(regions_file: Path) -> None:
@@ -49,12 +46,16 @@ def test_plan_creates_nothing_and_prices_local_regions_at_zero(regions_file: Pat
     assert not (regions_file.parent / "home" / "runs").exists()
 
 
-def test_the_plan_shows_each_regions_ranks_per_learner(regions_file: Path) -> None:
-    west = {"name": "west", "provider": "process", "learners": 2, "gpus": 2}
+def plan_with_west(regions_file: Path, west: dict) -> dict:
+    """``up --plan --json`` with the example's west region replaced by ``west``."""
     regions_file.write_text(yaml.safe_dump({**REGIONS, "regions": [REGIONS["regions"][0], west]}))
     result = runner.invoke(app, ["up", "-f", str(regions_file), "--plan", "--json"])
     assert result.exit_code == 0, result.output
-    plan = json.loads(result.stdout)
+    return dict(json.loads(result.stdout))
+
+
+def test_the_plan_shows_each_regions_ranks_per_learner(regions_file: Path) -> None:
+    plan = plan_with_west(regions_file, {"name": "west", "provider": "process", "learners": 2, "gpus": 2})
     assert plan["gpus"] == {"east": 1, "west": 2}
     assert plan["max_dollars_per_hour"] == 0.0  # a VM is a VM: ranks change no price
     text = runner.invoke(app, ["up", "-f", str(regions_file), "--plan"], env={"COLUMNS": "200"})
@@ -283,11 +284,7 @@ def test_a_learner_over_several_vms_is_planned_as_each_of_them_and_priced_so(reg
     from ddctl.config.regions import Region, RegionsFile
     from ddctl.control.plan import plan, plan_summary
 
-    west = {"name": "west", "provider": "process", "learners": 2, "nodes": 2}
-    regions_file.write_text(yaml.safe_dump({**REGIONS, "regions": [REGIONS["regions"][0], west]}))
-    result = runner.invoke(app, ["up", "-f", str(regions_file), "--plan", "--json"])
-    assert result.exit_code == 0, result.output
-    shown = json.loads(result.stdout)
+    shown = plan_with_west(regions_file, {"name": "west", "provider": "process", "learners": 2, "nodes": 2})
     assert [i["name"] for i in shown["instances"]] == ["syncer", "L0", "L1", "L1-n1", "L2", "L2-n1"]
     assert shown["nodes"] == {"east": 1, "west": 2} and shown["learners"] == 3
     capped = Region(name="w", provider="aws", cloud_region="us-west-2", instance_type="p4d.24xlarge", price_cap=9.5, nodes=4)

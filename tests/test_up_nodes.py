@@ -10,14 +10,13 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
-from builders import dry_run_up, instances_removed, status_json
 from ddctl import providers
 from ddctl.cli.app import app
 from ddctl.control.state import State
 from ddctl_agents.waiting import wait_until
+from tests.builders import dry_run_up, instances_removed, regions_at, status_json
 
 pytestmark = pytest.mark.slow
 runner = CliRunner()
@@ -34,10 +33,7 @@ REGIONS = {
 
 @pytest.fixture
 def regions_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("DDCTL_HOME", str(tmp_path / "home"))
-    path = tmp_path / "regions.yaml"
-    path.write_text(yaml.safe_dump(REGIONS))
-    return path
+    return regions_at(tmp_path, monkeypatch, REGIONS)
 
 
 def _learner(status: dict, name: str) -> dict:

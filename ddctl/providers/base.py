@@ -26,6 +26,7 @@ run is found and removed with the local state gone.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -121,6 +122,17 @@ class InstanceSpec:
                 "link": None if link is None else (float(link[0]), float(link[1])),
             }
         )
+
+
+def ipv4(value: object) -> str | None:
+    """``value`` if it is a dotted IPv4 address, else None: an address a cloud API answers is checked in type and
+    shape before it becomes an SSH host, a firewall rule or a rendezvous."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return str(ipaddress.IPv4Address(value))
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -152,6 +152,18 @@ def in_validation(rel_path: str, val_fraction: float) -> bool:
     return zlib.crc32(rel_path.encode()) / 2**32 < val_fraction
 
 
+def held_out_by_name(names: Sequence[str], val_fraction: float) -> list[bool] | None:
+    """Which files (or shards) validation holds out, by ``in_validation``; None when that would leave either side
+    empty (one file, say): then the last ``val_fraction`` of the whole (``tail_cut``) is held out instead."""
+    held_out = [in_validation(name, val_fraction) for name in names]
+    return None if all(held_out) or not any(held_out) else held_out
+
+
+def tail_cut(length: int, val_fraction: float) -> int:
+    """Where the held-out tail of ``length`` items starts: at least one item is held out."""
+    return length - max(1, int(length * val_fraction))
+
+
 def _walk(root: Path, suffix: str) -> Iterator[Path]:
     """Regular files under root ending in suffix, skipping hidden names and SKIP_DIRS."""
     for folder, dirs, names in os.walk(root):
@@ -224,11 +236,11 @@ def load_corpus(config: DataConfig, *, storage: Storage | None = None, cache: Pa
     for rel, content in contents:
         digest.update(rel.encode() + b"\0" + len(content).to_bytes(8, "little"))
         digest.update(content)
-    held_out = [in_validation(rel, config.val_fraction) for rel, _ in contents]
+    held_out = held_out_by_name([rel for rel, _ in contents], config.val_fraction)
     val_files: tuple[str, ...]
-    if all(held_out) or not any(held_out):
+    if held_out is None:
         data = _as_tensor([c for _, c in contents])
-        cut = len(data) - max(1, int(len(data) * config.val_fraction))
+        cut = tail_cut(len(data), config.val_fraction)
         train, val, val_files = data[:cut], data[cut:], ()
     else:
         train = _as_tensor([c for (_, c), v in zip(contents, held_out, strict=True) if not v])
@@ -248,11 +260,11 @@ def _load_tokens(config: DataConfig, shards: Sequence[Shard]) -> Corpus:
     """Token shards split like files: a shard is held out iff its name hashes into the val_fraction
     bucket; if that leaves either side empty (e.g. one shard), the last val_fraction of all tokens.
     Sidecars only are read here; tokens are verified and read when a window first needs them."""
-    held_out = [in_validation(s.meta.name, config.val_fraction) for s in shards]
+    held_out = held_out_by_name([s.meta.name for s in shards], config.val_fraction)
     val_files: tuple[str, ...] = ()
-    if all(held_out) or not any(held_out):
+    if held_out is None:
         whole = TokenStream.whole(shards)
-        cut = len(whole) - max(1, int(len(whole) * config.val_fraction))
+        cut = tail_cut(len(whole), config.val_fraction)
         train, val = whole.slice(0, cut), whole.slice(cut, len(whole))
     else:
         train = TokenStream.whole([s for s, v in zip(shards, held_out, strict=True) if not v])

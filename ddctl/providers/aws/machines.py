@@ -10,12 +10,11 @@ runs as root.
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from ddctl.providers.base import NAME_LABEL, RUN_LABEL, InstanceSpec
+from ddctl.providers.base import NAME_LABEL, RUN_LABEL, InstanceSpec, ipv4
 from ddctl.providers.firstboot import DEFAULT_PYTHON
 
 if TYPE_CHECKING:
@@ -105,16 +104,6 @@ def machine_settings(region: Region, syncer_region: str, ssh_from: str) -> dict[
         "syncer_region": syncer_region,
         "ssh_from": ssh_from,
     }
-
-
-def ipv4(value: object) -> str | None:
-    """``value`` if it is a dotted IPv4 address, else None: what EC2 answers is checked in type and shape before use."""
-    if not isinstance(value, str):
-        return None
-    try:
-        return str(ipaddress.IPv4Address(value))
-    except ValueError:
-        return None
 
 
 def public_address(raw: dict[str, Any]) -> str | None:

@@ -13,13 +13,12 @@ IPv4 address, a host key an ed25519 line.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ddctl.providers.base import NAME_LABEL, RUN_LABEL, InstanceSpec
+from ddctl.providers.base import NAME_LABEL, RUN_LABEL, InstanceSpec, ipv4
 from ddctl.providers.firstboot import DEFAULT_PYTHON
 
 if TYPE_CHECKING:
@@ -161,16 +160,6 @@ def machine_settings(region: Region, project: str, ssh_from: str) -> dict[str, A
 def items(raw: Any) -> dict[str, str]:
     """An instance's metadata items as a dict."""
     return {str(i.key): str(i.value) for i in raw.metadata.items}
-
-
-def ipv4(value: object) -> str | None:
-    """``value`` if it is a dotted IPv4 address, else None: what GCE answers is checked in type and shape before use."""
-    if not isinstance(value, str):
-        return None
-    try:
-        return str(ipaddress.IPv4Address(value))
-    except ValueError:
-        return None
 
 
 def public_address(raw: Any) -> str | None:
