@@ -153,3 +153,26 @@ def test_checkpoints_mirrored_to_object_storage_are_pulled_from_there_and_pruned
     assert json.loads(output)["checkpoint"] == "ckpt-000002"
     local = tmp_path / "state" / "checkpoints" / "ckpt-000002"
     assert (tmp_path / "model" / MODEL).read_bytes() == (local / MODEL).read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("entry", "words"),
+    [
+        ({"name": "../../etc", "rounds": 1, "merged": 1, "val_bpb": 1.0}, "checkpoints.0.name"),
+        ({"name": "ckpt-000001", "rounds": 1, "merged": "lots", "val_bpb": 1.0}, "checkpoints.0.merged"),
+        ({"name": "ckpt-000001", "rounds": -3, "merged": 1, "val_bpb": 1.0}, "checkpoints.0.rounds"),
+        ({"name": "ckpt-000001", "rounds": 1, "merged": 1, "val_bpb": "NaN"}, "checkpoints.0.val_bpb"),
+    ],
+)
+def test_a_hostile_index_is_refused_naming_the_field_and_nothing_is_read_by_its_names(
+    folder: Path, tmp_path: Path, entry: dict, words: str
+) -> None:
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    (copy / "index.json").write_text(json.dumps({"checkpoints": [entry]}))
+    for args in (["--list"], ["--out", str(tmp_path / "out")]):
+        code, output = pull("--from", str(copy), *args)
+        assert code == 2 and "not a checkpoint index" in output and words in output, output
+    assert not (tmp_path / "out").exists()

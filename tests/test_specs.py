@@ -66,3 +66,12 @@ def test_a_vm_of_its_own_hosts_the_rendezvous_on_torchruns_port_and_this_machine
     assert rendezvous_port(replace(INFO, remote=True)) == RENDEZVOUS_PORT == 29400
     free = rendezvous_port(INFO)
     assert 1024 <= free < 65536 and free != RENDEZVOUS_PORT
+
+
+def test_a_node_is_not_pointed_at_a_node_0_without_an_address() -> None:
+    from ddctl.control.specs import with_rendezvous
+    from ddctl.errors import DdctlError
+
+    spec = learner_spec("r", INFO, Region(name="east", provider="process", nodes=2), "L0", 9000, node=1, meet=29500)
+    with pytest.raises(DdctlError, match="L0-n1: its learner's node 0 came up without a private address"):
+        with_rendezvous(spec, "")

@@ -9,14 +9,17 @@ checked here from the shards' sidecars, before any machine is made.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 import torch
 
 from ddctl import providers
 from ddctl.errors import DdctlError
 from ddctl_agents import storage
-from ddctl_agents.train.config import InnerConfig
+from ddctl_agents.train.config import InnerConfig, ModelConfig
 from ddctl_agents.train.contract import build, check_contract
 from ddctl_agents.train.data import dataset_vocab_size
 from ddctl_agents.train.job import JobConfig
@@ -52,11 +55,17 @@ def check_data(job: JobConfig, kinds: dict[str, str]) -> None:
             )
 
 
-def model_shapes(inner: InnerConfig) -> dict[str, tuple[int, ...]]:
-    """The parameters the job's model has, by name: the built-in's from the meta device (nothing allocated), yours
-    built once on the CPU (as the syncer builds it)."""
+def builtin_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The built-in model's parameter shapes for ``config``, from the meta device (nothing allocated)."""
+    with torch.device("meta"):
+        return {n: tuple(p.shape) for n, p in GPT(config).named_parameters()}
+
+
+@functools.cache
+def model_shapes(inner: InnerConfig) -> Mapping[str, tuple[int, ...]]:
+    """The parameters the job's model has, by name: the built-in's from its config, yours built once on the CPU (as
+    the syncer builds it); once per process, as plan, quotes and resume all ask."""
     config = model_config(inner)
     if not inner.model:
-        with torch.device("meta"):
-            return {n: tuple(p.shape) for n, p in GPT(config).named_parameters()}
-    return {n: tuple(p.shape) for n, p in build(config, inner, inner.seed).named_parameters()}
+        return MappingProxyType(builtin_shapes(config))
+    return MappingProxyType({n: tuple(p.shape) for n, p in build(config, inner, inner.seed).named_parameters()})

@@ -14,25 +14,25 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ddctl import providers
-from ddctl.control.jobdata import model_shapes
+from ddctl.control.jobdata import builtin_shapes, model_shapes
 from ddctl.control.rundir import RunDir
 from ddctl.control.state import State
 from ddctl.errors import DdctlError
 from ddctl.providers.base import Instance, Provider
 from ddctl.providers.deploy import REMOTE_ROOT
 from ddctl_agents import storage
+from ddctl_agents.errors import ConfigError
 from ddctl_agents.jsonable import from_json, to_json
 from ddctl_agents.train.checkpoint import MANIFEST, Checkpoint, CheckpointError, load, read_manifest
 from ddctl_agents.train.config import InnerConfig, ModelConfig
-from ddctl_agents.train.model import GPT
 from ddctl_agents.train.modelfiles import MODEL_DIR, pack
 from ddctl_agents.train.presets import model_config
 
@@ -51,14 +51,16 @@ class Source:
 
 
 def open_source(where: str) -> Source:
-    """A local directory or an object-storage prefix."""
-    if storage.is_remote(where) or where.startswith("file://"):
-        storage.check(where)
-        return Source(where, lambda name, limit: storage.get(storage.join(where, name), limit))
-    root = Path(where).expanduser()
-    if not root.is_dir():
-        raise DdctlError(f"{where}: no such directory; a checkpoint is a directory or s3://BUCKET/PREFIX or gs://BUCKET/PREFIX")
-    return Source(str(root), lambda name, limit: _read_local(root / name, limit))
+    """A local directory or an object-storage prefix, read through one module (``ddctl_agents.storage``)."""
+    if not (storage.is_remote(where) or where.startswith("file://")):
+        root = Path(where).expanduser().resolve()
+        if not root.is_dir():
+            raise DdctlError(
+                f"{where}: no such directory; a checkpoint is a directory or s3://BUCKET/PREFIX or gs://BUCKET/PREFIX"
+            )
+        where = str(root)
+    storage.check(where)
+    return Source(where, lambda name, limit: storage.get(storage.join(where, name), limit))
 
 
 def run_source(run: str, state: State) -> Source:
@@ -81,23 +83,37 @@ def run_source(run: str, state: State) -> Source:
     raise DdctlError(f"run {run} has no checkpoints here: none on the syncer's disk, no checkpoints.url, and no syncer to ask")
 
 
+class IndexEntry(BaseModel):
+    """One line of a checkpoints folder's ``index.json``, checked: its name becomes part of a path."""
+
+    model_config = ConfigDict(extra="ignore")
+    name: Annotated[str, Field(pattern=r"^(ckpt-\d{6})?$")]
+    rounds: Annotated[int, Field(ge=0)]
+    merged: Annotated[int, Field(ge=0)]
+    val_bpb: Annotated[float, Field(ge=0)] | None
+
+
+class Index(BaseModel):
+    checkpoints: Annotated[list[IndexEntry], Field(max_length=100_000)]
+
+
 def listing(source: Source) -> list[dict[str, Any]]:
     """The checkpoints a folder's index lists, oldest first (one entry for a single checkpoint)."""
     try:
-        index = json.loads(source.read(INDEX, MAX_INDEX_BYTES))
-        entries = index["checkpoints"]
-        if not isinstance(entries, list) or not all(isinstance(e, dict) and isinstance(e.get("name"), str) for e in entries):
-            raise ValueError("checkpoints must be a list of {name, ...}")
-        return entries
-    except (storage.StorageError, CheckpointError, FileNotFoundError):
+        raw = source.read(INDEX, MAX_INDEX_BYTES)
+    except (storage.StorageError, FileNotFoundError):
         manifest = read_manifest(source.read(MANIFEST, 1 << 20))  # not a folder: one checkpoint, or neither (raises)
         return [{"name": "", "rounds": manifest.rounds, "merged": manifest.tokens.get("merged", 0), "val_bpb": manifest.val_bpb}]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise DdctlError(f"{source.label}/{INDEX}: not a checkpoint index ({exc})") from None
+    try:
+        return [entry.model_dump() for entry in Index.model_validate_json(raw).checkpoints]
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"]) or "the document"
+        raise DdctlError(f"{source.label}/{INDEX}: not a checkpoint index ({where}: {error['msg']})") from None
 
 
 def fetch(
-    source: Source, name: str = "", expect: dict[str, tuple[int, ...]] | None = None
+    source: Source, name: str = "", expect: Mapping[str, tuple[int, ...]] | None = None
 ) -> tuple[Checkpoint, dict[str, bytes], str]:
     """The chosen checkpoint (default: the newest), checked whole against ``expect`` (the parameters it must hold;
     default: the built-in model's for its config, or its own for a model of yours); its files' bytes, and its name."""
@@ -115,11 +131,11 @@ def fetch(
 
     try:
         manifest = read_manifest(read(MANIFEST, 1 << 20))
-        custom = bool(manifest.job.get("inner", {}).get("model"))  # yours: its source is the job's, not here
-        checkpoint = load(
-            read, expect if expect is not None else None if custom else shapes(from_json(ModelConfig, manifest.model))
-        )
-    except (CheckpointError, storage.StorageError) as exc:
+        inner = manifest.job.get("inner")
+        custom = isinstance(inner, dict) and bool(inner.get("model"))  # yours: its source is the job's, not here
+        builtin = None if custom else builtin_shapes(from_json(ModelConfig, manifest.model))
+        checkpoint = load(read, expect if expect is not None else builtin)
+    except (ConfigError, storage.StorageError) as exc:  # a checkpoint's problem, or a model config no model has
         raise DdctlError(f"{source.label}/{chosen or '.'}: {exc}") from None
     except FileNotFoundError as exc:  # the syncer pruned it while we read it: a newer one is there
         raise DdctlError(
@@ -127,12 +143,6 @@ def fetch(
             "read (the syncer keeps only the newest; a newer checkpoint replaced it); pull again"
         ) from None
     return checkpoint, files, chosen or Path(source.label).name
-
-
-def shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """The built-in model's parameter shapes for ``config``, without allocating it (the meta device)."""
-    with torch.device("meta"):
-        return {n: tuple(p.shape) for n, p in GPT(config).named_parameters()}
 
 
 def write_out(
@@ -193,17 +203,6 @@ def stage(files: dict[str, bytes], rundir: RunDir) -> None:
     rundir.resume.mkdir(parents=True, exist_ok=True)
     for file, data in files.items():
         (rundir.resume / file).write_bytes(data)
-
-
-def _read_local(path: Path, limit: int) -> bytes:
-    try:
-        if path.stat().st_size > limit:
-            raise CheckpointError(f"{path}: {path.stat().st_size} bytes, more than its manifest says ({limit})")
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        raise DdctlError(f"{path}: cannot read ({exc.strerror})") from None
 
 
 def _remote_source(provider: Provider, syncer: Instance, kind: str) -> Source:

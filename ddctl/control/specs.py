@@ -17,6 +17,7 @@ from ddctl.config.regions import Checkpoints, Region
 from ddctl.control.credentials import token_for
 from ddctl.control.plan import node_name
 from ddctl.control.rundir import RunDir
+from ddctl.errors import DdctlError
 from ddctl.providers.base import LOOPBACK, InstanceSpec, RegionInfo
 from ddctl.providers.deploy import REMOTE_ROOT
 from ddctl_agents import storage
@@ -91,6 +92,8 @@ def with_rendezvous(spec: InstanceSpec, host: str) -> InstanceSpec:
     argv = list(spec.argv)
     if "--rendezvous" not in argv:
         return spec
+    if not host:
+        raise DdctlError(f"{spec.name}: its learner's node 0 came up without a private address; its nodes cannot meet")
     at = argv.index("--rendezvous") + 1
     argv[at] = f"{host}:{argv[at].rpartition(':')[2]}"
     return replace(spec, argv=tuple(argv))

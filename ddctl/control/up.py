@@ -212,11 +212,10 @@ def _carry_out(
     starting = [a for a in actions if a.kind in ("create", "replace")]
     refusals: list[tuple[str, str, ProvisionError]] = []
     admit = _admitter(_run_of(specs), owners, planned)
-    for action in actions:  # a learner's VMs that outlived one of theirs: it is started again as a whole
-        if action.kind == "terminate" and action.name in by_name:
-            owner = owners[by_name[action.name].provider]
-            for instance in [i for i in owner.list_run(_run_of(specs)) if i.name == action.name]:
-                owner.terminate(instance)
+    survivors = {a.name for a in actions if a.kind == "terminate" and a.name in by_name}
+    for kind in sorted({by_name[name].provider for name in survivors}):  # a learner's VMs that outlived one of theirs
+        for instance in [i for i in owners[kind].list_run(_run_of(specs)) if i.name in survivors]:
+            owners[kind].terminate(instance)  # it is started again as a whole
 
     def start(gang: list[Action]) -> list[tuple[InstanceSpec, Instance]]:
         """Launch at the lead's placement; on a refusal, fail over as the controller would (next zone, region)."""

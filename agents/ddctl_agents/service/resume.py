@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ddctl_agents import storage
 from ddctl_agents.core.ledger import TokenLedger
 from ddctl_agents.core.links import LearnerLinks
 from ddctl_agents.core.syncer import Synchronizer
@@ -27,13 +28,10 @@ def read_local(path: Path, assembly: Assembly) -> Checkpoint:
     """The checkpoint in directory ``path``, checked against this job's model (names, shapes, config)."""
 
     def read(name: str, max_bytes: int) -> bytes:
-        file = path / name
         try:
-            if file.stat().st_size > max_bytes:
-                raise CheckpointError(f"{file}: {file.stat().st_size} bytes, more than the manifest allows ({max_bytes})")
-            return file.read_bytes()
-        except OSError as exc:
-            raise CheckpointError(f"{file}: {exc.strerror or exc}") from None
+            return storage.get(str(path / name), max_bytes)
+        except storage.StorageError as exc:
+            raise CheckpointError(str(exc)) from None
 
     checkpoint = load(read, {n: tuple(t.shape) for n, t in assembly.initial.items()})
     ours = to_json(assembly.model_config)

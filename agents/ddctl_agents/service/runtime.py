@@ -105,7 +105,8 @@ class SyncerRuntime:
             self._tasks = [asyncio.create_task(linger(self), name="linger")]
             return
         loops = {"rounds": self._rounds_loop, "snapshots": self._snapshot_loop, "ending": lambda: ending_loop(self)}
-        loops["checkpoints"] = lambda: checkpoint_loop(self)
+        if self.settings.checkpoints.every_rounds or self.settings.checkpoints.every_s:  # else: only the end's
+            loops["checkpoints"] = lambda: checkpoint_loop(self)
         if self.settings.eval_every_s > 0:
             loops["eval"] = self._eval_loop
         self._tasks = [asyncio.create_task(supervise(name, loop, self._task_failed), name=name) for name, loop in loops.items()]

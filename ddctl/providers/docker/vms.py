@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ddctl.control.rundir import RunDir
 from ddctl.errors import DdctlError, EngineError, ProvisionError
 from ddctl.providers import deploy, linkshape
-from ddctl.providers.base import NAME_LABEL, RUN_LABEL, Instance, InstanceSpec, PreemptionNotice, RegionInfo
+from ddctl.providers.base import NAME_LABEL, RUN_LABEL, Instance, InstanceSpec, PreemptionNotice, RegionInfo, ipv4
 from ddctl.providers.docker import metadata
 from ddctl.providers.docker.engine import Engine, tar_of
 from ddctl.providers.docker.image import VmImage, ensure_image
@@ -192,7 +192,7 @@ class DockerProvider:
         found = []
         for c in self.engine.containers({RUN_LABEL: run}):
             home = network_name(run, c["Labels"].get(REGION_LABEL, ""))  # its region's, not the syncer's other ones
-            address = ((c.get("NetworkSettings") or {}).get("Networks") or {}).get(home, {}).get("IPAddress") or ""
+            address = ipv4(((c.get("NetworkSettings") or {}).get("Networks") or {}).get(home, {}).get("IPAddress")) or ""
             name, alive = c["Labels"].get(NAME_LABEL, "?"), c["State"] == "running"
             found.append(Instance(name=name, provider_id=c["Id"], run=run, alive=alive, address=address, private_address=address))
         return sorted(found, key=lambda i: i.name)
