@@ -9,7 +9,9 @@ from ddctl_agents.core.merge import (
     Contribution,
     MergeError,
     merge_fragment,
+    PREMISE_MARGIN,
     merge_tensor,
+    premise_checked_rda,
     radial_directional_average,
     token_weight,
     weighted_mean,
@@ -69,6 +71,48 @@ def test_embeddings_always_use_the_plain_mean() -> None:
     assert torch.allclose(merge_tensor([a, b], [1, 1], is_embedding=True), torch.tensor([0.5, 0.5]))
     rda = merge_tensor([a, b], [1, 1], is_embedding=False)
     assert float(rda.norm()) == pytest.approx(1.0)
+
+
+def signal_plus_noise(m: int, noise: float, seed: int = 0, dim: int = 20_000) -> list[torch.Tensor]:
+    """M updates sharing one direction plus independent noise of ``noise`` times its norm."""
+    gen = torch.Generator().manual_seed(seed)
+    signal = torch.randn(dim, generator=gen)
+    return [signal + noise * torch.randn(dim, generator=gen) for _ in range(m)]
+
+
+def alignment(vectors: list[torch.Tensor]) -> float:
+    return float(weighted_mean(vectors, [1.0] * len(vectors)).norm()) / (sum(float(v.norm()) for v in vectors) / len(vectors))
+
+
+@pytest.mark.parametrize("m", [2, 4, 8])
+def test_rda_is_used_where_its_premise_holds(m: int) -> None:
+    vectors = signal_plus_noise(m, noise=20.0)  # noise dominates: nearly orthogonal
+    assert alignment(vectors) < 1 / math.sqrt(m) + 0.05
+    merged = merge_tensor(vectors, [1.0] * m, is_embedding=False)
+    assert torch.equal(merged, radial_directional_average(vectors, [1.0] * m))
+    assert float(merged.norm()) == pytest.approx(sum(float(v.norm()) for v in vectors) / m, rel=1e-5)
+
+
+@pytest.mark.parametrize("m", [2, 4, 8])
+def test_aligned_updates_take_the_plain_mean_rda_would_scale_up(m: int) -> None:
+    vectors = signal_plus_noise(m, noise=0.8)  # what learners at H = 24 looked like: 0.65-0.92 of the norm kept
+    kept = alignment(vectors)
+    orthogonal = 1 / math.sqrt(m)
+    assert kept > orthogonal + PREMISE_MARGIN * (1 - orthogonal)
+    mean = weighted_mean(vectors, [1.0] * m)
+    assert torch.equal(merge_tensor(vectors, [1.0] * m, is_embedding=False), mean)
+    gain = float(radial_directional_average(vectors, [1.0] * m).norm()) / float(mean.norm())
+    assert gain == pytest.approx(1 / kept, rel=1e-4) and gain > 1.1  # what the check avoids
+
+
+def test_the_premise_threshold_sits_between_orthogonal_and_parallel() -> None:
+    # two unit vectors at angle theta keep cos(theta/2) of their norm; orthogonal keeps 1/sqrt(2)
+    threshold = 1 / math.sqrt(2) + PREMISE_MARGIN * (1 - 1 / math.sqrt(2))
+    for cosine, rda in ((2 * (threshold - 0.001) ** 2 - 1, True), (2 * (threshold + 0.001) ** 2 - 1, False)):
+        a, b = torch.tensor([1.0, 0.0]), torch.tensor([cosine, math.sqrt(1 - cosine**2)])
+        merged = premise_checked_rda([a, b], [1.0, 1.0])
+        expected = radial_directional_average([a, b], [1.0, 1.0]) if rda else weighted_mean([a, b], [1.0, 1.0])
+        assert torch.equal(merged, expected), cosine
 
 
 def test_merge_fragment_weights_by_tokens_and_is_order_independent() -> None:

@@ -70,3 +70,20 @@ def test_quorum_is_lowered_to_the_live_learners_so_a_round_never_hangs() -> None
 def test_bad_settings_are_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(ConfigError, match="must be"):
         QuorumConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_by_default_only_the_slack_bounds_the_window() -> None:
+    # gamma * tau steps = 1.6 step times: a one-step cap cut off equal-speed learners arriving 1-1.3 steps apart
+    assert grace_window(0.0, Timing(step_time=1.0), QuorumConfig()) == pytest.approx(1.6)
+    assert grace_window(0.0, Timing(step_time=1.0), QuorumConfig(overlap=4)) == pytest.approx(3.2)
+    assert grace_window(0.0, Timing(step_time=1.0), QuorumConfig(cap_steps=1.0)) == pytest.approx(1.0)
+
+
+def test_a_learner_without_a_forecast_is_waited_for_until_the_window_ends() -> None:
+    cfg = QuorumConfig(quorum=1)
+    timing = Timing(step_time=1.0, forecasts={"C": 30.0})  # B has no forecast yet: nothing measured about it
+    d = decide_round(10.0, view({"A"}, opened_at=10.0), timing, cfg)
+    assert not d.close and d.cause == "grace_wait" and d.wake_at == pytest.approx(11.6)
+    assert "waiting up to 1.600s for B (no forecast yet)" in d.reason
+    later = decide_round(11.6, view({"A"}, opened_at=10.0, quorum_met_at=10.0), timing, cfg)
+    assert later.close and later.cause == "grace_over"

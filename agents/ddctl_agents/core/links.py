@@ -94,11 +94,14 @@ class LinkEstimate:
             self.rtt_s = rtt_s if self.rtt_s is None else self.alpha * rtt_s + (1 - self.alpha) * self.rtt_s
         self.transfers += 1
 
+    def send_time(self, nbytes: int) -> float | None:
+        """Seconds the link is busy putting ``nbytes`` on the wire (latency not included), or None before any sample."""
+        return None if self.bytes_per_s is None else nbytes / self.bytes_per_s
+
     def transfer_time(self, nbytes: int) -> float | None:
-        """Predicted seconds to move ``nbytes`` (latency included), or None before any sample."""
-        if self.bytes_per_s is None:
-            return None
-        return (self.rtt_s or 0.0) / 2 + nbytes / self.bytes_per_s
+        """Predicted seconds from sending ``nbytes`` until they have all arrived (one-way latency included)."""
+        send = self.send_time(nbytes)
+        return None if send is None else (self.rtt_s or 0.0) / 2 + send
 
 
 @dataclass(slots=True)
@@ -139,16 +142,21 @@ class LearnerLinks:
     def predict_arrival(self, now: float, due_step: int, upload_bytes: int, fragment: int | None = None) -> float | None:
         """When this learner's update due at ``due_step`` should land, from pace and uplink.
 
-        An upload of ``fragment`` already in progress lands when its remaining bytes do.
+        The clock starts at the learner's last heartbeat, which reached us one uplink latency
+        after that step ended; the update, sent when ``due_step`` ends, takes that same latency
+        on top of its send time. So the latency is already in the start and is not added again
+        (it was once, and the grace window gave up on arrivals that would have made it).
+        A send due in the past is on its way: it lands when it would have, or any moment now.
+        An upload of ``fragment`` known to be in progress lands when its remaining bytes do.
         """
         if fragment is not None and fragment in self.inflight and self.up.bytes_per_s:
             seen, received, expected = self.inflight[fragment]
             return max(seen, now) + max(expected - received, 0) / self.up.bytes_per_s
-        step_time, upload = self.pace.step_time, self.up.transfer_time(upload_bytes)
+        step_time, upload = self.pace.step_time, self.up.send_time(upload_bytes)
         if step_time is None or upload is None:
             return None
         start = self.pace.reported_at + max(due_step - self.pace.last_step, 0) * step_time
-        return max(start, now) + upload
+        return max(start + upload, now)
 
 
 @dataclass(slots=True)

@@ -6,10 +6,20 @@ times tokens per step, ``c_tokens**2 / c_steps``. Radial-directional averaging
 different learners are nearly orthogonal: a plain mean would shrink like
 1/sqrt(M) and the outer learning rate would need retuning for every M.
 Embedding tensors use the plain weighted mean (their rows are sparse updates).
+
+[ours] RDA only where its premise holds, measured at every merge: the mean
+keeps ``alignment = |sum w v| / sum w |v|`` of the updates' norm, and orthogonal
+updates would keep ``sqrt(sum (w |v|)^2) / sum w |v|`` (1/sqrt(M) for equal
+ones). Updates measurably more aligned than that share their signal, the mean
+has not shrunk it, and RDA would only scale the merged step up: at H = 24 on the
+tiny preset learners kept 0.65-0.92 of their norm (orthogonal: 0.5), RDA scaled
+the step 1.1-1.5x, and that cost 0.2 bpb with outer momentum 0.9. Such tensors
+take the plain mean.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -21,6 +31,9 @@ from ddctl_agents.errors import MergeError
 DEGENERATE_COSINE = 1e-6
 """[ours] RDA falls back to the weighted mean when the mean direction's norm is
 below this (the unit directions cancel), where normalising would amplify noise."""
+PREMISE_MARGIN = 0.25
+"""[ours] How much more aligned than orthogonal updates may be, as a share of the way from orthogonal
+to parallel, and still count as orthogonal (high-dimensional noise is never exactly orthogonal)."""
 
 
 def token_weight(c_tokens: int, c_steps: int) -> float:
@@ -41,32 +54,49 @@ def weighted_mean(vectors: Sequence[torch.Tensor], weights: Sequence[float]) -> 
 
 
 def radial_directional_average(vectors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
-    """(weighted mean of norms) * normalize(weighted mean of unit directions)."""
+    """(weighted mean of norms) * normalize(weighted mean of unit directions): the paper's RDA, always."""
+    return _rda(vectors, weights, margin=None)
+
+
+def premise_checked_rda(vectors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
+    """RDA if the updates are about as orthogonal as its premise says, else the weighted mean (module docstring)."""
+    return _rda(vectors, weights, margin=PREMISE_MARGIN)
+
+
+def _rda(vectors: Sequence[torch.Tensor], weights: Sequence[float], margin: float | None) -> torch.Tensor:
+    """One pass over the vectors for both the mean and RDA; ``margin`` None skips the premise check."""
     total = _check(vectors, weights)
     direction = torch.zeros_like(vectors[0], dtype=torch.float32)
-    radius = 0.0
+    mean = torch.zeros_like(vectors[0], dtype=torch.float32)
+    radius = squares = 0.0
     for v, w in zip(vectors, weights, strict=True):
         if not w:
             continue
         norm = float(torch.linalg.vector_norm(v))
         radius += w * norm / total
+        squares += (w * norm / total) ** 2
+        mean.add_(v, alpha=w / total)
         if norm > 0.0:
             direction.add_(v, alpha=w / (total * norm))
     strength = float(torch.linalg.vector_norm(direction))
     if strength < DEGENERATE_COSINE:
-        return weighted_mean(vectors, weights)
+        return mean
+    if margin is not None and radius > 0.0:
+        orthogonal = math.sqrt(squares) / radius
+        if float(torch.linalg.vector_norm(mean)) / radius > orthogonal + margin * (1.0 - orthogonal):
+            return mean
     return direction.mul_(radius / strength)
 
 
 def merge_tensor(
     vectors: Sequence[torch.Tensor], weights: Sequence[float], *, is_embedding: bool, method: str = "rda"
 ) -> torch.Tensor:
-    """Merge one tensor: RDA (or mean, the ablation) except embeddings, which always average."""
+    """Merge one tensor: RDA where its premise holds (or mean, the ablation); embeddings always average."""
     if method not in MERGES:
         raise MergeError(f"unknown merge {method!r}; allowed: {', '.join(MERGES)}")
     if method == "mean" or is_embedding:
         return weighted_mean(vectors, weights)
-    return radial_directional_average(vectors, weights)
+    return premise_checked_rda(vectors, weights)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -7,9 +7,17 @@ learner's training is delayed (ALGORITHM.md §4.2):
     slack = overlap * step_time - (quorum_delay + sync_time)
     grace = clamp(gamma * slack, 0, cap_steps * step_time)
 
+[ours] No cap by default: the slack itself bounds the window (below
+``gamma * overlap`` steps). The paper's cap of about one step shut equal-speed
+learners out of 25-40% of rounds: their uploads for a round arrive spread by up
+to 1.3 step times (step-time jitter accumulates over H steps), and a learner
+shut out lands its drift a round late.
+
 [ours] WAN-aware: an absent learner is worth waiting for only if its predicted
 arrival (from its step rate and its link's measured bandwidth) lands inside the
 window; if none can, the round closes at once instead of idling to the deadline.
+A live learner with no forecast yet (no upload measured: the first rounds of a
+run, a new incarnation) may well be coming, so the window is waited out for it.
 Time always arrives as an argument; nothing here reads a clock.
 """
 
@@ -33,8 +41,8 @@ class QuorumConfig:
     """tau: inner steps a learner keeps training while its fragment is in flight."""
     gamma: float = 0.8
     """[ours] Safety margin on the slack (< 1)."""
-    cap_steps: float = 1.0
-    """[ours] The window never exceeds this many step times."""
+    cap_steps: float | None = None
+    """[ours] The window never exceeds this many step times (None: the slack alone bounds it)."""
 
     def __post_init__(self) -> None:
         if self.quorum < 1:
@@ -43,7 +51,7 @@ class QuorumConfig:
             raise ConfigError(f"overlap must be >= 0, got {self.overlap}")
         if not 0 < self.gamma <= 1:
             raise ConfigError(f"grace gamma must be in (0, 1], got {self.gamma}")
-        if self.cap_steps < 0:
+        if self.cap_steps is not None and self.cap_steps < 0:
             raise ConfigError(f"grace cap must be >= 0 steps, got {self.cap_steps}")
 
 
@@ -69,7 +77,8 @@ class Timing:
     sync_time: float = 0.0
     """xi_sync: time to merge and send the fragment back, seconds."""
     forecasts: Mapping[str, float] = field(default_factory=dict)
-    """Absent learner -> predicted arrival time of its update (absolute seconds)."""
+    """Absent learner -> predicted arrival time of its update (absolute seconds); an absent learner
+    missing here has no forecast yet, and the window is waited out for it."""
 
 
 CAUSES = ("quorum_wait", "grace_wait", "all_arrived", "grace_off", "grace_over", "none_coming", "final_drain")
@@ -93,7 +102,8 @@ class RoundDecision:
 def grace_window(quorum_delay: float, timing: Timing, config: QuorumConfig) -> float:
     """clamp(gamma * (tau*xi_step - (xi_quorum + xi_sync)), 0, cap)."""
     slack = config.overlap * timing.step_time - (quorum_delay + timing.sync_time)
-    return min(max(config.gamma * slack, 0.0), config.cap_steps * timing.step_time)
+    window = max(config.gamma * slack, 0.0)
+    return window if config.cap_steps is None else min(window, config.cap_steps * timing.step_time)
 
 
 def decide_round(now: float, view: RoundView, timing: Timing, config: QuorumConfig) -> RoundDecision:
@@ -118,7 +128,7 @@ def decide_round(now: float, view: RoundView, timing: Timing, config: QuorumConf
             reason=f"grace {window:.3f}s over with {present}/{present + len(absent)}",
             grace_s=window,
         )
-    coming = sorted((timing.forecasts[m], m) for m in absent if m in timing.forecasts and timing.forecasts[m] <= deadline)
+    coming = sorted((timing.forecasts.get(m, deadline), m) for m in absent if timing.forecasts.get(m, deadline) <= deadline)
     if not coming:
         return RoundDecision(
             close=True,
@@ -127,10 +137,11 @@ def decide_round(now: float, view: RoundView, timing: Timing, config: QuorumConf
             grace_s=window,
         )
     eta, who = coming[0]
+    due = f"due in {eta - now:.3f}s" if who in timing.forecasts else "no forecast yet"
     return RoundDecision(
         close=False,
         cause="grace_wait",
-        reason=f"grace: waiting up to {window:.3f}s for {who} (due in {eta - now:.3f}s)",
+        reason=f"grace: waiting up to {window:.3f}s for {who} ({due})",
         grace_s=window,
         wake_at=deadline,
     )

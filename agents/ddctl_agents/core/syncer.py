@@ -100,8 +100,8 @@ class Synchronizer:
     def observe_upload(self, learner: str, nbytes: int, seconds: float, rtt_s: float | None = None) -> None:
         self._links(learner).up.observe(nbytes, seconds, rtt_s)
 
-    def observe_download(self, learner: str, nbytes: int, seconds: float) -> None:
-        self._links(learner).down.observe(nbytes, seconds)
+    def observe_download(self, learner: str, nbytes: int, seconds: float, rtt_s: float | None = None) -> None:
+        self._links(learner).down.observe(nbytes, seconds, rtt_s)
 
     def observe_inflight(self, now: float, learner: str, fragment: int, received: int, expected: int | None) -> None:
         """Progress of an upload still arriving (``expected`` None: it ended or failed)."""

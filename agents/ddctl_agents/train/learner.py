@@ -121,8 +121,11 @@ class Learner:
         return [p for p, s in enumerate(self.state) if s.due <= self.step]
 
     def due_steps(self) -> tuple[int, ...]:
-        """Each fragment's next due step, for heartbeats: the syncer forecasts arrivals from them."""
-        return tuple(s.due for s in self.state)
+        """Each fragment's next send, for heartbeats: the syncer forecasts arrivals from them.
+
+        None is due past the last step, where the learner flushes every fragment's drift: a
+        syncer that expected those sends on the normal schedule closed their rounds without them."""
+        return tuple(min(s.due, self.total_steps) for s in self.state)
 
     def has_drift(self, p: int) -> bool:
         return self.state[p].c_steps > 0
