@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from ddctl_agents.core.merge import (
+    PREMISE_MARGIN,
     Contribution,
     MergeError,
     merge_fragment,
-    PREMISE_MARGIN,
     merge_tensor,
     premise_checked_rda,
     radial_directional_average,
