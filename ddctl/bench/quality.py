@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import multiprocessing
-from collections.abc import Callable
+import statistics
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
@@ -24,37 +25,42 @@ HETEROGENEOUS = (1.0, 1.0, 0.6, 0.6)
 """Two fast and two slow learners (the paper's heterogeneous-hardware setting, halved)."""
 
 
-def _decoupled(tokens: int, learners: int = 4, speeds: tuple[float, ...] = (), **knobs: Any) -> TrainConfig:
+def job_config(tokens: int, learners: int = 4, speeds: tuple[float, ...] = (), **knobs: Any) -> TrainConfig:
     """The job's defaults (the same as ``ddctl train``'s) with the run's knobs."""
     config = build_job({"tokens": tokens, "learners": learners, **knobs}, base=TrainConfig())
     return dataclasses.replace(config, cluster=ClusterConfig(speeds=speeds))
 
 
 RUNS: dict[str, Callable[[int], TrainConfig]] = {
-    "dp_m4": lambda t: _decoupled(t),  # dp_* runs use the data-parallel baseline
-    "dp_m2": lambda t: _decoupled(t, learners=2),
-    "dp_m8": lambda t: _decoupled(t, learners=8),
-    "decoupled_m2": lambda t: _decoupled(t, learners=2),
-    "decoupled_m4": lambda t: _decoupled(t),
-    "decoupled_m8": lambda t: _decoupled(t, learners=8),
-    "hetero_k1_nograce": lambda t: _decoupled(t, speeds=HETEROGENEOUS, grace=False),
-    "hetero_k1_grace": lambda t: _decoupled(t, speeds=HETEROGENEOUS, grace=True),
-    "codec_bf16": lambda t: _decoupled(t, codec="bf16"),
-    "codec_int2": lambda t: _decoupled(t, codec="int2"),
-    "codec_int1": lambda t: _decoupled(t, codec="int1"),
-    "merge_mean": lambda t: _decoupled(t, merge="mean"),
-    "frag6_balanced": lambda t: _decoupled(t, fragments=6),
-    "frag6_layer": lambda t: _decoupled(t, fragments=6, fragmentation="layer"),
-    "outer_diloco": lambda t: _decoupled(t, outer_lr=0.7, outer_momentum=0.9),
-    "outer_average": lambda t: _decoupled(t, outer_lr=1.0, outer_momentum=0.0),
-    "hetero_k1_grace_push": lambda t: _decoupled(t, speeds=HETEROGENEOUS, grace=True, push_before_overwrite=True),
+    "dp_m4": lambda t: job_config(t),  # dp_* runs use the data-parallel baseline
+    "dp_m2": lambda t: job_config(t, learners=2),
+    "dp_m8": lambda t: job_config(t, learners=8),
+    "decoupled_m2": lambda t: job_config(t, learners=2),
+    "decoupled_m4": lambda t: job_config(t),
+    "decoupled_m8": lambda t: job_config(t, learners=8),
+    "hetero_k1_nograce": lambda t: job_config(t, speeds=HETEROGENEOUS, grace=False),
+    "hetero_k1_grace": lambda t: job_config(t, speeds=HETEROGENEOUS, grace=True),
+    "codec_bf16": lambda t: job_config(t, codec="bf16"),
+    "codec_int2": lambda t: job_config(t, codec="int2"),
+    "codec_int1": lambda t: job_config(t, codec="int1"),
+    "merge_mean": lambda t: job_config(t, merge="mean"),
+    "frag6_balanced": lambda t: job_config(t, fragments=6),
+    "frag6_layer": lambda t: job_config(t, fragments=6, fragmentation="layer"),
+    "outer_diloco": lambda t: job_config(t, outer_lr=0.7, outer_momentum=0.9),
+    "outer_average": lambda t: job_config(t, outer_lr=1.0, outer_momentum=0.0),
+    "hetero_k1_grace_push": lambda t: job_config(t, speeds=HETEROGENEOUS, grace=True, push_before_overwrite=True),
 }
 """Name -> config. Unnamed knobs are the defaults: M=4, P=H=24, tau=2, K=1, grace, int4, RDA, balanced."""
 
 
-def run_one(name: str, tokens: int) -> dict[str, Any]:
-    config = RUNS[name](tokens)
-    if name.startswith("dp_"):
+def run_one(name: str, tokens: int, preset: str | None = None, seed: int = 0) -> dict[str, Any]:
+    config = build_job({"preset": preset, "seed": seed}, base=RUNS[name](tokens))
+    return measure(config, data_parallel=name.startswith("dp_"))
+
+
+def measure(config: TrainConfig, *, data_parallel: bool) -> dict[str, Any]:
+    """Train ``config`` (Decoupled, or its data-parallel baseline with the same M) and keep what the benchmarks report."""
+    if data_parallel:
         from ddctl.local.baseline import run_data_parallel
 
         result = run_data_parallel(config.inner, config.data, config.budget, threads_per_rank=1)
@@ -79,31 +85,50 @@ def run_one(name: str, tokens: int) -> dict[str, Any]:
     return row
 
 
-def run_quality(tokens: int, only: list[str], out: Path | None = None, jobs: int = 1) -> dict[str, Any]:
+def run_quality(
+    tokens: int, only: list[str], out: Path | None = None, jobs: int = 1, preset: str | None = None, seeds: Sequence[int] = (0,)
+) -> dict[str, Any]:
+    """Every named run once per seed; a run's row is its first seed's, with val_bpb the mean over seeds."""
     unknown = [n for n in only if n not in RUNS]
     if unknown:
         raise ConfigError(f"unknown runs {', '.join(unknown)}; allowed: {', '.join(RUNS)}")
+    if not seeds:
+        raise ConfigError("at least one seed is needed")
     names = only or list(RUNS)
-    rows: dict[str, dict[str, Any]] = {}
+    done: dict[str, dict[int, dict[str, Any]]] = {}
 
-    def record(name: str, row: dict[str, Any]) -> dict[str, Any]:
+    def record(name: str, seed: int, row: dict[str, Any]) -> dict[str, Any]:
         """Keep every finished run: a long benchmark never loses what it has measured."""
-        rows[name] = row
-        result = {"tokens": tokens, "runs": {n: rows[n] for n in names if n in rows}, "targets": evaluate_targets(rows)}
+        done.setdefault(name, {})[seed] = row
+        rows = {n: _over_seeds(done[n], seeds) for n in names if n in done}
+        result = {"tokens": tokens, "preset": preset, "seeds": list(seeds), "runs": rows, "targets": evaluate_targets(rows)}
         if out is not None:
             out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
         return result
 
     result: dict[str, Any] = {}
+    work = [(name, seed) for seed in seeds for name in names]
     if jobs > 1:
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = {pool.submit(run_one, name, tokens): name for name in names}
+            futures = {pool.submit(run_one, name, tokens, preset, seed): (name, seed) for name, seed in work}
             for future in as_completed(futures):
-                result = record(futures[future], future.result())
+                result = record(*futures[future], future.result())
     else:
-        for name in names:
-            result = record(name, run_one(name, tokens))
+        for name, seed in work:
+            result = record(name, seed, run_one(name, tokens, preset, seed))
     return result
+
+
+def _over_seeds(by_seed: dict[int, dict[str, Any]], seeds: Sequence[int]) -> dict[str, Any]:
+    """The first seed's row, with val_bpb the mean of the seeds run so far, each seed's value and their spread."""
+    ran = [s for s in seeds if s in by_seed]
+    values = [by_seed[s]["val_bpb"] for s in ran]
+    row = dict(by_seed[ran[0]])
+    row["val_bpb"] = statistics.fmean(values)
+    if len(seeds) > 1:
+        row["val_bpb_by_seed"] = dict(zip(map(str, ran), values, strict=True))
+        row["val_bpb_stdev"] = statistics.stdev(values) if len(values) > 1 else None
+    return row
 
 
 def evaluate_targets(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -128,4 +153,4 @@ def evaluate_targets(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-__all__ = ["RUNS", "evaluate_targets", "run_one", "run_quality"]
+__all__ = ["RUNS", "evaluate_targets", "job_config", "measure", "run_one", "run_quality"]

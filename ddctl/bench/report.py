@@ -25,8 +25,11 @@ def codec_table(result: dict[str, Any]) -> Table:
 
 
 def quality_table(result: dict[str, Any]) -> Table:
-    table = Table(title=f"quality at {result['tokens']:,} tokens per run")
-    for col in ("run", "M", "codec", "merge", "frag", "grace", "val_bpb", "bytes/token", "rounds", "wall s"):
+    seeds = result.get("seeds", [0])
+    table = Table(
+        title=f"quality at {result['tokens']:,} tokens per run" + (f", mean of seeds {seeds}" if len(seeds) > 1 else "")
+    )
+    for col in ("run", "M", "codec", "merge", "frag", "grace", "val_bpb", "± stdev", "bytes/token", "rounds", "wall s"):
         table.add_column(col, justify="right")
     for name, row in result["runs"].items():
         c = row["config"]
@@ -38,6 +41,7 @@ def quality_table(result: dict[str, Any]) -> Table:
             f"{c['fragmentation']}/{c['fragments']}" if not name.startswith("dp") else "-",
             str(c["grace"]) if not name.startswith("dp") else "-",
             f"{row['val_bpb']:.4f}",
+            "-" if row.get("val_bpb_stdev") is None else f"{row['val_bpb_stdev']:.4f}",
             f"{row['bytes_per_token']:.1f}",
             str(row.get("rounds", "-")),
             f"{row['wall_s']:.0f}",
@@ -120,4 +124,20 @@ def checkpoint_table(result: dict[str, Any]) -> Table:
         f"{result['bytes'] / 1e6:.1f}",
         f"{result['torch_bytes'] / 1e6:.1f}",
     )
+    return table
+
+
+def ladder_table(result: dict[str, Any]) -> Table:
+    table = Table(title=f"scale ladder at {result['tokens_per_param']:g} tokens per parameter")
+    for col in ("rung", "params", "tokens", "arm", "seeds", "val_bpb", "± stdev", "/ DP", "bytes/token", "DP bytes ÷", "wall s"):
+        table.add_column(col, justify="right")
+    for rung, r in result["rungs"].items():
+        for arm, a in r["arms"].items():
+            ratio, traffic = a.get("val_bpb_over_dp"), a.get("dp_bytes_per_token_over_this")
+            table.add_row(
+                rung, f"{r['params']:,}", f"{r['tokens']:,}", arm, str(a["seeds"]), f"{a['val_bpb']:.4f}",
+                "-" if a["val_bpb_stdev"] is None else f"{a['val_bpb_stdev']:.4f}",
+                "-" if ratio is None else f"{ratio:.3f}", f"{a['bytes_per_token']:.1f}",
+                "-" if traffic is None else f"{traffic:.0f}x", f"{a['wall_s']:.0f}",
+            )  # fmt: skip
     return table

@@ -9,8 +9,20 @@ import typer
 
 from ddctl.cli.errors import run_guarded
 from ddctl.cli.output import print_json, stdout
+from ddctl.errors import DdctlError
 
 app = typer.Typer(help="Benchmarks; each reports ratios against a baseline measured in the same run.", no_args_is_help=True)
+
+
+def comma_ints(text: str, option: str, low: int, high: int) -> list[int]:
+    """``1,2,4`` as integers, each in [low, high]; anything else is refused naming the option."""
+    try:
+        parsed = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        parsed = []
+    if not parsed or any(not low <= n <= high for n in parsed):
+        raise DdctlError(f"{option} must be comma-separated integers in [{low}, {high}], got {text!r}")
+    return parsed
 
 
 @app.command("codec")
@@ -35,6 +47,8 @@ def quality(
     tokens: Annotated[int, typer.Option(help="Token budget of every run (equal across runs).")] = 1_000_000,
     only: Annotated[str, typer.Option(help="Comma-separated run names to run (default: all).")] = "",
     jobs: Annotated[int, typer.Option(help="Runs in parallel (each uses one core).")] = 1,
+    preset: Annotated[str | None, typer.Option(help="Model preset of every run [default: the job's, tiny].")] = None,
+    seeds: Annotated[str, typer.Option(help="Comma-separated seeds; val_bpb is their mean, with the spread.")] = "0",
     out: Annotated[Path | None, typer.Option(help="Also write the JSON result here.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
 ) -> None:
@@ -42,11 +56,54 @@ def quality(
     from ddctl.bench.quality import run_quality
     from ddctl.bench.report import quality_table
 
-    result = run_guarded(lambda: run_quality(tokens=tokens, only=[s for s in only.split(",") if s], out=out, jobs=jobs))
+    result = run_guarded(
+        lambda: run_quality(
+            tokens=tokens,
+            only=[s for s in only.split(",") if s],
+            out=out,
+            jobs=jobs,
+            preset=preset,
+            seeds=comma_ints(seeds, "--seeds", 0, 2**31 - 1),
+        )
+    )
     if json_out:
         print_json(result)
     else:
         stdout().print(quality_table(result))
+
+
+@app.command("ladder")
+def ladder(
+    rungs: Annotated[
+        str, typer.Option(help="Comma-separated rungs (presets), smallest first: micro, mini, tiny.")
+    ] = "micro,mini",
+    seeds: Annotated[str, typer.Option(help="Comma-separated seeds; each rung and arm runs once per seed.")] = "0",
+    arms: Annotated[
+        str, typer.Option(help="Comma-separated arms: dp_m4, decoupled_m2, decoupled_m4, decoupled_m8 (default: all).")
+    ] = "",
+    tokens_per_param: Annotated[float, typer.Option(help="Token budget of a rung per model parameter.")] = 20.0,
+    jobs: Annotated[int, typer.Option(help="Runs in parallel (each uses one core).")] = 1,
+    out: Annotated[Path | None, typer.Option(help="Also write the JSON result here, after every run.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
+) -> None:
+    """Decoupled M=2/4/8 against data-parallel M=4 at ~20 tokens per parameter, rung by rung (hours: run outside CI)."""
+    from ddctl.bench.ladder import ARMS, run_ladder
+    from ddctl.bench.report import ladder_table
+
+    result = run_guarded(
+        lambda: run_ladder(
+            rungs=[r for r in rungs.split(",") if r],
+            seeds=comma_ints(seeds, "--seeds", 0, 2**31 - 1),
+            arms=[a for a in arms.split(",") if a] or list(ARMS),
+            tokens_per_param=tokens_per_param,
+            jobs=jobs,
+            out=out,
+        )
+    )
+    if json_out:
+        print_json(result)
+    else:
+        stdout().print(ladder_table(result))
 
 
 @app.command("transport")
@@ -143,16 +200,11 @@ def learner(
     import subprocess
 
     from ddctl.bench.report import learner_table
-    from ddctl.errors import DdctlError, WorkerError
+    from ddctl.errors import WorkerError
     from ddctl_agents.train.speed import measure
 
     def counts() -> list[int]:
-        try:
-            parsed = [int(r) for r in ranks.split(",") if r.strip()]
-        except ValueError:
-            parsed = []
-        if not parsed or any(not 1 <= r <= 64 for r in parsed):
-            raise DdctlError(f"--ranks must be comma-separated integers in [1, 64], got {ranks!r}")
+        parsed = comma_ints(ranks, "--ranks", 1, 64)
         if min(steps, blocks) < 1 or warmup < 0:
             raise DdctlError(f"--steps and --blocks must be >= 1 and --warmup >= 0, got {steps}, {blocks} and {warmup}")
         if any(batch % r for r in parsed):

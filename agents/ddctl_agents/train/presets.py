@@ -11,14 +11,16 @@ from dataclasses import replace
 from ddctl_agents.train.config import ConfigError, InnerConfig, ModelConfig
 
 PRESETS: dict[str, ModelConfig] = {
+    "micro": ModelConfig(seq_len=128, d_model=64, n_layer=3, n_head=2),
+    "mini": ModelConfig(seq_len=128, d_model=96, n_layer=4, n_head=4),
     "tiny": ModelConfig(seq_len=128, d_model=128, n_layer=5, n_head=4),
     "tiny-moe": ModelConfig(seq_len=128, d_model=128, n_layer=5, n_head=4, n_experts=4, top_k=2),
     "small": ModelConfig(seq_len=256, d_model=384, n_layer=6, n_head=6),
     "base": ModelConfig(seq_len=1024, d_model=768, n_layer=18, n_head=12),
     "large": ModelConfig(seq_len=2048, d_model=2048, n_layer=20, n_head=16),
 }
-"""tiny ~1.0M (tests, CPU); tiny-moe its 4-expert top-2 variant; small ~10.7M;
-base ~128M; large ~1.0B (GPU only)."""
+"""micro and mini: the CPU rungs below tiny of the scale ladder (``ddctl bench ladder``); tiny ~1.0M
+(tests, CPU); tiny-moe its 4-expert top-2 variant; small ~10.7M; base ~128M; large ~1.0B (GPU only)."""
 
 
 def get_preset(name: str) -> ModelConfig:

@@ -1,0 +1,31 @@
+"""``ddctl bench quality`` over several seeds: rows are means with their spread, targets judge the means."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ddctl.bench import quality
+
+
+def fake_run(name: str, tokens: int, preset: str | None = None, seed: int = 0) -> dict[str, Any]:
+    base = {"dp_m4": 3.0, "decoupled_m4": 3.3}[name]
+    return {"val_bpb": base + 0.1 * seed, "bytes_per_token": 100.0 if name == "decoupled_m4" else 12_000.0, "preset": preset}
+
+
+def test_seeds_average_into_one_row_with_each_value_and_the_spread(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(quality, "run_one", fake_run)
+    result = quality.run_quality(1000, ["dp_m4", "decoupled_m4"], preset="micro", seeds=[0, 1, 2])
+    row = result["runs"]["decoupled_m4"]
+    assert row["val_bpb"] == pytest.approx(3.4) and row["val_bpb_stdev"] == pytest.approx(0.1)
+    assert row["val_bpb_by_seed"] == pytest.approx({"0": 3.3, "1": 3.4, "2": 3.5})
+    assert row["preset"] == "micro" and result["seeds"] == [0, 1, 2]
+    assert result["targets"]["m4_val_bpb_over_dp"] == pytest.approx(3.4 / 3.1)
+    assert result["targets"]["dp_bytes_per_token_over_m4"] == pytest.approx(120.0)
+
+
+def test_one_seed_keeps_the_row_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(quality, "run_one", fake_run)
+    row = quality.run_quality(1000, ["dp_m4"])["runs"]["dp_m4"]
+    assert row["val_bpb"] == 3.0 and "val_bpb_stdev" not in row and "val_bpb_by_seed" not in row
