@@ -44,6 +44,7 @@ RUNS: dict[str, Callable[[int], TrainConfig]] = {
     "codec_int2": lambda t: job_config(t, codec="int2"),
     "codec_int1": lambda t: job_config(t, codec="int1"),
     "merge_mean": lambda t: job_config(t, merge="mean"),
+    "merge_mean_m8": lambda t: job_config(t, learners=8, merge="mean"),
     "frag6_balanced": lambda t: job_config(t, fragments=6),
     "frag6_layer": lambda t: job_config(t, fragments=6, fragmentation="layer"),
     "outer_diloco": lambda t: job_config(t, outer_lr=0.7, outer_momentum=0.9),
