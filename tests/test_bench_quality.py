@@ -29,3 +29,18 @@ def test_one_seed_keeps_the_row_as_it_was(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(quality, "run_one", fake_run)
     row = quality.run_quality(1000, ["dp_m4"])["runs"]["dp_m4"]
     assert row["val_bpb"] == 3.0 and "val_bpb_stdev" not in row and "val_bpb_by_seed" not in row
+
+
+def test_a_run_its_preset_cannot_make_is_reported_and_the_others_still_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    def layer_on_micro(name: str, tokens: int, preset: str | None = None, seed: int = 0) -> dict[str, Any]:
+        if name == "dp_m4":
+            raise quality.ConfigError("layer fragmentation needs fragments <= 4 (layer groups), got 6")
+        return fake_run(name, tokens, preset, seed)
+
+    monkeypatch.setattr(quality, "run_one", layer_on_micro)
+    result = quality.run_quality(1000, ["dp_m4", "decoupled_m4"], seeds=[0, 1])
+    assert set(result["runs"]) == {"decoupled_m4"} and result["runs"]["decoupled_m4"]["val_bpb"] == pytest.approx(3.35)
+    assert result["failed"] == {
+        "dp_m4@0": "ConfigError: layer fragmentation needs fragments <= 4 (layer groups), got 6",
+        "dp_m4@1": "ConfigError: layer fragmentation needs fragments <= 4 (layer groups), got 6",
+    }

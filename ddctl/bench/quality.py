@@ -97,12 +97,18 @@ def run_quality(
         raise ConfigError("at least one seed is needed")
     names = only or list(RUNS)
     done: dict[str, dict[int, dict[str, Any]]] = {}
+    failed: dict[str, str] = {}
 
-    def record(name: str, seed: int, row: dict[str, Any]) -> dict[str, Any]:
-        """Keep every finished run: a long benchmark never loses what it has measured."""
-        done.setdefault(name, {})[seed] = row
+    def record(name: str, seed: int, row: dict[str, Any] | BaseException) -> dict[str, Any]:
+        """Keep every finished run, and every refused one with its reason: one bad run never costs the others."""
+        if isinstance(row, BaseException):
+            failed[f"{name}@{seed}"] = f"{type(row).__name__}: {row}"
+        else:
+            done.setdefault(name, {})[seed] = row
         rows = {n: _over_seeds(done[n], seeds) for n in names if n in done}
         result = {"tokens": tokens, "preset": preset, "seeds": list(seeds), "runs": rows, "targets": evaluate_targets(rows)}
+        if failed:
+            result["failed"] = dict(failed)
         if out is not None:
             out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
         return result
@@ -113,10 +119,14 @@ def run_quality(
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = {pool.submit(run_one, name, tokens, preset, seed): (name, seed) for name, seed in work}
             for future in as_completed(futures):
-                result = record(*futures[future], future.result())
+                result = record(*futures[future], future.exception() or future.result())
     else:
         for name, seed in work:
-            result = record(name, seed, run_one(name, tokens, preset, seed))
+            try:
+                row: dict[str, Any] | BaseException = run_one(name, tokens, preset, seed)
+            except Exception as exc:  # noqa: BLE001 - recorded with its reason; the CLI exits non-zero
+                row = exc
+            result = record(name, seed, row)
     return result
 
 

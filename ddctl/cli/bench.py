@@ -70,6 +70,10 @@ def quality(
         print_json(result)
     else:
         stdout().print(quality_table(result))
+    for run, reason in result.get("failed", {}).items():
+        typer.echo(f"ddctl: run {run} failed: {reason}", err=True)
+    if result.get("failed"):
+        raise typer.Exit(1)
 
 
 @app.command("ladder")

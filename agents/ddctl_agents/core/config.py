@@ -18,8 +18,8 @@ from ddctl_agents.errors import ConfigError
 class OuterConfig:
     """Outer Nesterov SGD hyper-parameters."""
 
-    lr: float = 0.4
-    momentum: float = 0.8
+    lr: float = 0.7
+    momentum: float = 0.5
     nesterov: bool = True
 
     def __post_init__(self) -> None:
