@@ -34,8 +34,8 @@ def test_k1_round_closes_on_the_first_update_and_broadcasts() -> None:
     send = next(e for e in effects if isinstance(e, Send))
     assert s.versions[0] == 1 and send.to == ("L0", "L1") and send.message.version == 1
     assert "grace off" in record["reason"] and [a["learner"] for a in record["admitted"]] == ["L0"]
-    # outer step: delta 1 everywhere, lr .4, nesterov .8 on a fresh buffer -> theta = 0 - .4*(1 + .8)
-    assert torch.allclose(s.fragments[0][next(iter(s.fragments[0]))], torch.full((4,), -0.72))
+    # outer step: delta 1 everywhere, lr .7, nesterov .5 on a fresh buffer -> theta = 0 - .7*(1 + .5)
+    assert torch.allclose(s.fragments[0][next(iter(s.fragments[0]))], torch.full((4,), -1.05))
 
 
 def test_quorum_two_waits_for_the_second_learner() -> None:
