@@ -99,16 +99,23 @@ class Job:
             client.close()
 
     def wait_for(self, predicate: Any, timeout_s: float, what: str) -> dict[str, Any]:
+        last: list[dict[str, Any]] = []
+
         def matching() -> dict[str, Any] | None:
             try:
                 status = self.status()
             except Unavailable:
                 return None
+            last[:] = [status]
             return status if predicate(status) else None
 
-        return wait_until(
-            matching, timeout_s=timeout_s, every_s=0.2, what=what, error=lambda m: TimeoutError(f"{m}; logs in {self.root}")
-        )
+        def timed_out(message: str) -> TimeoutError:
+            if not last:
+                return TimeoutError(f"{message}; logs in {self.root}; no status answered")
+            seen = json.dumps({"learners": last[0].get("learners"), "rounds": last[0].get("rounds")})[:6000]
+            return TimeoutError(f"{message}; logs in {self.root}; the last status's learners: {seen}")
+
+        return wait_until(matching, timeout_s=timeout_s, every_s=0.2, what=what, error=timed_out)
 
     def wait_learners(self, timeout_s: float = 240.0) -> None:
         deadline = time.monotonic() + timeout_s

@@ -34,7 +34,9 @@ def learner_view(status: dict, name: str) -> dict:
 
 
 def test_three_learners_train_and_status_shows_their_links(tmp_path: Path, job_factory: list[Job]) -> None:
-    job = Job.create(tmp_path, small_job(learners=3, tokens=150_000))
+    # long enough for ~40 fragment records per learner: the syncer's kernel needs 0.1 s of busy time (or 16
+    # transfers) to time a downlink, and on a loaded loopback some records are read too slowly to count
+    job = Job.create(tmp_path, small_job(learners=3, tokens=300_000))
     job_factory.append(job)
     job.start_syncer("--eval-every", "2")
     for i in range(3):

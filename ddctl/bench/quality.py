@@ -47,6 +47,8 @@ RUNS: dict[str, Callable[[int], TrainConfig]] = {
     "merge_mean_m8": lambda t: job_config(t, learners=8, merge="mean"),
     "frag6_balanced": lambda t: job_config(t, fragments=6),
     "frag6_layer": lambda t: job_config(t, fragments=6, fragmentation="layer"),
+    "frag4_balanced": lambda t: job_config(t, fragments=4),
+    "frag4_layer": lambda t: job_config(t, fragments=4, fragmentation="layer"),
     "outer_diloco": lambda t: job_config(t, outer_lr=0.7, outer_momentum=0.9),
     "outer_average": lambda t: job_config(t, outer_lr=1.0, outer_momentum=0.0),
     "hetero_k1_grace_push": lambda t: job_config(t, speeds=HETEROGENEOUS, grace=True, push_before_overwrite=True),

@@ -85,10 +85,52 @@ def _print_plan(result: dict[str, Any]) -> None:
         where = (i["name"], i["region"], i["provider"], i["role"], ranks)
         table.add_row(*where, i["instance_type"] or "-", str(i["spot"]), price, i["action"])
     stdout().print(table)
+    if result.get("synchronizer"):
+        _print_shards(result["synchronizer"])
     if "cost" in result:
         _print_money(result)
     unpriced = f" (no price cap in: {', '.join(result['unpriced'])})" if result["unpriced"] else ""
     typer.echo(f"at most ${result['max_dollars_per_hour']:.2f}/h{unpriced}; nothing was changed")
+
+
+def _print_shards(plan: dict[str, Any]) -> None:
+    """Per region: its link (declared or assumed), cadence, relay, shards and the predicted link load."""
+    from rich.table import Table
+
+    table = Table(title=f"synchronizer: {len(plan['shards'])} shard(s); predicted link load per region (priors)")
+    for col in (
+        "region",
+        "learners",
+        "link Mbit/s up/down",
+        "step s",
+        "cadence",
+        "relay",
+        "shards",
+        "out Mbit/s",
+        "in Mbit/s",
+        "load",
+        "own",
+    ):
+        table.add_column(col)
+    for r in plan["sites"]:
+        link = f"{r['link_mbps'][0]:g}/{r['link_mbps'][1]:g}" + (" (assumed)" if r["link"] == "assumed" else "")
+        shards = ",".join(map(str, r["shards"])) or "-"
+        numbers = (f"{r['egress_mbps']:.3f}", f"{r['ingress_mbps']:.3f}", f"{r['utilisation']:.1%}", f"{r['floor']:.1%}")
+        table.add_row(
+            r["region"],
+            str(r["learners"]),
+            link,
+            f"{r['step_s']:.3g}",
+            f"every {r['cadence']}",
+            str(r["relay"]).lower(),
+            shards,
+            *numbers,
+        )
+    stdout().print(table)
+    typer.echo(
+        f"busiest link {plan['utilisation']:.1%} of its capacity (bound {plan['bound']:.1%}); busiest shard site "
+        f"{plan['over_bound']:.3f}x its bound; 'own': a region's load from its learners alone, which no placement moves"
+    )
 
 
 def _print_money(result: dict[str, Any]) -> None:

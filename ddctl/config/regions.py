@@ -20,7 +20,9 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ddctl.config import synchronizer
 from ddctl.config.job import KnobError, build_job, knobs_model
+from ddctl.config.synchronizer import Strict, SynchronizerSection
 from ddctl.errors import RegionsError
 from ddctl.providers import instance_gpus
 from ddctl_agents import storage
@@ -34,8 +36,7 @@ CLOUD_PROVIDERS = ("aws", "gcp")
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,39}$", description="letters, digits, '-' or '_' (a name)")]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+_Model = Strict
 
 
 class LinkProfile(_Model):
@@ -101,6 +102,7 @@ class Region(_Model):
     """USD per instance-hour we are willing to pay (spot bids above it are refused)."""
     link: Annotated[LinkProfile | None, Field(description="{up_mbps, down_mbps, latency_ms}")] = None
     preemption: Annotated[PreemptionProfile | None, Field(description="{mean_between_s, notice_s}")] = None
+    cadence: Annotated[int | Literal["auto"], Field(description="auto, or send every 1, 2, 4 or 8 outer periods")] = "auto"
 
     @property
     def types(self) -> tuple[str, ...]:
@@ -155,7 +157,8 @@ class Checkpoints(_Model):
 class RegionsFile(_Model):
     path: Annotated[Path, Field(exclude=True)] = Path("regions.yaml")
     run: Annotated[Name, Field(description="a name for the run (its resources carry it)")] = "ddctl"
-    syncer: Annotated[str, Field(description="the name of one of the regions")]
+    syncer: Annotated[str, Field(description="the name of one of the regions (or a synchronizer: section)")] = ""
+    synchronizer: Annotated[SynchronizerSection | None, Field(description="{shards, regions, relays, replan}")] = None
     training: Annotated[dict[str, Any], Field(description="the training knobs")] = Field(default_factory=dict)
     regions: Annotated[tuple[Region, ...], Field(min_length=1, description="a list of regions")]
     checkpoints: Annotated[Checkpoints, Field(description="{every_rounds, every_minutes, keep_last, keep_every, url}")] = (
@@ -226,6 +229,8 @@ def parse_regions(raw: Any, path: Path) -> RegionsFile:
     _check_consistency(rf)
     job = job_config(rf)  # a value the job refuses is reported against its key now, not when the job starts
     _check_ranks(rf, job.inner.batch_size)
+    if rf.synchronizer is not None:  # the plan's first shard is where the synchronizer process runs
+        rf = rf.model_copy(update={"syncer": synchronizer.shard_plan(rf, job).shards[0].site})
     return rf
 
 
@@ -258,7 +263,8 @@ def _check_consistency(rf: RegionsFile) -> None:
             raise RegionsError(
                 f"{rf.path}: regions: name {name!r} is used twice; names must be unique", path=rf.path, key="regions"
             )
-    if rf.syncer not in names:
+    synchronizer.check_section(rf)
+    if rf.syncer and rf.syncer not in names:
         raise RegionsError(
             f"{rf.path}: syncer: {rf.syncer!r} is not a region here; allowed: {', '.join(names)}", path=rf.path, key="syncer"
         )
@@ -310,7 +316,7 @@ def _check_ranks(rf: RegionsFile, batch_size: int) -> None:
 def _explain(exc: ValidationError, path: Path, prefix: tuple[str, ...]) -> RegionsError:
     """The first validation error as ``FILE: key.path: problem; allowed: ...``."""
     error = exc.errors()[0]
-    loc = (*prefix, *error["loc"])
+    loc = (*prefix, *(p for p in error["loc"] if not _union_member(p)))
     key = _dotted(loc)
     owner, field = _owner(loc)
     allowed = _allowed(owner, field)
@@ -334,6 +340,11 @@ def _explain(exc: ValidationError, path: Path, prefix: tuple[str, ...]) -> Regio
         problem = str(error["msg"]).removeprefix("Value error, ")
     suffix = f"; allowed: {allowed}" if allowed else ""
     return RegionsError(f"{path}: {key}: {problem}{suffix}", path=path, key=key)
+
+
+def _union_member(part: Any) -> bool:
+    """A tag pydantic adds to a location inside a union (``constrained-int``, ``literal['auto']``): not a key."""
+    return isinstance(part, str) and (part in ("int", "str", "float", "bool") or "-" in part or "[" in part)
 
 
 def _dotted(loc: tuple[Any, ...]) -> str:

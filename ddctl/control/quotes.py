@@ -106,12 +106,16 @@ class SyncTraffic:
         )
 
 
+def tensor_sizes(job: JobConfig) -> list[int]:
+    """Elements of each of the job's parameter tensors: the built-in's from its shape, yours by building it."""
+    if job.inner.model:
+        return [math.prod(shape) for shape in model_shapes(job.inner).values()]
+    return [n for _, n in model_tensors(model_config(job.inner))]
+
+
 def sync_traffic(job: JobConfig, step_s: float = STEP_S) -> SyncTraffic:
     """The job's own traffic: its model's tensors in its codecs, its fragments, its H."""
-    if job.inner.model:  # yours: its own tensors
-        sizes = [math.prod(shape) for shape in model_shapes(job.inner).values()]
-    else:
-        sizes = [n for _, n in model_tensors(model_config(job.inner))]
+    sizes = tensor_sizes(job)
     sync = job.sync
     return SyncTraffic(
         up_bytes=sync_bytes(sizes, sync.codec, sync.block, sync.fragments, "update"),

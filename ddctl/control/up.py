@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from ddctl import providers
+from ddctl.config import synchronizer
 from ddctl.config.regions import RegionsFile, job_config
 from ddctl.control import admission
 from ddctl.control import pull as pulling
@@ -82,6 +83,7 @@ def up(
     ``keep``: when the job finishes, its machines stay (for inspection) until ``ddctl down``.
     ``resume_from``: a checkpoint (or checkpoints folder: its newest) a new run's syncer starts from."""
     job = job_config(rf)
+    synchronizer.check_runnable(rf, job)
     kinds = kinds_for(rf, dry_run, say)
     check_data(job, kinds)
     run, rundir = rf.run, RunDir(rf.run)
@@ -335,6 +337,7 @@ def _ensure_controller(run: str, state: State, say: Any) -> None:
 def plan_actions(rf: RegionsFile, *, dry_run: bool, say: Any = print) -> dict[str, Any]:
     """``up --plan``: the plan, what ``up`` would do about each instance given what runs now, and what it costs (read only)."""
     kinds = kinds_for(rf, dry_run, say)
-    check_data(job_config(rf), kinds)
+    job = job_config(rf)
+    check_data(job, kinds)
     actions = reconcile(desired(plan(rf, kinds)), observe(rf.run, set(kinds.values())), time.time())
-    return plan_summary(rf, kinds, actions, quote_plan(rf, kinds))
+    return plan_summary(rf, kinds, actions, quote_plan(rf, kinds)) | {"synchronizer": synchronizer.summary(rf, job)}

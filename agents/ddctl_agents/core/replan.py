@@ -1,0 +1,101 @@
+"""When to move fragments between shards: only for a large, repeated, predicted gain (pure).
+
+Link measurements are noisy (±20% from one sample to the next is ordinary on a WAN),
+and a handoff costs a fragment's state on the wire and a pause in its rounds. So the
+syncer re-plans from every fresh link matrix but moves fragments only when the new
+plan's busiest placement-dependent site is at least ``gain`` better than the current
+assignment's, under the same measurements, ``confirmations`` times in a row, no sooner
+than ``dwell_s`` after the last move, and at most ``max_moves`` fragments at once
+(the ones that help most, one at a time).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ddctl_agents.core.shardplan import (
+    PlanSettings,
+    ShardPlan,
+    Traffic,
+    placement_loads,
+    placement_utilisation,
+    plan_shards,
+)
+from ddctl_agents.core.siteload import Site
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplanSettings:
+    gain: float = 0.2
+    """The predicted improvement of the busiest placement-dependent site, as a share of it."""
+    confirmations: int = 3
+    dwell_s: float = 300.0
+    max_moves: int = 4
+
+    def __post_init__(self) -> None:
+        if not (0 < self.gain < 1 and self.confirmations >= 1 and self.dwell_s >= 0 and self.max_moves >= 1):
+            raise ValueError("replan needs 0 < gain < 1, confirmations >= 1, dwell_s >= 0 and max_moves >= 1")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Move:
+    fragment: int
+    source: str
+    target: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Replan:
+    moves: tuple[Move, ...]
+    before: float
+    after: float
+    """The busiest placement-dependent site's predicted utilisation before and after the moves."""
+    cause: str
+
+
+@dataclass(slots=True)
+class Replanner:
+    settings: ReplanSettings = ReplanSettings()
+    streak: int = 0
+    last_move: float = -math.inf
+
+    def consider(
+        self, now: float, sites: Sequence[Site], traffic: Traffic, site_of: Sequence[str], plan: PlanSettings
+    ) -> Replan | None:
+        """The moves to make now, given fresh measurements in ``sites`` and fragment f owned at ``site_of[f]``."""
+        candidate = plan_shards(sites, traffic, plan)
+        current = self._utilisation(sites, traffic, candidate, site_of)
+        best = self._utilisation(sites, traffic, candidate, [candidate.site_of(f) for f in range(len(site_of))])
+        if current <= 0 or best > current * (1 - self.settings.gain):
+            self.streak = 0
+            return None
+        self.streak += 1
+        if self.streak < self.settings.confirmations or now - self.last_move < self.settings.dwell_s:
+            return None
+        moves, owned = [], list(site_of)
+        for _ in range(self.settings.max_moves):
+            options = [f for f in range(len(owned)) if owned[f] != candidate.site_of(f)]
+            if not options:
+                break
+
+            def after(fragment: int) -> float:
+                trial = [*owned[:fragment], candidate.site_of(fragment), *owned[fragment + 1 :]]
+                return self._utilisation(sites, traffic, candidate, trial)
+
+            chosen = min(options, key=lambda f: (after(f), f))
+            moves.append(Move(fragment=chosen, source=owned[chosen], target=candidate.site_of(chosen)))
+            owned[chosen] = candidate.site_of(chosen)
+        reached = self._utilisation(sites, traffic, candidate, owned)
+        self.streak, self.last_move = 0, now
+        cause = (
+            f"busiest shard site predicted at {current:.0%} of its link, {best:.0%} with the new plan "
+            f"(seen {self.settings.confirmations} times); {len(moves)} fragment(s) moved, {reached:.0%} after"
+        )
+        return Replan(moves=tuple(moves), before=current, after=reached, cause=cause)
+
+    @staticmethod
+    def _utilisation(sites: Sequence[Site], traffic: Traffic, plan: ShardPlan, site_of: Sequence[str]) -> float:
+        found = placement_loads(sites, traffic, plan.cadence, plan.relay, site_of)
+        return placement_utilisation(found, plan.floor)
