@@ -50,3 +50,40 @@ def test_mismatched_names_are_refused() -> None:
 def test_bad_hyperparameters_are_refused(lr: float, momentum: float) -> None:
     with pytest.raises(ConfigError, match="outer"):
         OuterConfig(lr=lr, momentum=momentum)
+
+
+def test_warmup_ramps_each_fragments_lr_linearly_then_holds() -> None:
+    cfg = OuterConfig(lr=0.6, momentum=0.5, warmup=3)
+    assert [cfg.lr_at(v) for v in range(5)] == pytest.approx([0.2, 0.4, 0.6, 0.6, 0.6])
+    assert [OuterConfig(lr=0.6).lr_at(v) for v in (0, 9)] == [0.6, 0.6]  # 0: no warm-up
+    theta, d = {"w": torch.zeros(2)}, {"w": torch.ones(2)}
+    warm, _ = outer_step(theta, d, {}, cfg, taken=0)
+    plain, _ = outer_step(theta, d, {}, OuterConfig(lr=0.2, momentum=0.5))
+    assert torch.equal(warm["w"], plain["w"])  # the first step is the plain step at lr / 3
+    assert torch.allclose(outer_step(theta, d, {}, cfg, taken=7)[0]["w"], torch.full((2,), -0.6 * 1.5))
+
+
+def test_warmup_out_of_range_is_refused() -> None:
+    with pytest.raises(ConfigError, match="outer warmup must be an integer in 0..1000000"):
+        OuterConfig(warmup=-1)
+
+
+def test_the_syncer_warms_up_each_fragment_by_its_own_version() -> None:
+    from builders import small_syncer, update_for
+
+    s = small_syncer(outer=OuterConfig(lr=0.7, momentum=0.5, warmup=2))
+    s.register(0.0, "L0")
+    s.receive(1.0, update_for(s, "L0", 0))
+    s.poll(1.0)
+    name = next(iter(s.fragments[0]))
+    # delta 1 on a fresh buffer: theta = 0 - lr * (1 + 0.5), at lr 0.7 / 2 for the fragment's first step
+    assert torch.allclose(s.fragments[0][name], torch.full((4,), -0.35 * 1.5))
+    assert s.versions == [1, 0]  # fragment 1 has taken no step: its first will be at lr / 2 too
+
+
+def test_the_warmup_is_a_job_knob() -> None:
+    from ddctl.config.job import build_job
+
+    assert build_job({"outer_warmup": 5}).syncer.outer.warmup == 5
+    with pytest.raises(ConfigError, match="outer warmup must be an integer in 0..1000000"):
+        build_job({"outer_warmup": -2})

@@ -51,6 +51,8 @@ RUNS: dict[str, Callable[[int], TrainConfig]] = {
     "frag4_layer": lambda t: job_config(t, fragments=4, fragmentation="layer"),
     "outer_diloco": lambda t: job_config(t, outer_lr=0.7, outer_momentum=0.9),
     "outer_average": lambda t: job_config(t, outer_lr=1.0, outer_momentum=0.0),
+    "outer_warmup5": lambda t: job_config(t, outer_warmup=5),
+    "outer_warmup10": lambda t: job_config(t, outer_warmup=10),
     "hetero_k1_grace_push": lambda t: job_config(t, speeds=HETEROGENEOUS, grace=True, push_before_overwrite=True),
 }
 """Name -> config. Unnamed knobs are the defaults: M=4, P=H=24, tau=2, K=1, grace, int4, RDA, balanced."""
@@ -83,6 +85,7 @@ def measure(config: TrainConfig, *, data_parallel: bool) -> dict[str, Any]:
         "grace": config.syncer.quorum.grace,
         "speeds": list(config.speeds()),
         "outer": [config.syncer.outer.lr, config.syncer.outer.momentum],
+        "outer_warmup": config.syncer.outer.warmup,
         "push_before_overwrite": config.sync.push_before_overwrite,
     }
     return row

@@ -76,6 +76,12 @@ def train(
     outer_momentum: Annotated[
         float | None, typer.Option(help=f"Outer Nesterov momentum [default: {default('outer_momentum')}].")
     ] = None,
+    outer_warmup: Annotated[
+        int | None,
+        typer.Option(
+            help=f"Outer steps per fragment over which the outer lr ramps up (0: none) [default: {default('outer_warmup')}]."
+        ),
+    ] = None,
     speeds: Annotated[str, typer.Option(help="Relative learner speeds, comma-separated (e.g. 1,1,0.5,0.5).")] = "",
     outage: Annotated[
         list[str], typer.Option(help="LEARNER@SECONDS[+SECONDS]: learner fails at a virtual time, returns later. Repeatable.")
@@ -116,7 +122,7 @@ def train(
         "grace": grace, "codec": codec, "down_codec": down_codec, "merge": merge, "fragmentation": fragmentation,
         "error_feedback": error_feedback, "push_before_overwrite": push_before_overwrite, "preset": preset, "model": model,
         "tokens": tokens, "batch_size": batch_size, "lr": lr, "outer_lr": outer_lr, "outer_momentum": outer_momentum,
-        "data": data or None, "max_bytes": max_bytes, "seed": seed, "threads": threads,
+        "outer_warmup": outer_warmup, "data": data or None, "max_bytes": max_bytes, "seed": seed, "threads": threads,
     }  # fmt: skip
     cluster = {"speeds": speeds, "outages": outage, "failures": failures, "link_mbps": link_mbps, "latency_ms": latency_ms}
 

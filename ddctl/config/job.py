@@ -47,6 +47,7 @@ KNOBS: dict[str, tuple[str, ...]] = {
     "overlap": ("syncer.quorum.overlap",),
     "outer_lr": ("syncer.outer.lr",),
     "outer_momentum": ("syncer.outer.momentum",),
+    "outer_warmup": ("syncer.outer.warmup",),
     "merge": ("syncer.merge",),
     "max_rejections": ("syncer.trust.max_rejections",),
     "fragmentation": ("fragmentation",),

@@ -21,12 +21,22 @@ class OuterConfig:
     lr: float = 0.7
     momentum: float = 0.5
     nesterov: bool = True
+    warmup: int = 0
+    """[ours] Outer steps over which each fragment's learning rate ramps up linearly (0: none): step v of a
+    fragment (0-based) uses lr * min(1, (v + 1) / warmup). A literature lever (outer-lr warm-up), measured in
+    docs/benchmarks.md; off by default."""
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
             raise ConfigError(f"outer lr must be > 0, got {self.lr}")
         if not 0 <= self.momentum < 1:
             raise ConfigError(f"outer momentum must be in [0, 1), got {self.momentum}")
+        if not 0 <= self.warmup <= 1_000_000:
+            raise ConfigError(f"outer warmup must be an integer in 0..1000000 (outer steps), got {self.warmup}")
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of a fragment's outer step ``step`` (0-based), after the warm-up's ramp."""
+        return self.lr if self.warmup <= 0 else self.lr * min(1.0, (step + 1) / self.warmup)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -337,7 +337,7 @@ class Synchronizer:
         self, p: int, contributions: Sequence[Contribution]
     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         delta = merge_fragment(contributions, self.embeddings, self.config.merge)
-        return outer_step(self.fragments[p], delta, self.buffers[p], self.config.outer)
+        return outer_step(self.fragments[p], delta, self.buffers[p], self.config.outer, self.versions[p])
 
     def _timing(self, now: float, p: int) -> Timing:
         rnd = self.rounds[p]
