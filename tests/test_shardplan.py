@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import time
@@ -123,6 +124,16 @@ def test_one_synchronizer_without_relays_or_cadence_overloads_the_slow_site() ->
     assert plan.utilisation > 1  # the 50 Mbit/s link cannot carry one version per period
     tuned = plan_shards(five_regions(), model())
     assert tuned.utilisation <= 0.8 < plan.utilisation
+
+
+def test_one_shard_goes_to_the_best_site_even_when_a_slower_one_is_listed_first() -> None:
+    """Every placement ties on the slow region's own load (it cannot host); the choice goes by the next sites."""
+    sites = [site("d", 1, 400), site("a", 2, 1000), site("e", 1, 50, candidate=False)]
+    plan = plan_shards(sites, model(), PlanSettings(shards=1))
+    assert [s.site for s in plan.shards] == ["a"]
+    at_d = plan_shards([sites[0], dataclasses.replace(sites[1], candidate=False), sites[2]], model())
+    busiest = {x.site: x.utilisation for x in plan.loads}
+    assert max(busiest["a"], busiest["d"]) < max(x.utilisation for x in at_d.loads if x.site in ("a", "d"))
 
 
 def test_fixed_shard_counts_and_non_candidates() -> None:

@@ -142,8 +142,10 @@ def _hosting_sites(sites: Sequence[Site], demands: Sequence[Demand], shards: int
         return [i in used for i in range(len(sites))]
     size = min(shards, len(candidates))
 
-    def worst(chosen: Sequence[int]) -> float:
-        return best_split(sites, demands, [i in chosen for i in range(len(sites))]).utilisation
+    def worst(chosen: Sequence[int]) -> tuple[float, ...]:
+        """Site loads worst first: a worst site pinned by its own learners leaves the choice to the next ones."""
+        split = best_split(sites, demands, [i in chosen for i in range(len(sites))])
+        return tuple(sorted((round(u, 9) for u in split.loads), reverse=True))
 
     subsets = list(itertools.islice(itertools.combinations(candidates, size), MAX_SUBSETS + 1))
     if len(subsets) <= MAX_SUBSETS:
