@@ -216,7 +216,7 @@ def test_a_suspended_learner_agent_waits_to_be_readmitted_instead_of_crash_loopi
             admin.close()
     job.wait_for(lambda s: "L2" in s["live"], 60, "the readmitted agent to register on its own")
     agent.terminate()
-    assert agent.wait(timeout=60) == 0, job.log("L2")[-2000:]
+    assert agent.wait(timeout=60) == 0, job.log("L2")[-2000:] + job.log("syncer")[-6000:]
 
 
 def test_health_reports_suspensions_and_a_restart_after_kill9_balances(

@@ -8,7 +8,7 @@ import random
 import time
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ddctl_agents.core.shardplan import CADENCES, PlanSettings, Traffic, choose_cadence, plan_shards
@@ -52,6 +52,7 @@ def test_site_loads_by_hand_for_one_synchronizer() -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 4), st.floats(10, 2000), st.floats(10, 2000), st.booleans()), min_size=2, max_size=3))
+@example([(1, 10.0, 11.0, True), (4, 10.0, 18.0, True)])  # a pinned site at its interval's midpoint left the other over
 def test_best_split_matches_a_brute_force_grid(spec: list[tuple[int, float, float, bool]]) -> None:
     sites = [
         Site(name=f"s{i}", learners=n, up_bytes_s=up * MBIT, down_bytes_s=down * MBIT, step_s=1.0, candidate=host)

@@ -62,16 +62,21 @@ def transport_table(result: dict[str, Any]) -> Table:
 
 def syncer_table(result: dict[str, Any]) -> Table:
     table = Table(title=f"syncer round: {result['learners']} int4 updates of {result['params']:,} params, one core")
-    for col in ("merge GB/s", "memcpy GB/s", "x memcpy", "round s", "decode s", "merge+step s"):
+    for col in ("path", "merge GB/s", "x memcpy", "round s", "decode s", "merge+step s"):
         table.add_column(col, justify="right")
-    table.add_row(
-        f"{result['merge_gbps']:.3f}",
-        f"{result['memcpy_gbps']:.2f}",
-        f"{result['ratio_to_memcpy']:.4f}",
-        f"{result['round_seconds']:.3f}",
-        f"{result['decode_seconds']:.3f}",
-        f"{result['merge_seconds']:.3f}",
-    )
+    reference = result["reference"]
+    for name, row in ((result["path"], result), ("reference", reference)):
+        table.add_row(
+            name,
+            f"{row['merge_gbps']:.3f}",
+            f"{row['ratio_to_memcpy']:.4f}",
+            f"{row['round_seconds']:.3f}",
+            f"{row['decode_seconds']:.3f}",
+            f"{row['merge_seconds']:.3f}",
+        )
+    table.caption = f"memcpy {result['memcpy_gbps']:.2f} GB/s; fused {result['fused_speedup']:.2f}x the reference"
+    for row in result.get("scaling", {}).get("shards", []):
+        table.caption += f"; {row['shards']} shards: {row['aggregate_gbps']:.3f} GB/s ({row['x_one_shard']:.2f}x)"
     return table
 
 

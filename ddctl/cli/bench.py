@@ -136,13 +136,22 @@ def syncer(
     learners: Annotated[int, typer.Option(help="M: updates merged per round.")] = 8,
     params: Annotated[int, typer.Option(help="Parameters in the merged fragment.")] = 8 * 2**20,
     repeats: Annotated[int, typer.Option(help="Timed rounds (after one warm-up); the best is kept.")] = 3,
+    shards: Annotated[
+        int, typer.Option(min=1, help="Also run 1..N syncer processes at once, each on its own fragment (aggregate GB/s).")
+    ] = 1,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
 ) -> None:
-    """Merge throughput of the syncer (decode + weights + RDA + Nesterov) on one core, beside memcpy."""
+    """Merge throughput of the syncer (decode + weights + RDA + Nesterov) on one core, fused and reference, beside memcpy."""
     from ddctl.bench.report import syncer_table
-    from ddctl.bench.rounds import measure_syncer
+    from ddctl.bench.rounds import measure_shard_scaling, measure_syncer
 
-    result = run_guarded(lambda: measure_syncer(learners=learners, numel=params, repeats=repeats))
+    def measure() -> dict[str, object]:
+        result = measure_syncer(learners=learners, numel=params, repeats=repeats)
+        if shards > 1:
+            result["scaling"] = measure_shard_scaling(shards, learners=learners, numel=params, rounds=repeats + 1)
+        return result
+
+    result = run_guarded(measure)
     if json_out:
         print_json(result)
     else:

@@ -153,18 +153,19 @@ def settings(rf: RegionsFile) -> PlanSettings:
     return PlanSettings(shards=shards, relays=relays, cadence=fixed or None)
 
 
-def shard_plan(rf: RegionsFile, job: JobConfig) -> ShardPlan:
+def shard_plan(rf: RegionsFile, job: JobConfig, found: list[Site] | None = None) -> ShardPlan:
     """The scheduler's plan for this file, from the priors (refused with the key when it cannot be made)."""
     try:
-        return plan_shards(sites(rf, job, parameters(job)), traffic(job), settings(rf))
+        return plan_shards(found or sites(rf, job, parameters(job)), traffic(job), settings(rf))
     except ValueError as exc:
         raise RegionsError(f"{rf.path}: synchronizer: {exc}", path=rf.path, key="synchronizer") from None
 
 
 def summary(rf: RegionsFile, job: JobConfig) -> dict[str, Any]:
     """The plan as ``up --plan`` shows it: shards, each region's cadence and relay, link loads against the bound."""
-    plan = shard_plan(rf, job)
-    steps = {s.name: s.step_s for s in sites(rf, job, parameters(job))}
+    found = sites(rf, job, parameters(job))
+    plan = shard_plan(rf, job, found)
+    steps = {s.name: s.step_s for s in found}
     rows = []
     for region, load in zip(rf.regions, plan.loads, strict=True):
         up, down, declared = link_mbps(region)

@@ -110,6 +110,7 @@ class Comms:
             while True:
                 try:
                     self.register_answer = retry(lambda: client.register(self.me.name, self.me.incarnation, self.me.region))
+                    self.last_contact = time.monotonic()  # after a suspension the last refusal may be seconds old
                     break
                 except Refused as exc:
                     if exc.code != "suspended" or self.stopping.is_set():

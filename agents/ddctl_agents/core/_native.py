@@ -19,6 +19,13 @@ NATIVE_CODECS = ("int8", "int4")
 
 _ENCODE_ARGS = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
 _DECODE_ARGS = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+_CODEC_BITS = {"int8": 8, "int4": 4}
+_P, _I64, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+_FUSED_ARGS = {  # native/fused.c: the syncer's round on packed updates
+    "ddctl_q_stats": [ctypes.c_int, _P, _P, _I64, _I64, _P],
+    "ddctl_q_combine": [ctypes.c_int, ctypes.c_int, _I64, _P, _P, _P, _I64, _I64, _P, _P],
+    "ddctl_step_from": [_P, _F, _I64, _P, _P, _F, _F, ctypes.c_int, _P, _P],
+}
 
 
 @functools.cache
@@ -34,6 +41,9 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
         enc.argtypes, enc.restype = _ENCODE_ARGS, ctypes.c_int
         dec = getattr(lib, f"ddctl_{codec}_decode")
         dec.argtypes, dec.restype = _DECODE_ARGS, None
+    for name, args in _FUSED_ARGS.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, None
     return lib, ""
 
 
@@ -67,3 +77,47 @@ def decode_into(codec: str, scales: int, codes: int, numel: int, block: int, dst
     lib = kernels()
     assert lib is not None and codec in NATIVE_CODECS
     getattr(lib, f"ddctl_{codec}_decode")(scales, codes, numel, block, dst)
+
+
+def _library() -> ctypes.CDLL:
+    lib = kernels()
+    assert lib is not None, "callers check kernels() first"
+    return lib
+
+
+def _pointers(values: list[int]) -> ctypes.Array[ctypes.c_void_p]:
+    return (ctypes.c_void_p * len(values))(*values)
+
+
+def _floats(values: list[float]) -> ctypes.Array[ctypes.c_float]:
+    return (ctypes.c_float * len(values))(*values)
+
+
+def packed_stats(codec: str, scales: int, codes: int, numel: int, block: int) -> tuple[float, float]:
+    """(sum of squares, max |value|) of one packed tensor, without decoding it; NaN when a scale is not finite."""
+    out = (ctypes.c_double * 2)()
+    _library().ddctl_q_stats(_CODEC_BITS[codec], scales, codes, numel, block, out)
+    return out[0], out[1]
+
+
+def packed_combine(
+    codec: str, scales: list[int], codes: list[int], coefficients: list[list[float]], numel: int, block: int, out: list[int]
+) -> list[float]:
+    """out[k] = sum_m coefficients[k][m] v_m over packed tensors v_m (k < 2), decoding each once; their squared norms."""
+    count = len(coefficients)
+    assert 1 <= count <= 2 and len(out) == count and all(len(c) == len(codes) for c in coefficients)
+    norms = (ctypes.c_double * count)()
+    fn = _library().ddctl_q_combine
+    flat = _floats([x for row in coefficients for x in row])
+    fn(_CODEC_BITS[codec], count, len(codes), _pointers(scales), _pointers(codes), flat, numel, block, _pointers(out), norms)
+    return list(norms)
+
+
+def step_from(
+    delta: int, scale: float, numel: int, theta: int, buf: int | None, momentum: tuple[float, float, bool], out: tuple[int, int]
+) -> None:
+    """The outer step with delta = ``scale`` * the float32 values at ``delta`` (which may be one of ``out``).
+
+    ``momentum`` is (mu, lr, nesterov); ``buf`` None starts the momentum at delta."""
+    mu, lr, nesterov = momentum
+    _library().ddctl_step_from(delta, scale, numel, theta, buf, mu, lr, int(nesterov), out[0], out[1])

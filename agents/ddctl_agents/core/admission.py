@@ -27,6 +27,7 @@ import torch
 from ddctl_agents.core.config import TrustConfig
 from ddctl_agents.core.merge import Contribution
 from ddctl_agents.core.messages import Update
+from ddctl_agents.core.packed import absmax_of, shape_of
 
 ADAM_STEP_BOUND = 3.0
 """[ours] Largest |AdamW step| / lr per element that the drift bound allows for (see the module docstring)."""
@@ -81,14 +82,16 @@ def check_update(update: Update, expected: Mapping[str, torch.Tensor], limits: U
             "bad_update", f"fragment {update.fragment} holds {sorted(expected)}, update has {sorted(update.tensors)}"
         )
     bound = update.c_steps * limits.drift_per_step
-    for name, t in update.tensors.items():
+    for name in update.tensors:
         want = expected[name]
-        if t.shape != want.shape or t.dtype != torch.float32:
+        shape, dtype = shape_of(update.tensors, name)
+        if shape != tuple(want.shape) or dtype != torch.float32:
             return Rejection(
                 "bad_update",
-                f"tensor {name!r} is {t.dtype} {tuple(t.shape)}, fragment {update.fragment} holds float32 {tuple(want.shape)}",
+                f"tensor {name!r} is {dtype} {shape}, fragment {update.fragment} holds float32 {tuple(want.shape)}",
             )
-        largest = _absmax(t)
+        packed = absmax_of(update.tensors, name)
+        largest = _absmax(update.tensors[name]) if packed is None else packed
         if not math.isfinite(largest):
             return Rejection("non_finite", f"tensor {name!r} contains NaN or Inf")
         if largest > bound:

@@ -78,14 +78,21 @@ def _rda(vectors: Sequence[torch.Tensor], weights: Sequence[float], margin: floa
         mean.add_(v, alpha=w / total)
         if norm > 0.0:
             direction.add_(v, alpha=w / (total * norm))
-    strength = float(torch.linalg.vector_norm(direction))
+    scale = rda_scale(radius, squares, float(torch.linalg.vector_norm(mean)), float(torch.linalg.vector_norm(direction)), margin)
+    return mean if scale is None else direction.mul_(scale)
+
+
+def rda_scale(radius: float, squares: float, mean_norm: float, strength: float, margin: float | None) -> float | None:
+    """What the summed unit directions are scaled by, or None where the weighted mean is the answer.
+
+    ``radius`` = sum w|v| / sum w, ``squares`` = sum (w|v| / sum w)^2, ``strength`` = |sum w v/|v|| / sum w."""
     if strength < DEGENERATE_COSINE:
-        return mean
+        return None
     if margin is not None and radius > 0.0:
         orthogonal = math.sqrt(squares) / radius
-        if float(torch.linalg.vector_norm(mean)) / radius > orthogonal + margin * (1.0 - orthogonal):
-            return mean
-    return direction.mul_(radius / strength)
+        if mean_norm / radius > orthogonal + margin * (1.0 - orthogonal):
+            return None
+    return radius / strength
 
 
 def merge_tensor(

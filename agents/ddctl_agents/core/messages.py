@@ -78,7 +78,8 @@ def encode_fragment(message: FragmentVersion, codec: str, block: int) -> bytes:
 
 
 def decode_update(data: bytes | bytearray | memoryview, limits: WireLimits = DEFAULT_LIMITS) -> tuple[Update, Frame]:
-    frame = unpack(data, limits, expect="update")
+    """An update from its frame; int8/int4 tensors of an immutable frame stay packed for the syncer's fused round."""
+    frame = unpack(data, limits, expect="update", keep_packed=isinstance(data, bytes))
     m = frame.meta
     update = Update(
         learner=_text(m, "learner"),

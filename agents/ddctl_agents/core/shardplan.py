@@ -113,7 +113,7 @@ def plan_shards(sites: Sequence[Site], traffic: Traffic, settings: PlanSettings 
     fixed = settings.cadence or {}
     relay = {s.name: settings.relays and s.learners > 1 for s in sites}
     cadence = {s.name: fixed.get(s.name) or choose_cadence(s, traffic, relay[s.name], settings.target) for s in sites}
-    demands = [demand(s, sum(traffic.up), sum(traffic.down), traffic.inner_steps, cadence[s.name], relay[s.name]) for s in sites]
+    demands = _demands(sites, traffic, cadence, relay)
     hosts = _hosting_sites(sites, demands, settings.shards)
     split = best_split(sites, demands, hosts)
     site_owner = _assign(sites, demands, traffic, split.shares, hosts)
@@ -259,8 +259,13 @@ def placement_loads(
 ) -> list[SiteLoad]:
     """Every site's load when fragment f is owned at site ``site_of[f]``, at the given cadences and relays."""
     index = {s.name: i for i, s in enumerate(sites)}
-    demands = [demand(s, sum(traffic.up), sum(traffic.down), traffic.inner_steps, cadence[s.name], relay[s.name]) for s in sites]
+    demands = _demands(sites, traffic, cadence, relay)
     return _realised(sites, demands, _fractions(len(sites), [index[x] for x in site_of], traffic))
+
+
+def _demands(sites: Sequence[Site], traffic: Traffic, cadence: dict[str, int], relay: dict[str, bool]) -> list[Demand]:
+    """Every site's own learners' traffic at its cadence and relay setting."""
+    return [demand(s, sum(traffic.up), sum(traffic.down), traffic.inner_steps, cadence[s.name], relay[s.name]) for s in sites]
 
 
 def placement_utilisation(found: Sequence[SiteLoad], floor: dict[str, float]) -> float:

@@ -142,7 +142,8 @@ def best_split(sites: Sequence[Site], demands: Sequence[Demand], hosts: Sequence
 
     The worst site is often one whose own learners load it (a slow region's link): no share
     lowers it, and the min-max alone would leave the rest anywhere below it. So a site pinned at
-    the target keeps its share, and the others are balanced again among themselves, until the
+    the target keeps its share of a split that reaches the target (any other share could leave the
+    rest unable to), and the others are balanced again among themselves, until the
     sites left are balanced. ``hosts[i]``: site i may own a share; at least one must."""
     if not any(hosts):
         raise ValueError("at least one site must host a shard")
@@ -160,9 +161,9 @@ def best_split(sites: Sequence[Site], demands: Sequence[Demand], hosts: Sequence
             shares = dict(fixed) | dict(zip(active, _fill(intervals, 1 - sum(fixed.values())), strict=True))
             vector = tuple(shares[i] for i in range(len(sites)))
             return Split(utilisation=worst, shares=vector, loads=tuple(x.utilisation for x in loads(sites, demands, vector)))
+        feasible = _fill(intervals, 1 - sum(fixed.values()))  # the others can still reach the target around it
         for j in pinned:
-            lo, hi = intervals[j]
-            fixed[active[j]] = (lo + hi) / 2
+            fixed[active[j]] = feasible[j]
 
 
 def _bisect(lines: Sequence[Lines], hosts: Sequence[bool], mass: float) -> tuple[float, list[tuple[float, float]]]:

@@ -25,6 +25,7 @@ from ddctl_agents.core.config import SyncerConfig
 from ddctl_agents.core.effects import Ack, Effect, Fault, Record, Send
 from ddctl_agents.core.ending import FINISHED
 from ddctl_agents.core.fragments import Fragmentation
+from ddctl_agents.core.fused_round import fused_outer_step
 from ddctl_agents.core.ledger import TokenLedger
 from ddctl_agents.core.links import LearnerLinks
 from ddctl_agents.core.merge import Contribution, merge_fragment
@@ -336,6 +337,17 @@ class Synchronizer:
     def _outer_step(
         self, p: int, contributions: Sequence[Contribution]
     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        fused = fused_outer_step(
+            self.fragments[p],
+            self.buffers[p],
+            contributions,
+            embeddings=self.embeddings,
+            method=self.config.merge,
+            config=self.config.outer,
+            taken=self.versions[p],
+        )
+        if fused is not None:
+            return fused
         delta = merge_fragment(contributions, self.embeddings, self.config.merge)
         return outer_step(self.fragments[p], delta, self.buffers[p], self.config.outer, self.versions[p])
 

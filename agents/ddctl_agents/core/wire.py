@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from ddctl_agents.core import codec as codecs
+from ddctl_agents.core.packed import Packed, PackedTensors, packable
 from ddctl_agents.errors import WireError
 
 MAGIC = b"DDLW"
@@ -61,7 +62,7 @@ class Frame:
     meta: dict[str, Any]
     codec: str
     block: int
-    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    tensors: Mapping[str, torch.Tensor] = field(default_factory=dict)
     nbytes: int = 0
 
 
@@ -86,8 +87,16 @@ def pack(
     return body + _CRC.pack(zlib.crc32(body))
 
 
-def unpack(data: bytes | bytearray | memoryview, limits: WireLimits = DEFAULT_LIMITS, expect: str | None = None) -> Frame:
-    """Validate and decode a frame; never trusts a length it has not checked."""
+def unpack(
+    data: bytes | bytearray | memoryview,
+    limits: WireLimits = DEFAULT_LIMITS,
+    expect: str | None = None,
+    keep_packed: bool = False,
+) -> Frame:
+    """Validate and decode a frame; never trusts a length it has not checked.
+
+    ``keep_packed`` leaves int8/int4 tensors in their wire form (``packed.PackedTensors``, decoded
+    on access); ``data`` must then not change while they live (bytes never do)."""
     view = memoryview(data)
     header, payload_len, body_end = _check_frame(view, limits)
     head = _parse_header(bytes(view[_PREFIX.size : _PREFIX.size + header]))
@@ -95,10 +104,19 @@ def unpack(data: bytes | bytearray | memoryview, limits: WireLimits = DEFAULT_LI
         raise WireError(f"expected a {expect!r} frame, got {head['kind']!r}")
     payload = view[_PREFIX.size + header : body_end]
     entries = _check_table(head, payload_len, limits)
-    tensors = {
-        name: codecs.decode(head["codec"], payload[off : off + nb], numel, head["block"]).reshape(shape)
-        for name, shape, numel, off, nb in entries
-    }
+    tensors: Mapping[str, torch.Tensor]
+    if keep_packed and packable(head["codec"]):
+        tensors = PackedTensors(
+            {
+                name: Packed(head["codec"], payload[off : off + nb], tuple(shape), head["block"])
+                for name, shape, _, off, nb in entries
+            }
+        )
+    else:
+        tensors = {
+            name: codecs.decode(head["codec"], payload[off : off + nb], numel, head["block"]).reshape(shape)
+            for name, shape, numel, off, nb in entries
+        }
     return Frame(
         kind=head["kind"], meta=head["meta"], codec=head["codec"], block=head["block"], tensors=tensors, nbytes=len(view)
     )

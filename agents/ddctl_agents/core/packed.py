@@ -1,0 +1,107 @@
+"""Tensors that stay in their int8/int4 wire form until something needs their values.
+
+Why: the syncer holds every pending update of a round and, at the round's close,
+merges them. Decoded, an int4 update is 7x larger than on the wire and the merge
+makes several passes over M full fp32 copies; packed, the admission check and
+RDA's norms come from the codes (``stats``) and the merge and outer step run in
+one native pass over them (``fused_round``). Anything else that asks for a value
+gets the decoded tensor, exactly what ``codec.decode`` gives, computed once.
+
+Only frames whose codec the native kernels read are kept packed (``packable``);
+the wire layer has already checked every size, so decoding later cannot fail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+import torch
+
+from ddctl_agents.core import _codec_ref, _native
+from ddctl_agents.core import codec as codecs
+
+
+def packable(codec: str) -> bool:
+    """True when tensors of ``codec`` can stay packed (the native kernels read them)."""
+    return codec in _native.NATIVE_CODECS and codecs.native_available()
+
+
+class Packed:
+    """One tensor's codes and scales as they came off the wire, with its shape."""
+
+    __slots__ = ("_stats", "block", "buffer", "codec", "numel", "payload", "shape")
+
+    def __init__(self, codec: str, payload: memoryview, shape: tuple[int, ...], block: int) -> None:
+        self.codec, self.block, self.shape = codec, block, shape
+        self.numel = int(np.prod(shape, dtype=np.int64))
+        self.payload = payload
+        self.buffer = np.frombuffer(payload, dtype=np.uint8)
+        self._stats: tuple[float, float] | None = None
+
+    @property
+    def scales(self) -> int:
+        """Address of the float32 scales (the buffer's start)."""
+        return int(self.buffer.ctypes.data)
+
+    @property
+    def codes(self) -> int:
+        """Address of the codes, after one scale per block."""
+        return self.scales + _codec_ref.SCALE_BYTES * _codec_ref.n_blocks(self.numel, self.block)
+
+    def decode(self) -> torch.Tensor:
+        """The values as a new float32 tensor of ``shape``."""
+        return codecs.decode(self.codec, self.payload, self.numel, self.block).reshape(self.shape)
+
+    def stats(self) -> tuple[float, float]:
+        """(sum of squares, max |value|) of the decoded values, from the codes; NaN if any value would be."""
+        if self._stats is None:
+            self._stats = _native.packed_stats(self.codec, self.scales, self.codes, self.numel, self.block)
+        return self._stats
+
+    def norm(self) -> float:
+        """The L2 norm of the decoded values."""
+        return float(np.sqrt(self.stats()[0]))
+
+
+class PackedTensors(Mapping[str, torch.Tensor]):
+    """A frame's tensors, kept packed; indexing decodes (once) for code that needs the values."""
+
+    def __init__(self, packed: Mapping[str, Packed]) -> None:
+        self.packed: dict[str, Packed] = dict(packed)
+        self._decoded: dict[str, torch.Tensor] = {}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._decoded:
+            self._decoded[name] = self.packed[name].decode()
+        return self._decoded[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.packed)
+
+    def __len__(self) -> int:
+        return len(self.packed)
+
+
+def measured(update_tensors: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
+    """``update_tensors``, with a packed frame's stats taken now (a worker thread's job: admission, on the syncer's
+    one core thread, then only reads them)."""
+    if isinstance(update_tensors, PackedTensors):
+        for p in update_tensors.packed.values():
+            p.stats()
+    return update_tensors
+
+
+def shape_of(tensors: Mapping[str, torch.Tensor], name: str) -> tuple[tuple[int, ...], torch.dtype]:
+    """(shape, dtype) of one tensor, without decoding a packed one (packed values are float32)."""
+    if isinstance(tensors, PackedTensors):
+        return tensors.packed[name].shape, torch.float32
+    t = tensors[name]
+    return tuple(t.shape), t.dtype
+
+
+def absmax_of(tensors: Mapping[str, torch.Tensor], name: str) -> float | None:
+    """max |value| of a packed tensor from its codes; None when it is not packed (the caller measures it)."""
+    if isinstance(tensors, PackedTensors):
+        return tensors.packed[name].stats()[1]
+    return None

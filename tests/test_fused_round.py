@@ -1,0 +1,262 @@
+"""The fused round (packed updates merged and stepped in one native pass) against the reference path.
+
+The reference is merge.py + outer.py on the decoded tensors; the fused path must make the same
+decisions (RDA or the mean, per tensor) and agree to float32 rounding, for every codec it handles,
+block size, partial last block, warm-up and momentum state, and it must hand back to the reference
+whatever it cannot do exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from builders import small_syncer, update_for
+from ddctl_agents.core import _native
+from ddctl_agents.core import syncer as syncer_module
+from ddctl_agents.core.admission import UpdateLimits, check_update
+from ddctl_agents.core.codec import encode
+from ddctl_agents.core.config import OuterConfig
+from ddctl_agents.core.fused_round import fused_outer_step
+from ddctl_agents.core.merge import Contribution, merge_fragment
+from ddctl_agents.core.messages import Update, decode_update, encode_update
+from ddctl_agents.core.outer import outer_step
+from ddctl_agents.core.packed import Packed, PackedTensors
+from ddctl_agents.core.rounds import accumulate
+
+pytestmark = pytest.mark.skipif(_native.kernels() is None, reason=f"native kernels missing: {_native.missing_reason()}")
+
+SHAPES = {"w": (37, 129), "b": (53,), "emb": (16, 8)}  # odd sizes: partial last blocks, an odd int4 byte
+
+
+def _update(learner: str, tensors: dict[str, torch.Tensor], c_tokens: int = 1000, c_steps: int = 24) -> Update:
+    return Update(
+        learner=learner,
+        fragment=0,
+        base_version=0,
+        update_id="u",
+        step=c_steps,
+        c_steps=c_steps,
+        c_tokens=c_tokens,
+        tensors=tensors,
+    )
+
+
+def _contributions(
+    vectors: list[dict[str, torch.Tensor]], codec: str, block: int, tokens: list[int] | None = None
+) -> tuple[list[Contribution], list[Contribution]]:
+    """The same learners' updates packed (as the syncer receives them) and decoded (the reference's input)."""
+    packed, decoded = [], []
+    for m, tensors in enumerate(vectors):
+        frame = encode_update(_update(f"L{m}", tensors, c_tokens=(tokens or [1000] * len(vectors))[m]), codec, block)
+        update = decode_update(frame)[0]
+        assert isinstance(update.tensors, PackedTensors)
+        plain = {name: update.tensors.packed[name].decode() for name in update.tensors}
+        for target, source in ((packed, update.tensors), (decoded, plain)):
+            target.append(Contribution(learner=update.learner, tensors=source, c_steps=update.c_steps, c_tokens=update.c_tokens))
+    return packed, decoded
+
+
+def _random(m: int, seed: int, shared: float = 0.0) -> list[dict[str, torch.Tensor]]:
+    """m updates; ``shared`` mixes in a common direction (0: nearly orthogonal, 1: parallel)."""
+    gen = torch.Generator().manual_seed(seed)
+    common = {k: torch.randn(s, generator=gen) for k, s in SHAPES.items()}
+    return [
+        {k: 1e-3 * (shared * common[k] + (1 - shared) * torch.randn(s, generator=gen)) for k, s in SHAPES.items()}
+        for _ in range(m)
+    ]
+
+
+def _reference(params, buffers, contributions, method, config, taken):  # type: ignore[no-untyped-def]
+    delta = merge_fragment(contributions, frozenset({"emb"}), method)
+    return outer_step(params, delta, buffers, config, taken)
+
+
+def _state(seed: int, with_buffers: bool) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(seed)
+    params = {k: torch.randn(s, generator=gen) for k, s in SHAPES.items()}
+    buffers = {k: 1e-3 * torch.randn(s, generator=gen) for k, s in SHAPES.items()} if with_buffers else {}
+    return params, buffers
+
+
+def _checked(packed, decoded, params, buffers, method, config, taken):  # type: ignore[no-untyped-def]
+    """The fused round, asserted equal (to rounding) to the reference on the decoded updates; its (params, buffers)."""
+    fused = fused_outer_step(params, buffers, packed, embeddings=frozenset({"emb"}), method=method, config=config, taken=taken)
+    assert fused is not None
+    want = _reference(params, buffers, decoded, method, config, taken)
+    _assert_close(fused[0], want[0])
+    _assert_close(fused[1], want[1])
+    return fused
+
+
+def _assert_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert set(got) == set(want)
+    for name in want:
+        assert got[name].shape == want[name].shape and got[name].dtype == torch.float32
+        torch.testing.assert_close(got[name], want[name], rtol=2e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("codec", ["int4", "int8"])
+@pytest.mark.parametrize("block", [8, 64, 72, 4096])
+@pytest.mark.parametrize("method", ["rda", "mean"])
+def test_fused_round_matches_the_reference(codec: str, block: int, method: str) -> None:
+    packed, decoded = _contributions(_random(5, seed=block), codec, block, tokens=[1000, 700, 1300, 400, 1000])
+    params, buffers = _state(1, with_buffers=True)
+    config = OuterConfig(lr=0.7, momentum=0.5, warmup=3)
+    _checked(packed, decoded, params, buffers, method, config, 1)
+
+
+@pytest.mark.parametrize("m", [1, 2, 8])
+@pytest.mark.parametrize("shared", [0.0, 0.5, 1.0])
+def test_fused_round_takes_the_references_rda_or_mean_decision(m: int, shared: float) -> None:
+    """Orthogonal updates take RDA (the step keeps the learners' norm); aligned ones the mean; both as the reference."""
+    packed, decoded = _contributions(_random(m, seed=m, shared=shared), "int4", 64)
+    params, _ = _state(2, with_buffers=False)
+    fused = _checked(packed, decoded, params, {}, "rda", OuterConfig(lr=1.0, momentum=0.0), 0)
+    step = params["w"] - fused[0]["w"]
+    mean = sum(c.tensors["w"] for c in decoded) / m
+    if m > 1 and shared == 0.0:  # RDA: the merged step is as long as the updates, not ~1/sqrt(m) of it
+        assert float(step.norm()) > 0.9 * math.sqrt(m) * float(mean.norm())
+    else:
+        torch.testing.assert_close(step, mean, rtol=1e-3, atol=5e-7)  # RDA would be 15-33% longer
+
+
+def test_zero_weight_contributions_count_for_nothing_and_momentum_starts_at_the_delta() -> None:
+    packed, decoded = _contributions(_random(3, seed=7), "int4", 64)
+    packed[1] = dataclasses.replace(packed[1], c_tokens=0)
+    decoded[1] = dataclasses.replace(decoded[1], c_tokens=0)
+    params, _ = _state(3, with_buffers=False)
+    config = OuterConfig(lr=0.7, momentum=0.5)
+    fused = _checked(packed, decoded, params, {}, "rda", config, 0)
+    without = fused_outer_step(
+        params, {}, [packed[0], packed[2]], embeddings=frozenset({"emb"}), method="rda", config=config, taken=0
+    )
+    assert without is not None
+    _assert_close(fused[0], without[0])
+
+
+def test_what_the_fused_path_cannot_do_goes_to_the_reference() -> None:
+    packed, _ = _contributions(_random(2, seed=9), "int4", 64)
+    params, _ = _state(4, with_buffers=False)
+    kw = {"embeddings": frozenset({"emb"}), "method": "rda", "config": OuterConfig(), "taken": 0}
+    summed = accumulate(packed[0], packed[0])  # two updates of one learner, added: decoded values
+    assert not isinstance(summed.tensors, PackedTensors)
+    assert fused_outer_step(params, {}, [summed, packed[1]], **kw) is None  # type: ignore[arg-type]
+    int8, _ = _contributions(_random(1, seed=9), "int8", 64)
+    assert fused_outer_step(params, {}, [packed[0], int8[0]], **kw) is None  # type: ignore[arg-type]
+    other_block, _ = _contributions(_random(1, seed=9), "int4", 32)
+    assert fused_outer_step(params, {}, [packed[0], other_block[0]], **kw) is None  # type: ignore[arg-type]
+    assert fused_outer_step({"w": params["w"]}, {}, packed, **kw) is None  # type: ignore[arg-type]
+    assert fused_outer_step(params, {}, packed, **{**kw, "method": "median"}) is None  # type: ignore[arg-type]
+
+
+def test_decode_update_keeps_int4_packed_only_for_immutable_frames_with_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    frame = encode_update(_update("L0", _random(1, seed=1)[0]), "int4", 64)
+    assert isinstance(decode_update(frame)[0].tensors, PackedTensors)
+    assert isinstance(decode_update(bytearray(frame))[0].tensors, dict)  # a buffer that may change: decoded now
+    assert isinstance(decode_update(encode_update(_update("L0", _random(1, seed=1)[0]), "fp32", 64))[0].tensors, dict)
+    monkeypatch.setenv(_native.NO_NATIVE_ENV, "1")
+    assert isinstance(decode_update(frame)[0].tensors, dict)
+
+
+def test_packed_tensors_decode_to_what_the_codec_gives_once() -> None:
+    tensors = _random(1, seed=5)[0]
+    update = decode_update(encode_update(_update("L0", tensors), "int4", 64))[0]
+    lazy = update.tensors
+    assert isinstance(lazy, PackedTensors) and sorted(lazy) == sorted(tensors) and len(lazy) == 3
+    for name, t in tensors.items():
+        want = decode_update(bytearray(encode_update(_update("L0", tensors), "int4", 64)))[0].tensors[name]
+        assert torch.equal(lazy[name], want) and lazy[name].shape == t.shape
+        assert lazy[name] is lazy[name]  # decoded once
+
+
+def _hostile(codes: bytes, scales: list[float], numel: int, block: int = 8) -> Packed:
+    payload = torch.tensor(scales, dtype=torch.float32).numpy().tobytes() + codes
+    return Packed("int4", memoryview(payload), (numel,), block)
+
+
+def test_packed_stats_are_the_decoded_values_exact_max_and_sum_of_squares() -> None:
+    x = torch.randn(1001, generator=torch.Generator().manual_seed(0)) * 3e-3
+    for codec in ("int4", "int8"):
+        p = Packed(codec, memoryview(encode(codec, x, 64)), (1001,), 64)
+        values = p.decode()
+        squares, largest = p.stats()
+        assert largest == float(values.abs().max())  # exact: the admission bound compares it
+        assert squares == pytest.approx(float(values.double().pow(2).sum()), rel=1e-6)  # decoded values are rounded to float32
+        assert p.norm() == pytest.approx(float(values.double().norm()), rel=1e-6)  # decoded values are rounded to float32
+
+
+def test_packed_stats_read_codes_an_encoder_never_writes_as_what_they_decode_to() -> None:
+    """A learner is not trusted to have used our encoder: nibble -8, negative and non-finite scales."""
+    minus_eight = _hostile(bytes([0x88] * 4), [-0.5], 8)  # eight codes of -8 at scale -0.5: +4 each
+    assert minus_eight.stats() == (8 * 16.0, 4.0)
+    assert float(minus_eight.decode().abs().max()) == 4.0
+    gen = torch.Generator().manual_seed(3)
+    raw = bytes(torch.randint(0, 256, (32 * 5,), generator=gen, dtype=torch.uint8).tolist())  # every nibble, -8 included
+    scales = [0.25, -1.5, 3.0, 1e-3, -0.0]
+    noisy = _hostile(raw, scales, 64 * 5, block=64)  # whole blocks of the default size: the AVX2 path where there is one
+    values = noisy.decode()
+    assert noisy.stats() == (pytest.approx(float(values.double().pow(2).sum()), rel=1e-12), float(values.abs().max()))
+    for bad in (math.nan, math.inf):
+        squares, largest = _hostile(bytes(4), [bad], 8).stats()  # codes 0: decodes to NaN (0 * inf is NaN)
+        assert math.isnan(squares) and math.isnan(largest)
+
+
+def _packed_update(tensors: dict[str, Packed]) -> Update:
+    return _update("L0", PackedTensors(tensors), c_steps=4)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("value", "code"), [(0.01, None), (0.05, "out_of_bounds"), (math.nan, "non_finite"), (math.inf, "non_finite")]
+)
+def test_admission_reads_a_packed_update_as_its_decoded_values(value: float, code: str | None) -> None:
+    """The same verdict and reason as for the decoded update, without decoding it."""
+    limits = UpdateLimits(drift_per_step=0.01, max_steps=100, tokens_per_step=1000, param_bound=10.0)  # 4 steps: |v| <= 0.04
+    packed = _packed_update({"w": _hostile(bytes([0x77] * 4), [value / 7], 8)})  # eight codes of 7: every value is `value`
+    decoded = _update("L0", {"w": packed.tensors["w"].clone()}, c_steps=4)
+    expected = {"w": torch.zeros(8)}
+    verdicts = [check_update(u, expected, limits) for u in (packed, decoded)]
+    assert verdicts[0] == verdicts[1]
+    assert (verdicts[0].code if verdicts[0] else None) == code
+
+
+def test_admission_refuses_a_packed_update_of_the_wrong_shape_without_decoding_it() -> None:
+    packed = _packed_update({"w": _hostile(bytes(4), [1e-3], 8)})
+    rejection = check_update(packed, {"w": torch.zeros(2, 4)}, UpdateLimits())
+    assert rejection is not None and rejection.code == "bad_update" and "(8,)" in rejection.reason
+    assert packed.tensors._decoded == {}  # type: ignore[attr-defined]
+
+
+def test_a_syncer_fed_packed_updates_publishes_what_one_fed_decoded_updates_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three rounds of three learners through the whole core: the fused path is taken and agrees."""
+    reference_rounds: list[int] = []
+
+    def counted(contributions, *args):  # type: ignore[no-untyped-def]
+        reference_rounds.append(isinstance(contributions[0].tensors, PackedTensors))
+        return merge_fragment(contributions, *args)
+
+    monkeypatch.setattr(syncer_module, "merge_fragment", counted)
+    syncers = {"packed": small_syncer(quorum=3, fragments=1), "decoded": small_syncer(quorum=3, fragments=1)}
+    gen = torch.Generator().manual_seed(11)
+    for s in syncers.values():
+        for learner in ("L0", "L1", "L2"):
+            s.register(0.0, learner)
+    for r in range(3):
+        for m, learner in enumerate(("L0", "L1", "L2")):
+            base = update_for(syncers["packed"], learner, 0, c_tokens=400 + 100 * m, update_id=f"{learner}.{r}")
+            tensors = {k: 1e-3 * torch.randn(t.shape, generator=gen) for k, t in base.tensors.items()}
+            frame = encode_update(dataclasses.replace(base, tensors=tensors), "int4", 64)
+            for kind, s in syncers.items():
+                update = decode_update(frame if kind == "packed" else bytearray(frame))[0]
+                assert isinstance(update.tensors, PackedTensors) == (kind == "packed")
+                ack, _ = s.receive(float(r), update)
+                assert ack.status == "accepted"
+        for s in syncers.values():
+            s.close_round(float(r), 0, "all_arrived", "test")
+    assert syncers["packed"].versions == syncers["decoded"].versions == [3]
+    assert reference_rounds == [False] * 3  # only the decoded syncer took the reference path
+    _assert_close(syncers["packed"].fragments[0], syncers["decoded"].fragments[0])
+    _assert_close(syncers["packed"].buffers[0], syncers["decoded"].buffers[0])
