@@ -135,7 +135,7 @@ def transport(
 def syncer(
     learners: Annotated[int, typer.Option(help="M: updates merged per round.")] = 8,
     params: Annotated[int, typer.Option(help="Parameters in the merged fragment.")] = 8 * 2**20,
-    repeats: Annotated[int, typer.Option(help="Timed rounds (after one warm-up); the best is kept.")] = 3,
+    repeats: Annotated[int, typer.Option(help="Timed rounds (after one warm-up); the best is kept.")] = 7,
     shards: Annotated[
         int, typer.Option(min=1, help="Also run 1..N syncer processes at once, each on its own fragment (aggregate GB/s).")
     ] = 1,
