@@ -10,7 +10,11 @@ setup(
     ext_modules=[
         Extension(
             "ddctl_agents._kernels",
-            sources=["agents/ddctl_agents/native/kernels.c", "agents/ddctl_agents/native/fused.c"],
+            sources=[
+                "agents/ddctl_agents/native/kernels.c",
+                "agents/ddctl_agents/native/fused.c",
+                "agents/ddctl_agents/native/crc32.c",
+            ],
             depends=["agents/ddctl_agents/native/common.h"],
             extra_compile_args=["-O3", "-std=c11", "-fno-math-errno", "-ffp-contract=off"],
             optional=True,

@@ -25,6 +25,7 @@ _FUSED_ARGS = {  # native/fused.c: the syncer's round on packed updates
     "ddctl_q_stats": [ctypes.c_int, _P, _P, _I64, _I64, _P],
     "ddctl_q_combine": [ctypes.c_int, ctypes.c_int, _I64, _P, _P, _P, _I64, _I64, _P, _P],
     "ddctl_step_from": [_P, _F, _I64, _P, _P, _F, _F, ctypes.c_int, _P, _P],
+    "ddctl_crc32": [ctypes.c_uint32, _P, ctypes.c_size_t],
 }
 
 
@@ -44,6 +45,7 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     for name, args in _FUSED_ARGS.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, None
+    lib.ddctl_crc32.restype = ctypes.c_uint32
     return lib, ""
 
 
@@ -121,3 +123,9 @@ def step_from(
     ``momentum`` is (mu, lr, nesterov); ``buf`` None starts the momentum at delta."""
     mu, lr, nesterov = momentum
     _library().ddctl_step_from(delta, scale, numel, theta, buf, mu, lr, int(nesterov), out[0], out[1])
+
+
+def crc32(address: int, nbytes: int, value: int) -> int:
+    """zlib.crc32 of ``nbytes`` at ``address``, continuing from ``value`` (native/crc32.c)."""
+    result: int = _library().ddctl_crc32(value, address, nbytes)
+    return result

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ddctl_agents.core import vclock
+from ddctl_agents.core.packed import measured
 from ddctl_agents.core.wire import DEFAULT_LIMITS, Frame, WireLimits, is_count, pack, unpack
 from ddctl_agents.errors import WireError
 
@@ -77,9 +78,15 @@ def encode_fragment(message: FragmentVersion, codec: str, block: int) -> bytes:
     return pack("fragment", message.meta(), message.tensors, codec, block)
 
 
-def decode_update(data: bytes | bytearray | memoryview, limits: WireLimits = DEFAULT_LIMITS) -> tuple[Update, Frame]:
-    """An update from its frame; int8/int4 tensors of an immutable frame stay packed for the syncer's fused round."""
+def decode_update(
+    data: bytes | bytearray | memoryview, limits: WireLimits = DEFAULT_LIMITS, measure: bool = False
+) -> tuple[Update, Frame]:
+    """An update from its frame; int8/int4 tensors of an immutable frame stay packed for the syncer's fused round.
+
+    ``measure`` takes their admission figures now (``packed.measured``: on the caller's thread, not the core's)."""
     frame = unpack(data, limits, expect="update", keep_packed=isinstance(data, bytes))
+    if measure:
+        measured(frame.tensors)
     m = frame.meta
     update = Update(
         learner=_text(m, "learner"),

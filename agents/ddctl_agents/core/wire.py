@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import struct
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +30,7 @@ from typing import Any
 import torch
 
 from ddctl_agents.core import codec as codecs
+from ddctl_agents.core.crc import crc32
 from ddctl_agents.core.packed import Packed, PackedTensors, packable
 from ddctl_agents.errors import WireError
 
@@ -84,7 +84,7 @@ def pack(
         allow_nan=False,
     ).encode()
     body = b"".join([_PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(header), offset), header, *chunks])
-    return body + _CRC.pack(zlib.crc32(body))
+    return body + _CRC.pack(crc32(body))
 
 
 def unpack(
@@ -140,7 +140,7 @@ def _check_frame(view: memoryview, limits: WireLimits) -> tuple[int, int, int]:
             f"frame length {len(view)} does not match its header ({body_end + _CRC.size} expected): truncated or padded"
         )
     (crc,) = _CRC.unpack_from(view, body_end)
-    if zlib.crc32(view[:body_end]) != crc:
+    if crc32(view[:body_end]) != crc:
         raise WireError("checksum mismatch: the frame was corrupted in transit")
     return header, payload, body_end
 

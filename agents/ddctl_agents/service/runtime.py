@@ -23,7 +23,6 @@ from ddctl_agents.core.effects import Ack, Effect, Fault, Record, Send
 from ddctl_agents.core.ending import departed
 from ddctl_agents.core.links import QuorumClock, TransferMeter
 from ddctl_agents.core.messages import FragmentVersion, Update, decode_update, encode_fragment
-from ddctl_agents.core.packed import measured
 from ddctl_agents.core.syncer import Synchronizer
 from ddctl_agents.core.tape import TAPE_FORMAT, TapeWriter
 from ddctl_agents.core.wire import WireLimits
@@ -186,7 +185,7 @@ class SyncerRuntime:
         A rejected update is answered only once its rejection is durable: the count
         that may suspend its sender survives a crash like everything acknowledged."""
         loop = asyncio.get_running_loop()
-        update = await loop.run_in_executor(self._work, _decode_and_measure, body, self.limits)
+        update, _ = await loop.run_in_executor(self._work, lambda: decode_update(body, self.limits, measure=True))
         if update.learner != identity:
             raise Forbidden(f"token is for {identity!r} but the update claims learner {update.learner!r}")
         ack, position = await self._on_core(self._receive, update, body)
@@ -392,10 +391,3 @@ class SyncerRuntime:
             return
         self.publish_failures.pop(message.fragment, None)
         await self.publisher.publish(Published(fragment=message.fragment, version=message.version, frame=frame))
-
-
-def _decode_and_measure(body: bytes, limits: WireLimits) -> Update:
-    """An update off the event loop, with its packed tensors' admission figures taken there too (not on the core)."""
-    update, _ = decode_update(body, limits)
-    measured(update.tensors)
-    return update

@@ -14,12 +14,12 @@ import json
 import os
 import struct
 import threading
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from ddctl_agents.core.crc import crc32
 from ddctl_agents.errors import LogError
 
 _HEAD = struct.Struct("<IQI")
@@ -31,7 +31,7 @@ def record_prefix(meta: dict[str, Any], payload: bytes | bytearray | memoryview 
     raw = json.dumps(meta, separators=(",", ":"), allow_nan=False).encode()
     if len(raw) > MAX_META:
         raise LogError(f"log record meta of {len(raw)} bytes exceeds {MAX_META}: recovery would stop at it")
-    crc = zlib.crc32(payload, zlib.crc32(raw))
+    crc = crc32(payload, crc32(raw))
     return _HEAD.pack(len(raw), len(payload), crc) + raw
 
 
@@ -70,7 +70,7 @@ def read_segment(path: Path) -> Iterator[WalRecord]:
             if meta_len > MAX_META:
                 return
             body = f.read(meta_len + payload_len)
-            if len(body) < meta_len + payload_len or zlib.crc32(body) != crc:
+            if len(body) < meta_len + payload_len or crc32(body) != crc:
                 return
             yield WalRecord(meta=json.loads(body[:meta_len]), payload=body[meta_len:])
 
@@ -85,7 +85,7 @@ def _valid_length(path: Path) -> int:
                 return end
             meta_len, payload_len, crc = _HEAD.unpack(head)
             body = f.read(meta_len + payload_len) if meta_len <= MAX_META else b""
-            if meta_len > MAX_META or len(body) < meta_len + payload_len or zlib.crc32(body) != crc:
+            if meta_len > MAX_META or len(body) < meta_len + payload_len or crc32(body) != crc:
                 return end
             end = f.tell()
 
