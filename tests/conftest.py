@@ -59,3 +59,12 @@ def gcp(gcp_cloud: GcpCloud, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
     monkeypatch.setenv("DDCTL_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("DDCTL_SSH_FROM", "100.100.0.1/32")
     return gcp_cloud
+
+
+@pytest.fixture
+def native_kernels() -> None:
+    """Fail, not skip, without the native kernels: setup.py builds them on every supported machine."""
+    from ddctl_agents.core import _native
+
+    if _native.kernels() is None:
+        pytest.fail(f"native kernels unavailable: {_native.missing_reason()}; build them with `pip install -e .`")

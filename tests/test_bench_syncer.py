@@ -9,13 +9,12 @@ from pathlib import Path
 import pytest
 
 from ddctl.bench.rounds import measure_shard_scaling, measure_syncer
-from ddctl_agents.core import _native
 from tests.service_harness import ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.skipif(_native.kernels() is None, reason=f"native kernels missing: {_native.missing_reason()}")
+@pytest.mark.usefixtures("native_kernels")
 def test_the_fused_and_reference_rounds_agree_and_their_figures_follow_from_the_times() -> None:
     params = 4 * 5000  # 5,000 per tensor: whole tiles and a partial one
     r = measure_syncer(learners=3, numel=params, tensors=4, repeats=2)
@@ -50,3 +49,22 @@ def test_bench_syncer_refuses_bad_sizes_with_what_is_allowed() -> None:
         timeout=120,
     )
     assert done.returncode != 0 and "learners >= 1" in done.stderr + done.stdout
+
+
+def test_the_syncer_table_shows_the_results_figures() -> None:
+    from rich.console import Console
+
+    from ddctl.bench.report import syncer_table
+
+    row = {"merge_gbps": 1.1, "ratio_to_memcpy": 0.07, "round_seconds": 0.031, "decode_seconds": 0.004, "merge_seconds": 0.027}
+    reference = {"merge_gbps": 0.37, "ratio_to_memcpy": 0.024, "round_seconds": 0.09, "decode_seconds": 0.02}
+    reference["merge_seconds"] = 0.07
+    result = {"learners": 8, "params": 1000, "path": "fused", "memcpy_gbps": 15.0, "fused_speedup": 2.9, "reference": reference}
+    result |= row | {"scaling": {"shards": [{"shards": 2, "aggregate_gbps": 1.4, "x_one_shard": 1.8}]}}
+    console = Console(width=200, record=True)
+    console.print(syncer_table(result))
+    text = console.export_text()
+    cells = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]] for line in text.splitlines() if "│" in line}
+    assert cells["fused"] == ["1.100", "0.0700", "0.031", "0.004", "0.027"]
+    assert cells["reference"] == ["0.370", "0.0240", "0.090", "0.020", "0.070"]
+    assert "fused 2.90x the reference" in text and "2 shards: 1.400 GB/s (1.80x)" in text

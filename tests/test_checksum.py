@@ -10,7 +10,7 @@ import pytest
 from ddctl_agents.core import _native
 from ddctl_agents.core.crc import NATIVE_FROM, crc32
 
-pytestmark = pytest.mark.skipif(_native.kernels() is None, reason=f"native kernels missing: {_native.missing_reason()}")
+pytestmark = pytest.mark.usefixtures("native_kernels")
 
 DATA = os.urandom(NATIVE_FROM * 4 + 200)
 

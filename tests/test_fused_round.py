@@ -27,7 +27,7 @@ from ddctl_agents.core.outer import outer_step
 from ddctl_agents.core.packed import Packed, PackedTensors
 from ddctl_agents.core.rounds import accumulate
 
-pytestmark = pytest.mark.skipif(_native.kernels() is None, reason=f"native kernels missing: {_native.missing_reason()}")
+pytestmark = pytest.mark.usefixtures("native_kernels")
 
 SHAPES = {"w": (37, 129), "b": (53,), "emb": (16, 8)}  # odd sizes: partial last blocks, an odd int4 byte
 

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
+import struct
 import time
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -22,6 +26,7 @@ from typer.testing import CliRunner
 from ddctl.cli.app import app
 from ddctl_agents.agent.client import Refused, SyncerClient
 from ddctl_agents.core.messages import Update, encode_update
+from ddctl_agents.core.wire import unpack
 from ddctl_agents.train.assembly import Assembly
 from tests.h2raw import RawH2, request_headers
 from tests.service_harness import Job, small_job
@@ -236,3 +241,39 @@ def test_health_reports_suspensions_and_a_restart_after_kill9_balances(
         still_merges(job, l0, assembly, "L0")
     finally:
         l0.close()
+
+
+def _with_scale(body: bytes, scale: float) -> bytes:
+    """An int4 frame whose first block scale is ``scale`` (codes untouched), its checksum made valid again."""
+    first = next(iter(unpack(body, keep_packed=True).tensors.packed.values()))  # type: ignore[attr-defined]
+    at = first.scales - np.frombuffer(body, dtype=np.uint8).ctypes.data
+    patched = bytearray(body)
+    patched[at : at + 4] = struct.pack("<f", scale)
+    patched[-4:] = struct.pack("<I", zlib.crc32(patched[:-4]))
+    return bytes(patched)
+
+
+@pytest.mark.parametrize(
+    ("scale", "code"), [(math.nan, "non_finite"), (math.inf, "non_finite"), (3e38, "non_finite"), (1e30, "out_of_bounds")]
+)
+def test_hostile_scales_in_a_packed_update_are_refused_and_the_rounds_go_on(
+    job: Job, assembly: Assembly, scale: float, code: str
+) -> None:
+    """The admission check reads int4 frames without decoding them: a scale that decodes to NaN, Inf (7 x 3e38
+    overflows) or a huge value is still a 422 with its code, never a 500, and the round loop keeps merging."""
+    learner = job.client("L0")
+    try:
+        learner.register("L0", 1, "region-L0")
+        received = job.status()["ledger"]["received"]
+        err = refused(lambda: learner.push(_with_scale(frame(assembly, "L0", 3, version(job, 3)), scale), 3))
+        assert (err.status, err.code) == (422, code), err
+        assert job.status()["ledger"]["received"] == received
+        readmitted = job.client()
+        try:
+            readmitted.readmit("L0")  # the four cases would suspend L0 otherwise; the others rely on it
+        finally:
+            readmitted.close()
+        learner.register("L0", 1, "region-L0")
+        still_merges(job, learner, assembly, "L0", fragment=3)
+    finally:
+        learner.close()

@@ -62,7 +62,7 @@ def transport_table(result: dict[str, Any]) -> Table:
 
 def syncer_table(result: dict[str, Any]) -> Table:
     table = Table(title=f"syncer round: {result['learners']} int4 updates of {result['params']:,} params, one core")
-    for col in ("path", "merge GB/s", "x memcpy", "round s", "decode s", "merge+step s"):
+    for col in ("path", "merge GB/s", "x memcpy", "round s", "decode s", "admit+merge+step s"):
         table.add_column(col, justify="right")
     reference = result["reference"]
     for name, row in ((result["path"], result), ("reference", reference)):
