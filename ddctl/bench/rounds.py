@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -53,32 +54,37 @@ def _frames(syncer: Synchronizer, learners: int) -> list[bytes]:
     return frames
 
 
+def _one_round(syncer: Synchronizer, frames: Sequence[bytes | bytearray], r: int) -> tuple[float, float]:
+    """Decode every frame, hand each update to the syncer, close the round: (decode seconds, the rest)."""
+    start = time.perf_counter()
+    decoded = [decode_update(frame)[0] for frame in frames]
+    decoded_at = time.perf_counter()
+    base = syncer.versions[0]
+    for m, update in enumerate(decoded):
+        syncer.receive(1.0, dataclasses.replace(update, base_version=base, update_id=f"{r}.{m}"))
+    syncer.close_round(1.0, 0, "all_arrived", "bench")
+    return decoded_at - start, time.perf_counter() - decoded_at
+
+
 def _rounds(numel: int, tensors: int, learners: int, repeats: int, packed: bool) -> tuple[dict[str, float], Synchronizer]:
     """Best-of-``repeats`` (after one warm-up) round times on one path; the syncer after them."""
     syncer = _syncer(numel, tensors, learners)
     frames = [f if packed else bytearray(f) for f in _frames(syncer, learners)]  # a bytearray is decoded at once
-    decode_s, merge_s, total_s = [], [], []
-    for r in range(repeats + 1):
-        start = time.perf_counter()
-        decoded = [decode_update(frame)[0] for frame in frames]
-        decoded_at = time.perf_counter()
-        base = syncer.versions[0]
-        for m, update in enumerate(decoded):
-            syncer.receive(1.0, dataclasses.replace(update, base_version=base, update_id=f"{r}.{m}"))
-        syncer.close_round(1.0, 0, "all_arrived", "bench")
-        end = time.perf_counter()
-        if r > 0:
-            decode_s.append(decoded_at - start)
-            merge_s.append(end - decoded_at)
-            total_s.append(end - start)
+    timed = [_one_round(syncer, frames, r) for r in range(repeats + 1)][1:]
     checks = []  # the trust boundary's share of a round: every update's admission, the result's check
     for _ in range(repeats):
+        fresh = [decode_update(frame)[0] for frame in frames]  # a packed update measures itself once: not yet
         start = time.perf_counter()
-        for update in decoded:
+        for update in fresh:
             check_update(update, syncer.fragments[0], syncer.limits)
         check_result(syncer.fragments[0], syncer.buffers[0], syncer.limits)
         checks.append(time.perf_counter() - start)
-    times = {"round": min(total_s), "decode": min(decode_s), "merge": min(merge_s), "checks": min(checks)}
+    times = {
+        "round": min(d + m for d, m in timed),
+        "decode": min(d for d, _ in timed),
+        "merge": min(m for _, m in timed),
+        "checks": min(checks),
+    }
     return times, syncer
 
 
@@ -142,19 +148,11 @@ def _shard_worker(numel: int, tensors: int, learners: int, rounds: int, barrier:
     torch.set_num_threads(1)
     syncer = _syncer(numel, tensors, learners)
     frames = _frames(syncer, learners)
-
-    def one_round(r: int) -> None:
-        base = syncer.versions[0]
-        for m, frame in enumerate(frames):
-            update = decode_update(frame)[0]
-            syncer.receive(1.0, dataclasses.replace(update, base_version=base, update_id=f"{r}.{m}"))
-        syncer.close_round(1.0, 0, "all_arrived", "bench")
-
-    one_round(-1)  # warm-up: first-touch page faults are not the steady state
+    _one_round(syncer, frames, -1)  # warm-up: first-touch page faults are not the steady state
     barrier.wait()
     start = time.perf_counter()
     for r in range(rounds):
-        one_round(r)
+        _one_round(syncer, frames, r)
     out.put((start, time.perf_counter()))
 
 

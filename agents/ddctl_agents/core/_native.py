@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+from typing import Any
 
 NO_NATIVE_ENV = "DDCTL_NO_NATIVE"
 NATIVE_CODECS = ("int8", "int4")
@@ -21,11 +22,13 @@ _ENCODE_ARGS = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p
 _DECODE_ARGS = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
 _CODEC_BITS = {"int8": 8, "int4": 4}
 _P, _I64, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-_FUSED_ARGS = {  # native/fused.c: the syncer's round on packed updates
-    "ddctl_q_stats": [ctypes.c_int, _P, _P, _I64, _I64, _P],
-    "ddctl_q_combine": [ctypes.c_int, ctypes.c_int, _I64, _P, _P, _P, _I64, _I64, _P, _P],
-    "ddctl_step_from": [_P, _F, _I64, _P, _P, _F, _F, ctypes.c_int, _P, _P],
-    "ddctl_crc32": [ctypes.c_uint32, _P, ctypes.c_size_t],
+_SIGNATURES: dict[str, tuple[list[Any], Any]] = {
+    # native/fused.c: the syncer's round on packed updates
+    "ddctl_q_stats": ([ctypes.c_int, _P, _P, _I64, _I64, _P], None),
+    "ddctl_q_combine": ([ctypes.c_int, ctypes.c_int, _I64, _P, _P, _P, _I64, _I64, _P, _P], None),
+    "ddctl_step_from": ([_P, _F, _I64, _P, _P, _F, _F, ctypes.c_int, _P, _P], None),
+    # native/crc32.c
+    "ddctl_crc32": ([ctypes.c_uint32, _P, ctypes.c_size_t], ctypes.c_uint32),
 }
 
 
@@ -42,10 +45,9 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
         enc.argtypes, enc.restype = _ENCODE_ARGS, ctypes.c_int
         dec = getattr(lib, f"ddctl_{codec}_decode")
         dec.argtypes, dec.restype = _DECODE_ARGS, None
-    for name, args in _FUSED_ARGS.items():
+    for name, (args, result) in _SIGNATURES.items():
         fn = getattr(lib, name)
-        fn.argtypes, fn.restype = args, None
-    lib.ddctl_crc32.restype = ctypes.c_uint32
+        fn.argtypes, fn.restype = args, result
     return lib, ""
 
 

@@ -23,5 +23,5 @@ def crc32(data: bytes | bytearray | memoryview, value: int = 0) -> int:
     view = memoryview(data)
     if view.nbytes < NATIVE_FROM or _native.kernels() is None:
         return zlib.crc32(view, value)
-    flat = np.frombuffer(view.cast("B") if view.ndim != 1 or view.format != "B" else view, dtype=np.uint8)
+    flat = np.frombuffer(view, dtype=np.uint8)
     return _native.crc32(int(flat.ctypes.data), flat.size, value)

@@ -3,11 +3,11 @@
 Why: the round is the syncer's hot loop (``packed`` says what it costs decoded). The
 decisions are merge.py's and outer.py's, unchanged: token weights, RDA where its premise
 holds and the weighted mean elsewhere (and for embeddings), the Nesterov step with its
-warm-up. Only the arithmetic moves. The mean is a linear combination ``sum c_m v_m`` of the
-updates, combined and stepped in one pass (``packed_step``). RDA needs the norms of the mean
-and of the summed unit directions before it can choose: the updates' norms come from their
-codes (``Packed.stats``), and one pass writes both combinations with their norms into the
-result's memory (``packed_combine2``) before a light pass steps from the one chosen.
+warm-up. Only the arithmetic moves. Every choice is a linear combination ``sum c_m v_m`` of
+the updates: one pass over their codes writes it into the result's memory (``packed_combine``),
+and a light pass takes the step from it (``step_from``). RDA needs the norms of the mean and of
+the summed unit directions before it can choose: the updates' norms come from their codes
+(``Packed.stats``), and the same one pass writes both combinations with their norms.
 
 The result agrees with the reference to float32 rounding, not bit for bit, so a run and
 its replay must take the same path; both decode updates with ``decode_update``, which
@@ -48,7 +48,7 @@ def fused_outer_step(
     packs = [c.tensors.packed for c in ordered if isinstance(c.tensors, PackedTensors)]
     weights = [c.weight for c in ordered]
     total = float(sum(weights))
-    if method not in MERGES or not packs or len(packs) < len(ordered) or total <= 0.0:
+    if method not in MERGES or not packs or len(packs) < len(ordered) or total <= 0.0 or _native.kernels() is None:
         return None
     if any(set(p) != set(params) for p in packs) or any(w < 0 for w in weights):
         return None
@@ -75,7 +75,7 @@ def _uniform(tensors: list[Packed], theta: torch.Tensor, buf: torch.Tensor | Non
     first = tensors[0]
     same = all(t.codec == first.codec and t.block == first.block and t.shape == tuple(theta.shape) for t in tensors)
     state_ok = theta.dtype == torch.float32 and (buf is None or (buf.dtype == torch.float32 and buf.shape == theta.shape))
-    return same and state_ok and _native.kernels() is not None
+    return same and state_ok
 
 
 def _addresses(tensors: list[Packed]) -> tuple[list[int], list[int]]:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ddctl_agents.core import vclock
-from ddctl_agents.core.packed import measured
+from ddctl_agents.core.packed import measure as measure_packed
 from ddctl_agents.core.wire import DEFAULT_LIMITS, Frame, WireLimits, is_count, pack, unpack
 from ddctl_agents.errors import WireError
 
@@ -83,10 +83,10 @@ def decode_update(
 ) -> tuple[Update, Frame]:
     """An update from its frame; int8/int4 tensors of an immutable frame stay packed for the syncer's fused round.
 
-    ``measure`` takes their admission figures now (``packed.measured``: on the caller's thread, not the core's)."""
+    ``measure`` takes their admission figures now (``packed.measure``: on the caller's thread, not the core's)."""
     frame = unpack(data, limits, expect="update", keep_packed=isinstance(data, bytes))
     if measure:
-        measured(frame.tensors)
+        measure_packed(frame.tensors)
     m = frame.meta
     update = Update(
         learner=_text(m, "learner"),

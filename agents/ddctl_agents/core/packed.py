@@ -83,13 +83,12 @@ class PackedTensors(Mapping[str, torch.Tensor]):
         return len(self.packed)
 
 
-def measured(update_tensors: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
-    """``update_tensors``, with a packed frame's stats taken now (a worker thread's job: admission, on the syncer's
-    one core thread, then only reads them)."""
-    if isinstance(update_tensors, PackedTensors):
-        for p in update_tensors.packed.values():
+def measure(tensors: Mapping[str, torch.Tensor]) -> None:
+    """Take a packed frame's stats now (a worker thread's job: admission, on the syncer's one core thread, then only
+    reads them); nothing to do for decoded tensors."""
+    if isinstance(tensors, PackedTensors):
+        for p in tensors.packed.values():
             p.stats()
-    return update_tensors
 
 
 def shape_of(tensors: Mapping[str, torch.Tensor], name: str) -> tuple[tuple[int, ...], torch.dtype]:
