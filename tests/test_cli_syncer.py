@@ -19,7 +19,14 @@ def test_init_writes_a_job_with_private_keys_and_tokens_verify(tmp_path: Path) -
     job = tmp_path / "job"
     result = runner.invoke(app, ["syncer", "init", str(job), "--learners", "2", "--host", "10.0.0.5", "--run", "r1", "--json"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout) == {"run": "r1", "job_dir": str(job), "tls": True, "learners": ["L0", "L1"]}
+    assert json.loads(result.stdout) == {
+        "run": "r1",
+        "job_dir": str(job),
+        "tls": True,
+        "learners": ["L0", "L1"],
+        "serve": [f"ddctl syncer serve --job-dir {job}"],
+    }
+    assert not (job / "shards.json").exists()
     for private in ("secret", "tls/ca.key", "tls/server.key"):
         assert stat.S_IMODE((job / private).stat().st_mode) == 0o600, private
     files = load_job_dir(job)
@@ -28,6 +35,42 @@ def test_init_writes_a_job_with_private_keys_and_tokens_verify(tmp_path: Path) -
     assert verify_token(read_secret((job / "secret").read_text()), f"Bearer {token}") == "L1"
     again = runner.invoke(app, ["syncer", "init", str(job)])
     assert again.exit_code == 2 and "already holds a job" in again.output
+
+
+def test_init_with_shards_writes_the_map_and_how_to_serve_each_shard(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    result = runner.invoke(app, ["syncer", "init", str(job), "--fragments", "5", "--shards", "2", "--no-tls", "--json"])
+    assert result.exit_code == 0, result.output
+    answer = json.loads(result.stdout)
+    expected = {"epoch": 1, "shards": ["S0", "S1"], "owners": [0, 1, 0, 1, 0]}
+    assert answer["shard_map"] == expected and json.loads((job / "shards.json").read_text()) == expected
+    assert answer["serve"] == [
+        f"ddctl syncer serve --job-dir {job} --shard-map {job / 'shards.json'} --shard S{i} --state-dir {job}/state-S{i}"
+        for i in range(2)
+    ]
+    too_many = runner.invoke(app, ["syncer", "init", str(tmp_path / "j2"), "--fragments", "2", "--shards", "3"])
+    assert too_many.exit_code == 2 and "shards must be in 1..2" in too_many.output
+    assert not (tmp_path / "j2").exists()
+
+
+def test_serve_refuses_a_shard_setup_that_cannot_work(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    assert runner.invoke(app, ["syncer", "init", str(job), "--fragments", "4", "--shards", "2", "--no-tls"]).exit_code == 0
+    serve = ["syncer", "serve", "--job-dir", str(job), "--plaintext"]
+    cases = [
+        (["--shard", "S0"], "--shard-map and --shard go together"),
+        (["--shard-map", str(job / "shards.json"), "--shard", "S7"], "shard 'S7' is not in the shard map"),
+        (["--shard-map", str(job / "nope.json"), "--shard", "S0"], "cannot read the shard map"),
+        (["--shard-map", str(job / "shards.json"), "--shard", "S0", "--eval-every", "5"], "--eval-every needs the whole model"),
+        (["--shard-map", str(job / "shards.json"), "--shard", "S0", "--checkpoint-every", "60"], "--checkpoint-every needs"),
+    ]
+    for extra, message in cases:
+        result = runner.invoke(app, [*serve, *extra])
+        assert result.exit_code == 2 and message in result.output, (extra, result.output)
+    (job / "three.json").write_text(json.dumps({"epoch": 1, "shards": ["S0"], "owners": [0, 0, 0]}))
+    result = runner.invoke(app, [*serve, "--shard-map", str(job / "three.json"), "--shard", "S0"])
+    assert result.exit_code == 2 and "assigns 3 fragments but the job has 4" in result.output
+    assert not (job / "state").exists()
 
 
 def test_init_rejects_bad_settings_before_writing_anything(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@
     │   ├── Forbidden                a valid token used for someone else, or an admin-only action
     │   ├── NotFound, MethodNotAllowed, TooLarge, ClientGone
     │   ├── JobOver                  the job is finishing or finished: no one joins any more
+    │   ├── NotOwner                 a sharded synchronizer's shard that does not own the fragment (owner, epoch)
     │   └── SyncError                an update the core refuses
     │       ├── BadUpdate            layout does not match the fragment
     │       ├── UnknownLearner       not registered (or declared gone): register again
@@ -133,6 +134,14 @@ class JobOver(RequestError):
     """The job is finishing or has finished: a learner may not join (it should exit, its work is done)."""
 
 
+class NotOwner(RequestError):
+    """This shard does not own the fragment: the update is not applied; ``details`` name the owner and map epoch."""
+
+    def __init__(self, reason: str, owner: str, epoch: int) -> None:
+        super().__init__(reason)
+        self.details = {"owner": owner, "epoch": epoch}
+
+
 class SyncError(RequestError):
     """An update the syncer's core refuses."""
 
@@ -194,6 +203,7 @@ HTTP: dict[type[AgentError], tuple[int, str]] = {
     TooLarge: (413, "too_large"),
     ClientGone: (499, "client_gone"),
     JobOver: (410, "job_over"),
+    NotOwner: (409, "not_owner"),
     SyncError: (400, "bad_update"),
     BadUpdate: (400, "bad_update"),
     UnknownLearner: (409, "unknown_learner"),

@@ -7,9 +7,10 @@ ARGS`` on a VM are the same program with the same flags (``--help`` included).
 
 from __future__ import annotations
 
+import json
 import secrets
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -17,6 +18,10 @@ from ddctl.cli.choices import Codec
 from ddctl.cli.errors import run_guarded
 from ddctl.cli.output import print_json
 from ddctl.config.job import build_job, default
+from ddctl_agents.core import shardmap
+
+SHARD_MAP = "shards.json"
+"""Where ``init --shards N`` writes the job's shard map."""
 
 syncer_app = typer.Typer(help="Run or prepare the synchronizer service.", no_args_is_help=True)
 learner_app = typer.Typer(help="Run a learner agent.", no_args_is_help=True)
@@ -46,6 +51,9 @@ def init(
     ] = None,
     run: Annotated[str, typer.Option(help="Run id (default: random).")] = "",
     tls: Annotated[bool, typer.Option(help="Generate the run's CA and server certificate.")] = True,
+    shards: Annotated[
+        int, typer.Option(help="Synchronizer shards (fragments round robin); >1 writes shards.json for serve --shard-map.")
+    ] = 1,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Create a job directory for ``ddctl syncer serve``."""
@@ -59,13 +67,20 @@ def init(
 
     def body() -> None:
         job = build_job(knobs)
+        shard_map = shardmap.round_robin(shards, job.sync.fragments) if shards > 1 else None  # checked before writing
         run_id = run or f"run-{secrets.token_hex(4)}"
         init_job_dir(directory, job, run_id, host or ["127.0.0.1", "localhost"], tls=tls)
         result = {"run": run_id, "job_dir": str(directory), "tls": tls, "learners": [f"L{i}" for i in range(learners)]}
+        serve = [f"ddctl syncer serve --job-dir {directory}"]
+        if shard_map is not None:
+            (directory / SHARD_MAP).write_text(json.dumps(shard_map.to_json(), indent=2) + "\n")
+            result["shard_map"] = shard_map.to_json()
+            serve = [f"{serve[0]} --shard-map {directory / SHARD_MAP} --shard {s} --state-dir {directory}/state-{s}"
+                     for s in shard_map.shards]  # fmt: skip
         if json_out:
-            print_json(result)
+            print_json(result | {"serve": serve})
         else:
-            typer.echo(f"job {run_id} in {directory}; start it with: ddctl syncer serve --job-dir {directory}")
+            typer.echo(f"job {run_id} in {directory}; start it with:\n  " + "\n  ".join(serve))
 
     run_guarded(body)
 
@@ -97,6 +112,47 @@ def readmit(
         print_json(result)
     else:
         typer.echo(f"{result['learner']}: {result['reason']}")
+
+
+@syncer_app.command("checkpoint")
+def checkpoint(
+    job_dir: Annotated[Path, typer.Argument(help="The job directory (admin token, CA, the job's model).")],
+    syncer: Annotated[list[str], typer.Option("--syncer", help="A shard's URL; repeat for every shard.")],
+    out: Annotated[Path, typer.Option("--out", help="A new directory for the checkpoint (ddctl pull --from reads it).")],
+    evaluate: Annotated[bool, typer.Option(help="Measure the joined model's val_bpb here.")] = True,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """A consistent global checkpoint of a sharded synchronizer: every shard's part at one cut, joined into one model."""
+    from ddctl.control.credentials import token_for
+    from ddctl.control.global_checkpoint import take
+    from ddctl_agents.agent.client import SyncerClient
+
+    def body() -> dict[str, Any]:
+        token, ca = token_for(job_dir, "admin"), job_dir / "tls" / "ca.pem"
+        assembly = _job_assembly(job_dir) if evaluate else None
+        return take(
+            syncer,
+            lambda url: SyncerClient(url, token, ca if url.startswith("https://") else None),
+            out,
+            evaluate=assembly.evaluate if assembly is not None else None,
+            shapes={n: tuple(t.shape) for n, t in assembly.initial.items()} if assembly is not None else None,
+        )
+
+    result = run_guarded(body)
+    if json_out:
+        print_json(result)
+    else:
+        bpb = "" if result["val_bpb"] is None else f", val_bpb {result['val_bpb']:.4f}"
+        typer.echo(f"checkpoint {result['cut']} of shards {', '.join(result['shards'])} in {result['path']}{bpb}")
+
+
+def _job_assembly(job_dir: Path) -> Any:
+    """The job in ``job_dir`` built as its syncer builds it (its own model's source included)."""
+    from ddctl_agents.service.server import load_job_dir
+    from ddctl_agents.train.assembly import Assembly
+
+    files = load_job_dir(job_dir)
+    return Assembly.build(files.job, model_dir=files.model_dir)
 
 
 @syncer_app.command("serve", context_settings=FORWARD, add_help_option=False)

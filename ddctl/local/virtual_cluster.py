@@ -163,7 +163,7 @@ class VirtualCluster:
         if update.learner not in self.syncer.live:
             self.stats.lost_in_flight += update.c_tokens
             return
-        self.syncer.observe_upload(update.learner, len(frame), busy_s, rtt_s=2 * self.latency)
+        self.syncer.observe_link(update.learner, "up", len(frame), busy_s, rtt_s=2 * self.latency)
         _, effects = self.syncer.receive(self.now, update, len(frame))
         self._apply(effects)
         self._poll()
@@ -225,7 +225,7 @@ class VirtualCluster:
             busy_s = len(frame) / self.bytes_per_s
             slot.down_free_at = max(self.now, slot.down_free_at) + busy_s
             slot.inbox.append((slot.down_free_at + self.latency, next(self.seq), message))
-            self.syncer.observe_download(name, len(frame), busy_s, rtt_s=2 * self.latency)
+            self.syncer.observe_link(name, "down", len(frame), busy_s, rtt_s=2 * self.latency)
             self.stats.bytes_down += len(frame)
 
     def _adopt_arrived(self, slot: _Slot) -> None:

@@ -86,6 +86,11 @@ class SyncerClient:
     def heartbeat(self, report: dict[str, Any]) -> dict[str, Any]:
         return self._json("POST", "/v1/heartbeat", json=report)
 
+    def shards(self) -> dict[str, Any] | None:
+        """This shard's name and its shard map; None from a synchronizer that is not sharded."""
+        answer = self._json("GET", "/v1/shards")
+        return None if answer.get("shard") is None and answer.get("map") is None else answer
+
     def status(self) -> dict[str, Any]:
         return self._json("GET", "/v1/status")
 
@@ -96,6 +101,24 @@ class SyncerClient:
     def readmit(self, learner: str) -> dict[str, Any]:
         """Admin only: let a suspended learner back in."""
         return self._json("POST", "/v1/admin/readmit", json={"learner": learner})
+
+    def cut(self, epoch: int) -> dict[str, Any]:
+        """Admin only: a global checkpoint's marker to this shard; its part's manifest, once the part is on its disk."""
+        return self._json("POST", "/v1/admin/cut", json={"epoch": epoch})
+
+    def cut_file(self, epoch: int, name: str, limit: int) -> bytes:
+        """Admin only: one file of this shard's part of checkpoint ``epoch`` (refused past ``limit`` bytes)."""
+        data = bytearray()
+        try:
+            with self.http.stream("GET", f"{self.url}/v1/admin/cuts/{epoch}/{name}") as r:
+                _raise_for(r, r.read() if r.status_code >= 400 else b"")
+                for chunk in r.iter_bytes():
+                    data += chunk
+                    if len(data) > limit:
+                        raise Unavailable(f"{name} of checkpoint {epoch} from {self.url} is over the {limit} bytes expected")
+        except httpx.TransportError as exc:
+            raise Unavailable(f"GET {name} of checkpoint {epoch} on {self.url}: {exc!r}") from None
+        return bytes(data)
 
     def metrics(self) -> str:
         return self._request("GET", "/metrics").text

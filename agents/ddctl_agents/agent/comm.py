@@ -16,7 +16,10 @@ count (``core.links.SoloTransfers``). The downlink is the syncer's to measure,
 from its own sockets: a reading thread would time its own wake-up, not the wire.
 
 Each thread has its own HTTP/2 connection, so a long upload never delays a
-heartbeat or an incoming fragment.
+heartbeat or an incoming fragment. A sharded synchronizer (``agent/routes.py``)
+gets a subscriber and a heartbeat per shard, and each update goes to its
+fragment's owner; a shard silent for longer than the dead-man switch's limit
+counts as the synchronizer gone, since its fragments can no longer be synced.
 """
 
 from __future__ import annotations
@@ -31,13 +34,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable, retry
+from ddctl_agents.agent.routes import Routes
 from ddctl_agents.core.links import SoloTransfers, sent_between
-from ddctl_agents.core.messages import FragmentVersion, Update, decode_fragment, encode_update
-from ddctl_agents.errors import HTTP, JobOver
+from ddctl_agents.core.messages import FragmentVersion, Update, absorb, decode_fragment, encode_update
+from ddctl_agents.errors import HTTP, JobOver, NotOwner
 
 log = logging.getLogger(__name__)
 JOB_OVER = HTTP[JobOver][1]
 """The syncer's code for a request it refuses because the job is finishing or finished."""
+NOT_OWNER = HTTP[NotOwner][1]
+"""A shard's code for an update of a fragment it does not own (the map moved it)."""
 SUSPENDED_RETRY_S = 10.0
 """How often a suspended learner asks again whether it has been readmitted."""
 
@@ -52,6 +58,8 @@ class CommLedger:
     """By the syncer's answer: accepted, late, dropped, duplicate."""
     rejected: int = 0
     """Refused with a 4xx: never applied."""
+    absorbed: int = 0
+    """Updates that a queued, unsent update of the same fragment absorbed (one upload instead of two)."""
     bytes_up: int = 0
     bytes_down: int = 0
 
@@ -71,15 +79,20 @@ class Comms:
 
     def __init__(
         self,
-        connect: Callable[[], SyncerClient],
+        connect: Callable[[str], SyncerClient],
+        routes: Routes,
         me: Identity,
         codec: str,
         block: int,
         interval_s: float = 0.5,
         parallel_uploads: int = 3,
+        absorb: bool = True,
     ) -> None:
+        """``absorb``: a queued update of a fragment takes in a newer one of the same base (off with error feedback,
+        whose residuals assume every drift was encoded on its own)."""
         self.connect, self.me, self.codec, self.block, self.interval_s = connect, me, codec, block, interval_s
-        self.parallel_uploads = parallel_uploads
+        self.routes = routes
+        self.parallel_uploads, self.absorb = parallel_uploads, absorb
         self.outbox: queue.Queue[Update] = queue.Queue()
         self.inbox: queue.Queue[FragmentVersion] = queue.Queue()
         self.ledger = CommLedger()
@@ -90,48 +103,75 @@ class Comms:
         self._busy = 0
         self._lock = threading.Lock()
         self._uplink = SoloTransfers()
-        self._up = (0, 0.0)
-        """The latest kernel-timed uplink sample (bytes, seconds) not yet reported: samples are not summed, since
-        one upload that went well and one that did not would average into a figure neither of them was."""
+        self._up: dict[str, tuple[int, float]] = {}
+        """The latest kernel-timed uplink sample (bytes, seconds) not yet reported, per shard's heartbeat: samples are
+        not summed, since one upload that went well and one that did not would average into a figure neither was."""
         self._rtt: float | None = None
         self._threads: list[threading.Thread] = []
         self.register_answer: dict[str, Any] = {}
-        self.last_contact = time.monotonic()
+        self._contact = dict.fromkeys(routes.urls(), time.monotonic())
         self.suspension = ""
         """The syncer's reason while it suspends this learner (empty otherwise)."""
         self.stop_asked = threading.Event()
         """Set when the syncer says the job is finishing: push what is pending, then leave."""
 
+    @property
+    def last_contact(self) -> float:
+        """When the synchronizer last answered: for a sharded one, the shard heard from least recently."""
+        return min(self._contact.values())
+
     # -- called by the training loop ------------------------------------------------------------
     def start(self, fragments: int) -> dict[str, Any]:
-        """Register (retrying until the syncer answers, waiting out a suspension) and start the threads."""
-        client = self.connect()
-        try:
-            while True:
-                try:
-                    self.register_answer = retry(lambda: client.register(self.me.name, self.me.incarnation, self.me.region))
-                    self.last_contact = time.monotonic()  # after a suspension the last refusal may be seconds old
-                    break
-                except Refused as exc:
-                    if exc.code != "suspended" or self.stopping.is_set():
-                        raise
-                    self._suspended(exc)
-                    self.stopping.wait(SUSPENDED_RETRY_S)
-        finally:
-            client.close()
+        """Register with every shard (retrying, waiting out a suspension) and start the threads.
+
+        The answer is the first shard's, resuming at the latest step any shard saw from this learner."""
+        answers = [self._register(url) for url in self.routes.urls()]
+        self.register_answer = {**answers[0], "start_step": max(int(a["start_step"]) for a in answers)}
         self.versions = [-1] * fragments
-        loops = [self._subscribe_loop, self._heartbeat_loop] + [self._upload_loop] * self.parallel_uploads
-        for n, target in enumerate(loops):
-            thread = threading.Thread(target=target, name=f"ddctl-{target.__name__.strip('_')}-{n}", daemon=True)
+        loops: list[tuple[str, Callable[[], None]]] = []
+        for url in self.routes.urls():
+            loops += [("subscribe", functools.partial(self._subscribe_loop, url))]
+            loops += [("heartbeat", functools.partial(self._heartbeat_loop, url))]
+        loops += [("upload", self._upload_loop)] * self.parallel_uploads
+        for n, (name, target) in enumerate(loops):
+            thread = threading.Thread(target=target, name=f"ddctl-{name}-{n}", daemon=True)
             thread.start()
             self._threads.append(thread)
         return self.register_answer
 
+    def _register(self, url: str) -> dict[str, Any]:
+        client = self.connect(url)
+        try:
+            while True:
+                try:
+                    answer = retry(lambda: client.register(self.me.name, self.me.incarnation, self.me.region))
+                    self._heard(url)  # after a suspension the last refusal may be seconds old
+                    return answer
+                except Refused as exc:
+                    if exc.code != "suspended" or self.stopping.is_set():
+                        raise
+                    self._suspended(url, exc)
+                    self.stopping.wait(SUSPENDED_RETRY_S)
+        finally:
+            client.close()
+
     def send(self, update: Update) -> None:
+        """Queue ``update``; a queued, unsent update of its fragment from the same base absorbs it instead."""
         with self._idle:
-            self._busy += 1
             self.ledger.sent += update.c_tokens
+            if self.absorb and self._absorbed(update):
+                return
+            self._busy += 1
         self.outbox.put(update)
+
+    def _absorbed(self, update: Update) -> bool:
+        with self.outbox.mutex:  # an uploader takes from the queue under the same lock
+            for i, queued in enumerate(self.outbox.queue):
+                if (queued.fragment, queued.base_version) == (update.fragment, update.base_version):
+                    self.outbox.queue[i] = absorb(queued, update)
+                    self.ledger.absorbed += 1
+                    return True
+        return False
 
     def arrivals(self) -> list[FragmentVersion]:
         out = []
@@ -159,21 +199,26 @@ class Comms:
     def close(self, reason: str | None = "left", tokens: int | None = None) -> None:
         """Stop the threads; with a ``reason``, say goodbye first (``tokens``: what this life trained in all)."""
         self.stopping.set()
-        if reason is not None:
-            client = self.connect()
+        for url in self.routes.urls():
+            if reason is None:
+                break
+            client = self.connect(url)
             try:
-                retry(lambda: client.leave(self.me.name, reason, tokens), give_up_after_s=10.0)
+                retry(functools.partial(client.leave, self.me.name, reason, tokens), give_up_after_s=10.0)
             except (Unavailable, Refused) as exc:
-                log.warning("could not say goodbye: %s", exc)
+                log.warning("could not say goodbye to %s: %s", url, exc)
             finally:
                 client.close()
         for thread in self._threads:
             thread.join(timeout=5.0)
 
     # -- threads --------------------------------------------------------------------------------
-    def _suspended(self, exc: Refused) -> None:
+    def _heard(self, url: str) -> None:
+        self._contact[url] = time.monotonic()
+
+    def _suspended(self, url: str, exc: Refused) -> None:
         """The syncer is there but refuses us until an operator readmits us: not a reason to give up on it."""
-        self.last_contact = time.monotonic()
+        self._heard(url)
         if self.suspension != exc.reason:
             self.suspension = exc.reason
             log.error("suspended by the synchronizer: %s", exc.reason)
@@ -182,7 +227,13 @@ class Comms:
         client.register(self.me.name, self.me.incarnation, self.me.region)
 
     def _upload_loop(self) -> None:
-        client = self.connect()
+        clients: dict[str, SyncerClient] = {}
+
+        def push(frame: bytes, fragment: int) -> dict[str, Any]:
+            url = self.routes.url_of(fragment)
+            client = clients.get(url) or clients.setdefault(url, self.connect(url))
+            return self._timed_push(client, url, frame, fragment)
+
         try:
             while not self.stopping.is_set():
                 try:
@@ -191,7 +242,7 @@ class Comms:
                     continue
                 frame = encode_update(update, self.codec, self.block)
                 try:
-                    ack = retry(functools.partial(self._timed_push, client, frame, update.fragment), stop=self.stopping.is_set)
+                    ack = retry(functools.partial(push, frame, update.fragment), stop=self.stopping.is_set)
                     status = str(ack["status"])
                     with self._lock:
                         self.ledger.acked[status] = self.ledger.acked.get(status, 0) + update.c_tokens
@@ -207,15 +258,16 @@ class Comms:
                     self._busy -= 1
                     self._idle.notify_all()
         finally:
-            client.close()
+            for client in clients.values():
+                client.close()
 
-    def _timed_push(self, client: SyncerClient, frame: bytes, fragment: int) -> dict[str, Any]:
+    def _timed_push(self, client: SyncerClient, url: str, frame: bytes, fragment: int) -> dict[str, Any]:
         """``_push``, with what the kernel says it took: the connection's counters before and after."""
         key, before, started, window = threading.get_ident(), client.sending(), time.monotonic(), None
         with self._lock:
             self._uplink.begin(key, started)
         try:
-            answer = self._push(client, frame, fragment)
+            answer = self._push(client, url, frame, fragment)
             after = client.sending()
             if after is not None and (before is None or before.connection != after.connection):
                 before = after.at_open()  # the connection was made for this upload (or after a failure)
@@ -225,26 +277,29 @@ class Comms:
             with self._lock:
                 sample = self._uplink.end(key, window, time.monotonic())
                 if sample is not None:
-                    self._up = sample
+                    self._up = dict.fromkeys(self.routes.urls(), sample)
 
-    def _push(self, client: SyncerClient, frame: bytes, fragment: int) -> dict[str, Any]:
+    def _push(self, client: SyncerClient, url: str, frame: bytes, fragment: int) -> dict[str, Any]:
         try:
             answer = client.push(frame, fragment)
         except Refused as exc:
+            if exc.code == NOT_OWNER and self.routes.adopt(client.shards()):
+                raise Unavailable(f"{exc}; routing by the newer shard map") from None  # retried, at the new owner
             if exc.code != "unknown_learner":
                 raise
             self._reregister(client)
             answer = client.push(frame, fragment)
-        self.last_contact = time.monotonic()
+        self._heard(url)
         return answer
 
-    def _subscribe_loop(self) -> None:
-        client, delay = self.connect(), 0.1
+    def _subscribe_loop(self, url: str) -> None:
+        client, delay = self.connect(url), 0.1
         try:
             while not self.stopping.is_set():
                 try:
                     for frame in client.fragments(list(self.versions)):
-                        self.last_contact, delay = time.monotonic(), 0.1
+                        self._heard(url)
+                        delay = 0.1
                         if self.stopping.is_set():
                             return
                         if not frame:
@@ -261,14 +316,13 @@ class Comms:
         finally:
             client.close()
 
-    def _heartbeat_loop(self) -> None:
-        client = self.connect()
+    def _heartbeat_loop(self, url: str) -> None:
+        client = self.connect(url)
         try:
             while not self.stopping.wait(self.interval_s):
                 with self._lock:
-                    report, (up_bytes, up_seconds) = dict(self.report), self._up
-                    if report:
-                        self._up = (0, 0.0)
+                    report = dict(self.report)
+                    up_bytes, up_seconds = self._up.pop(url, (0, 0.0)) if report else (0, 0.0)
                 if not report:
                     continue
                 report.update(learner=self.me.name, rtt_s=self._rtt, up_bytes=up_bytes, up_seconds=up_seconds)
@@ -278,7 +332,7 @@ class Comms:
                         self.stop_asked.set()
                     self.suspension = ""
                     self._rtt = time.perf_counter() - started
-                    self.last_contact = time.monotonic()
+                    self._heard(url)
                 except Refused as exc:
                     if exc.code == "unknown_learner":
                         try:
@@ -288,7 +342,7 @@ class Comms:
                                 self.stop_asked.set()
                             log.info("re-register failed: %s", again)
                     elif exc.code == "suspended":
-                        self._suspended(exc)
+                        self._suspended(url, exc)
                     else:
                         log.warning("heartbeat refused: %s", exc)
                 except Unavailable as exc:

@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from ddctl_agents.agent.launch import own_address, report_exit, run_ranks
 from ddctl_agents.agent.loop import GO, STOP, STOP_NOW, StepLoop
 from ddctl_agents.agent.notice import Stop, watch
 from ddctl_agents.agent.progress import Progress
+from ddctl_agents.agent.routes import discover
 from ddctl_agents.core.ending import FINISHED, STOPPED
 from ddctl_agents.entrypoint import EXIT_OK, EXIT_UNREACHABLE, Parser, add_label_option, configure_logging, report
 from ddctl_agents.errors import AgentError
@@ -54,6 +56,8 @@ class LearnerOptions:
     syncer: str
     name: str
     token: str
+    other_shards: tuple[str, ...] = ()
+    """The other shards' URLs of a sharded synchronizer (``syncer`` is one of them; the job is fetched from it)."""
     ca: Path | None = None
     region: str = ""
     summary: Path | None = None
@@ -103,11 +107,26 @@ def _register(opts: LearnerOptions) -> tuple[Assembly, Comms, dict[str, Any]]:
     assembly = _assemble(job_answer["job"], model_files)
     job = assembly.config
     me = Identity(name=opts.name, incarnation=time.time_ns() // 1000, region=opts.region)
-    connect = functools.partial(SyncerClient, opts.syncer, opts.token, opts.ca)
-    comms = Comms(connect, me, job.sync.codec, job.sync.block, parallel_uploads=opts.parallel_uploads)
+
+    def connect(url: str) -> SyncerClient:
+        return SyncerClient(url, opts.token, opts.ca)
+
+    routes = discover((opts.syncer, *opts.other_shards), functools.partial(_ask_shard, connect))
+    if routes.map is not None:
+        routes.map.check_fragments(assembly.fragmentation.count)
+    absorb = not job.sync.error_feedback
+    comms = Comms(connect, routes, me, job.sync.codec, job.sync.block, parallel_uploads=opts.parallel_uploads, absorb=absorb)
     answer = comms.start(assembly.fragmentation.count)
     start = {"job": job_answer["job"], "model_files": model_files, "start_step": int(answer["start_step"])}
     return assembly, comms, start | {"incarnation": me.incarnation}
+
+
+def _ask_shard(connect: Callable[[str], SyncerClient], url: str) -> dict[str, Any] | None:
+    client = connect(url)
+    try:
+        return retry(client.shards, give_up_after_s=120.0)
+    finally:
+        client.close()
 
 
 def _assemble(job: Any, model_files: dict[str, str]) -> Assembly:
@@ -213,6 +232,7 @@ def _train(opts: LearnerOptions, stop: threading.Event, ranks: Ranks, device: An
         "sent_tokens": comms.ledger.sent,
         "acked_tokens": dict(comms.ledger.acked),
         "rejected_tokens": comms.ledger.rejected,
+        "absorbed_updates": comms.ledger.absorbed,
         "unsent_tokens": learner.unsent(),
         "bytes_up": comms.ledger.bytes_up,
         "bytes_down": comms.ledger.bytes_down,
@@ -242,7 +262,12 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     defaults = LearnerOptions(syncer="", name="", token="")
     parser = Parser("ddctl learner run", "Run one Decoupled DiLoCo learner against a syncer.")
-    parser.add_argument("--syncer", required=True, help="The syncer's URL: https://HOST:PORT (http:// for h2c on loopback).")
+    parser.add_argument(
+        "--syncer",
+        required=True,
+        action="append",
+        help="The syncer's URL: https://HOST:PORT (http:// for h2c on loopback); once per shard of a sharded one.",
+    )
     parser.add_argument("--name", required=True, help="This learner's name, L0 .. L{M-1}; it picks the data shard.")
     parser.add_argument("--token", help="This learner's token (or DDCTL_TOKEN, or --token-file).")
     parser.add_argument("--token-file", type=Path, help="A file holding this learner's token.")
@@ -283,7 +308,7 @@ def _main(argv: list[str] | None) -> int:
     if (args.gpus != 1 or args.nodes != 1) and "WORLD_SIZE" not in os.environ:
         try:
             command_line = list(sys.argv[1:] if argv is None else argv)
-            here = own_address(args.rendezvous, args.syncer) if args.nodes > 1 else ""
+            here = own_address(args.rendezvous, args.syncer[0]) if args.nodes > 1 else ""
             return run_ranks(args.gpus, args.nodes, args.rendezvous, f"ddctl-{args.name}", args.device, command_line, here)
         except AgentError as exc:
             return report(parser.prog, exc)
@@ -292,7 +317,8 @@ def _main(argv: list[str] | None) -> int:
         if not token:
             raise AgentError("give the learner's token with --token, --token-file or DDCTL_TOKEN")
         opts = LearnerOptions(
-            syncer=args.syncer,
+            syncer=args.syncer[0],
+            other_shards=tuple(args.syncer[1:]),
             name=args.name,
             token=token,
             ca=args.ca,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -68,6 +68,19 @@ class FragmentVersion:
 
     def meta(self) -> dict[str, Any]:
         return {"fragment": self.fragment, "version": self.version, "vclock": dict(self.vclock)}
+
+
+def absorb(older: Update, newer: Update) -> Update:
+    """One update carrying both: the same learner's drift of one fragment from one base, queued and not yet sent.
+
+    A learner's outer gradients of a fragment from the same base are consecutive drifts (each measured from
+    where the previous one ended), so their sum is the drift since the first one began: what the syncer would
+    have added up in its round anyway (``rounds.accumulate``), in one frame instead of two."""
+    if (older.learner, older.fragment, older.base_version) != (newer.learner, newer.fragment, newer.base_version):
+        raise ValueError("only one learner's updates of one fragment from one base version add up")
+    tensors = {name: older.tensors[name].float() + newer.tensors[name].float() for name in newer.tensors}
+    return replace(newer, tensors=tensors, c_steps=older.c_steps + newer.c_steps, c_tokens=older.c_tokens + newer.c_tokens,
+                   adoptions=older.adoptions + newer.adoptions)  # fmt: skip
 
 
 def encode_update(update: Update, codec: str, block: int) -> bytes:

@@ -47,8 +47,10 @@ class Synchronizer:
         embeddings: frozenset[str],
         config: SyncerConfig,
         limits: UpdateLimits | None = None,
+        shard: tuple[str, tuple[str, ...]] = (vclock.SYNCER, ()),
     ) -> None:
-        self.config = config
+        """``shard``: this process's vector-clock entry and its peer shards' (a sharded synchronizer), else ``syncer``."""
+        self.config, (self.process, peers) = config, shard
         self.limits = limits or UpdateLimits()
         self.fragmentation = fragmentation
         self.embeddings = embeddings
@@ -59,7 +61,7 @@ class Synchronizer:
         self.live: dict[str, int] = {}
         self.links: dict[str, LearnerLinks] = {}
         self.ledger = TokenLedger()
-        self.clock: dict[str, int] = {vclock.SYNCER: 0}
+        self.clock: dict[str, int] = {p: 0 for p in sorted({self.process, *peers, *([vclock.CUT] if peers else [])})}
         self.seen_updates: dict[str, RecentIds] = {}
         self.rounds_closed = 0
         self.quarantine = Quarantine(config.trust.max_rejections)
@@ -75,7 +77,7 @@ class Synchronizer:
         self.check_sender(learner)
         self.live[learner] = incarnation
         self.links.setdefault(learner, LearnerLinks())
-        self.clock = vclock.tick(self.clock, vclock.SYNCER)
+        self.clock = vclock.tick(self.clock, self.process)
         effects: list[Effect] = [self._record(now, "join", learner=learner, incarnation=incarnation, start_step=start_step)]
         effects += [
             Send(to=(learner,), message=self.fragment_message(p), reason="bootstrap") for p in range(self.fragmentation.count)
@@ -91,18 +93,16 @@ class Synchronizer:
             return []
         if reason == FINISHED:
             self.finished.add(learner)
-        self.clock = vclock.tick(self.clock, vclock.SYNCER)
+        self.clock = vclock.tick(self.clock, self.process)
         return [self._record(now, "leave", learner=learner, reason=reason)]
 
     def heartbeat(self, now: float, learner: str, step: int, step_time: float, due: tuple[int, ...] = ()) -> None:
         """Progress report: step, median step time and, optionally, each fragment's next due step."""
         self._links(learner).pace.observe(now, step, step_time, due)
 
-    def observe_upload(self, learner: str, nbytes: int, seconds: float, rtt_s: float | None = None) -> None:
-        self._links(learner).up.observe(nbytes, seconds, rtt_s)
-
-    def observe_download(self, learner: str, nbytes: int, seconds: float, rtt_s: float | None = None) -> None:
-        self._links(learner).down.observe(nbytes, seconds, rtt_s)
+    def observe_link(self, learner: str, direction: str, nbytes: int, seconds: float, rtt_s: float | None = None) -> None:
+        links = self._links(learner)
+        (links.up if direction == "up" else links.down).observe(nbytes, seconds, rtt_s)
 
     def observe_inflight(self, now: float, learner: str, fragment: int, received: int, expected: int | None) -> None:
         """Progress of an upload still arriving (``expected`` None: it ended or failed)."""
@@ -111,6 +111,11 @@ class Synchronizer:
             inflight.pop(fragment, None)
         else:
             inflight[fragment] = (now, received, expected)
+
+    def cut(self, now: float, epoch: int, trigger: str) -> list[Effect]:
+        """Chandy-Lamport colouring: from here this synchronizer's messages carry checkpoint epoch ``epoch``."""
+        self.clock = vclock.tick({**self.clock, vclock.CUT: max(epoch, self.clock.get(vclock.CUT, 0))}, self.process)
+        return [self._record(now, "cut", epoch=epoch, trigger=trigger)]
 
     # -- quarantine -------------------------------------------------------------------------
     def reject(self, now: float, learner: str, reason: str) -> list[Effect]:
@@ -124,7 +129,7 @@ class Synchronizer:
         """An operator lets a suspended learner back in (it registers again); [] if it was not suspended."""
         if not self.quarantine.readmit(learner):
             return []
-        self.clock = vclock.tick(self.clock, vclock.SYNCER)
+        self.clock = vclock.tick(self.clock, self.process)
         return [self._record(now, "readmit", learner=learner)]
 
     # -- updates ----------------------------------------------------------------------------
@@ -152,8 +157,9 @@ class Synchronizer:
         if update.update_id in recent:
             return Ack(status="duplicate", reason="update id already applied", version=current), []
         recent.add(update.update_id)
-        known = {k: v for k, v in update.vclock.items() if k in self.clock or k == update.learner}  # no made-up processes
-        self.clock = vclock.receive(self.clock, known, vclock.SYNCER)
+        # no made-up processes, and the checkpoint epoch moves only at a cut (``cut``): a learner cannot move it
+        known = {k: v for k, v in update.vclock.items() if k in self.clock and k != vclock.CUT or k == update.learner}
+        self.clock = vclock.receive(self.clock, known, self.process)
         self.heartbeat(now, update.learner, update.step, update.step_time)
         units = update.c_tokens
         self.ledger.received += units
@@ -226,7 +232,7 @@ class Synchronizer:
         self.ledger.rejected += fresh_all + late_all - fresh_kept - late_kept
         self.ledger.pending -= fresh_all + late_all
         self.rounds[p] = Round()
-        self.clock = vclock.tick(self.clock, vclock.SYNCER)
+        self.clock = vclock.tick(self.clock, self.process)
         effects: list[Effect] = []
         for c, why in outcome.culprits:
             effects.append(self._record(now, "reject", learner=c.learner, fragment=p, c_tokens=c.c_tokens, reason=why))
@@ -272,7 +278,7 @@ class Synchronizer:
         self.rounds[p] = Round()
         self.degraded[p] = reason
         self.faults[p] += 1
-        self.clock = vclock.tick(self.clock, vclock.SYNCER)
+        self.clock = vclock.tick(self.clock, self.process)
         return [self._record(now, "fault", fragment=p, reason=reason, discarded=sorted({*rnd.fresh, *rnd.late}))]
 
     # -- views ------------------------------------------------------------------------------
@@ -374,7 +380,8 @@ class Synchronizer:
         return Timing(step_time=step_time, sync_time=sync_time, forecasts=forecasts)
 
     def _record(self, now: float, kind: str, **fields: Any) -> Record:
-        return Record(entry={"type": kind, "t": _time(now), "vclock": dict(self.clock), **fields})
+        t = round(now, 9) if math.isfinite(now) else now
+        return Record(entry={"type": kind, "t": t, "vclock": dict(self.clock), **fields})
 
     def _update_record(self, now: float, update: Update, ack: Ack) -> Record:
         return self._record(
@@ -391,7 +398,3 @@ class Synchronizer:
             status=ack.status,
             adoptions=[list(a) for a in update.adoptions],
         )
-
-
-def _time(now: float) -> float:
-    return round(now, 9) if math.isfinite(now) else now

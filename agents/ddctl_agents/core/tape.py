@@ -17,9 +17,12 @@ from typing import IO, Any
 from ddctl_agents.errors import TapeError
 
 TAPE_FORMAT = 1
-RECORD_TYPES = ("config", "join", "leave", "failure", "update", "round", "end", "reject", "suspend", "readmit", "fault")
+RECORD_TYPES = (
+    "config", "join", "leave", "failure", "update", "round", "end", "reject", "suspend", "readmit", "fault", "cut"
+)  # fmt: skip
 """``reject``: a contribution set aside at a merge; ``suspend`` / ``readmit``: the quarantine;
-``fault``: a round set aside after an unexpected error (docs/design.md, trust boundary)."""
+``fault``: a round set aside after an unexpected error (docs/design.md, trust boundary); ``cut``: a global
+checkpoint's marker (service/cuts.py)."""
 
 
 class TapeWriter:

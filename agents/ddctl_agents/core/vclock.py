@@ -10,6 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 SYNCER = "syncer"
+CUT = "cut"
+"""Not a process: the checkpoint epoch (Chandy-Lamport colouring) a sharded synchronizer's messages carry. Merged by
+maximum like every entry, which is exactly the colouring rule: whoever has seen epoch e passes e on."""
 VectorClock = dict[str, int]
 
 

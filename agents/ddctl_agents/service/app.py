@@ -17,6 +17,7 @@ from typing import Any
 
 from ddctl_agents import tcpinfo
 from ddctl_agents.core.links import DeliveryMeter, TransferMeter
+from ddctl_agents.core.shardmap import refuse_unless_owned
 from ddctl_agents.errors import (
     REJECTIONS,
     AgentError,
@@ -27,12 +28,13 @@ from ddctl_agents.errors import (
     NotFound,
     TooLarge,
 )
-from ddctl_agents.service import h2tuning
+from ddctl_agents.service import cuts, h2tuning
 from ddctl_agents.service.auth import ADMIN, verify_token
 from ddctl_agents.service.ending import stop_job
 from ddctl_agents.service.metrics import metrics
 from ddctl_agents.service.observability import health, status, vector_clock
 from ddctl_agents.service.requests import (
+    CutBody,
     HeartbeatBody,
     LeaveBody,
     ReadmitBody,
@@ -72,11 +74,13 @@ class SyncerApp:
             ("POST", "/v1/updates"): self.push,
             ("GET", "/v1/fragments"): self.stream,
             ("GET", "/v1/vclock"): self.vclock,
+            ("GET", "/v1/shards"): self.shards,
             ("GET", "/v1/status"): self.status,
             ("GET", "/metrics"): self.metrics,
             ("POST", "/v1/snapshot"): self.snapshot,
             ("POST", "/v1/admin/readmit"): self.readmit,
             ("POST", "/v1/admin/stop"): self.stop,
+            ("POST", "/v1/admin/cut"): self.cut,
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -90,14 +94,16 @@ class SyncerApp:
         except ClientGone:
             return
         except Exception as exc:  # every refusal becomes a response, never a crash
+            details: dict[str, Any] = {}
             if isinstance(exc, AgentError):
                 status, code, reason = exc.status, exc.code, str(exc)
+                details = getattr(exc, "details", {})
             else:
                 log.exception("internal error on %s %s", scope["method"], scope["path"])
                 status, code, reason = 500, "internal", f"{type(exc).__name__}: {exc}"
             self.rt.rejections[status] = self.rt.rejections.get(status, 0) + 1
             try:
-                await _json(send, status, {"error": code, "reason": reason})
+                await _json(send, status, {**details, "error": code, "reason": reason})
             except Exception:  # the response had started or the client is gone: nothing left to tell
                 log.debug("could not answer %s on %s", status, scope["path"])
 
@@ -106,6 +112,8 @@ class SyncerApp:
         handler = self.routes.get((method, path))
         if handler is None and method == "GET" and path.startswith("/v1/fragments/"):
             handler = self.fragment
+        if handler is None and method == "GET" and path.startswith("/v1/admin/cuts/"):
+            handler = self.cut_file
         if handler is None:
             allowed = sorted(m for m, p in self.routes if p == path)
             if allowed:
@@ -171,6 +179,8 @@ class SyncerApp:
         fragment = _header(scope, b"x-ddctl-fragment")
         count = self.rt.assembly.fragmentation.count
         frag = None if fragment is None else parse_count(fragment, "header x-ddctl-fragment", maximum=count - 1)
+        if frag is not None:
+            refuse_unless_owned(self.rt.settings.shard, frag)  # before the body: a misrouted upload costs its headers
         meter = self.rt.meters.setdefault(who, TransferMeter())
         meter.start(self.rt.clock())
         reported = 0
@@ -201,6 +211,12 @@ class SyncerApp:
                 "bytes": len(body),
             },
         )
+
+    async def shards(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """This shard's name and the newest shard map it knows (both null: one synchronizer owns every fragment)."""
+        self.identity(scope)
+        role = self.rt.settings.shard
+        await _json(send, 200, {"shard": None, "map": None} if role is None else {"shard": role.name, "map": role.map.to_json()})
 
     async def fragment(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.identity(scope)
@@ -296,6 +312,21 @@ class SyncerApp:
             raise Forbidden("only the admin identity may stop the job")
         body = parse_body(StopBody, await _read_body(receive, MAX_JSON))
         await _json(send, 200, await stop_job(self.rt, body.reason))
+
+    async def cut(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A global checkpoint's marker (``ddctl syncer checkpoint``): this shard's part, once it is on disk."""
+        if self.identity(scope) != ADMIN:
+            raise Forbidden("only the admin identity may take a global checkpoint")
+        body = parse_body(CutBody, await _read_body(receive, MAX_JSON))
+        await _json(send, 200, await cuts.marker(self.rt, body.epoch))
+
+    async def cut_file(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """GET /v1/admin/cuts/{epoch}/{file}: one file of this shard's part of a global checkpoint."""
+        if self.identity(scope) != ADMIN:
+            raise Forbidden("only the admin identity may read a global checkpoint's parts")
+        epoch, _, name = scope["path"].removeprefix("/v1/admin/cuts/").partition("/")
+        data = cuts.part_file(self.rt, parse_count(epoch, "checkpoint epoch", minimum=1), name)
+        await _respond(send, 200, data, [(b"content-type", b"application/octet-stream")])
 
     def _own(self, who: str, learner: str) -> None:
         if who != learner:

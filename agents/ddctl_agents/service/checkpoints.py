@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import re
 import shutil
 import time
@@ -29,7 +28,7 @@ from ddctl_agents import storage
 from ddctl_agents.errors import ConfigError
 from ddctl_agents.jsonable import to_json
 from ddctl_agents.service.ending import tokens
-from ddctl_agents.train.checkpoint import MANIFEST, encode
+from ddctl_agents.train.checkpoint import MANIFEST, encode, write_directory
 
 if TYPE_CHECKING:
     from ddctl_agents.service.runtime import SyncerRuntime
@@ -102,11 +101,21 @@ async def checkpoint_loop(rt: SyncerRuntime) -> None:
             await take_checkpoint(rt)
 
 
+async def eval_loop(rt: SyncerRuntime) -> None:
+    """The global model's val_bpb every ``eval_every_s``, for the status page's curve."""
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(rt.settings.eval_every_s)
+        params, rounds = await rt.view(lambda r: (dict(r.syncer.global_params()), r.syncer.rounds_closed))
+        bpb = await loop.run_in_executor(rt.io, rt.assembly.evaluate, params)
+        rt.val_bpb.append((round(rt.clock(), 3), rounds, round(bpb, 5)))
+
+
 async def take_checkpoint(rt: SyncerRuntime, val_bpb: float | None = None) -> dict[str, Any]:
     """One checkpoint now; ``val_bpb`` when the caller has just measured it (else it is measured here)."""
     loop = asyncio.get_running_loop()
     started = time.perf_counter()
-    params, momentum, manifest = await rt.view(_capture)
+    params, momentum, manifest = await rt.view(capture)
     if val_bpb is None:
         val_bpb = await loop.run_in_executor(None, rt.assembly.evaluate, params)
     manifest["val_bpb"] = float(val_bpb)  # exact: JSON round-trips a float, so a reload can reproduce it bit for bit
@@ -117,11 +126,12 @@ async def take_checkpoint(rt: SyncerRuntime, val_bpb: float | None = None) -> di
     return stats
 
 
-def _capture(rt: SyncerRuntime) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
-    """On the core thread: one consistent moment of the global model and its books."""
+def capture(rt: SyncerRuntime) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
+    """On the core thread: one consistent moment of the model (a shard's: its own fragments) and its books."""
     s = rt.syncer
-    params = dict(s.global_params())
-    momentum = {n: t for frag in s.buffers for n, t in frag.items()}
+    owned = [p for p in range(s.fragmentation.count) if rt.owns(p)]
+    params = {n: t for p in owned for n, t in s.fragments[p].items()}
+    momentum = {n: t for p in owned for n, t in s.buffers[p].items()}
     steps = {m: links.pace.last_step for m, links in s.links.items()}
     steps |= {m: max(steps.get(m, 0), info.step) for m, info in rt.roster.info.items()}
     manifest = {
@@ -147,15 +157,7 @@ def _write(
     number = max(numbers(root), default=0) + 1
     files = encode(params, momentum, manifest)
     final = root / name(number)
-    tmp = root / f".{name(number)}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for file, data in files.items():  # the manifest last (dicts keep order): it is what makes a checkpoint
-        with (tmp / file).open("wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, final)
+    write_directory(final, files)
     policy = rt.settings.checkpoints
     keep = kept(numbers(root), policy.keep_last, policy.keep_every)
     for old in set(numbers(root)) - set(keep):

@@ -146,11 +146,14 @@ async def ending_loop(rt: SyncerRuntime) -> None:
 async def finish(rt: SyncerRuntime) -> None:
     """Evaluate the final model, snapshot, write the summary, record ``finished``; exit after ``linger_s``."""
     loop = asyncio.get_running_loop()
-    params = await rt.view(lambda r: dict(r.syncer.global_params()))
-    val_bpb = await loop.run_in_executor(None, rt.assembly.evaluate, params)
-    checkpoint = await rt.checkpoint(val_bpb)  # the final model, as ``ddctl pull`` fetches it
+    val_bpb, checkpoint = None, None
+    if rt.settings.shard is None:  # a shard holds part of the model: it can neither evaluate nor checkpoint it alone
+        params = await rt.view(lambda r: dict(r.syncer.global_params()))
+        exact = await loop.run_in_executor(None, rt.assembly.evaluate, params)
+        checkpoint = (await rt.checkpoint(exact))["path"]  # the final model, as ``ddctl pull`` fetches it
+        val_bpb = round(exact, 5)
     snapshot = await rt.snapshot()
-    summary = await rt.view(lambda r: _summary(r, round(val_bpb, 5), snapshot) | {"checkpoint": checkpoint["path"]})
+    summary = await rt.view(lambda r: _summary(r, val_bpb, snapshot) | {"checkpoint": checkpoint})
     await loop.run_in_executor(None, write_summary, rt.settings.state_dir, summary)
     await rt.view(lambda r: _finished(r, summary))
     log.info("finished: %s; result in %s", summary["reason"], summary_path(rt.settings.state_dir))
@@ -167,7 +170,7 @@ def _finished(rt: SyncerRuntime, summary: dict[str, Any]) -> None:
     rt.roster.event(rt.clock(), "finished", reason=summary["reason"], val_bpb=summary["val_bpb"])
 
 
-def _summary(rt: SyncerRuntime, val_bpb: float, snapshot: dict[str, Any]) -> dict[str, Any]:
+def _summary(rt: SyncerRuntime, val_bpb: float | None, snapshot: dict[str, Any]) -> dict[str, Any]:
     s, now = rt.syncer, rt.clock()
     learners = [{"id": name, "step": info.step, "step_time_s": s.links[name].pace.step_time if name in s.links else None}
                 for name, info in sorted(rt.roster.info.items())]  # fmt: skip
@@ -188,4 +191,5 @@ def _summary(rt: SyncerRuntime, val_bpb: float, snapshot: dict[str, Any]) -> dic
         "learners_finished": sorted(s.finished),
         "snapshot_bytes": snapshot.get("bytes"),
         "state_dir": str(rt.settings.state_dir),
+        "shard": None if rt.settings.shard is None else rt.settings.shard.name,
     }

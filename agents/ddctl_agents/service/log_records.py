@@ -73,8 +73,17 @@ class ReadmitEntry(_Entry):
     learner: Identity
 
 
+class CutEntry(_Entry):
+    """A global checkpoint's marker (``service/cuts.py``): the clock's checkpoint epoch moves to ``epoch``."""
+
+    kind: Literal["cut"] = "cut"
+    epoch: Count
+    trigger: Literal["marker", "update"]
+
+
 Entry = Annotated[
-    JoinEntry | LeaveEntry | UpdateEntry | RejectEntry | CloseEntry | DiscardEntry | ReadmitEntry, Field(discriminator="kind")
+    JoinEntry | LeaveEntry | UpdateEntry | RejectEntry | CloseEntry | DiscardEntry | ReadmitEntry | CutEntry,
+    Field(discriminator="kind"),
 ]
 ENTRY: TypeAdapter[Entry] = TypeAdapter(Entry)
 

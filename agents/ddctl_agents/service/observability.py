@@ -119,9 +119,18 @@ def status(rt: SyncerRuntime) -> dict[str, Any]:
             "snapshots": dict(rt.snapshots),
             "recovered": dict(rt.recovered),
             "clock": dict(s.clock),
+            "shard": _shard_view(rt),
         }
     )
     return view
+
+
+def _shard_view(rt: SyncerRuntime) -> dict[str, Any] | None:
+    """Which shard this is and what it owns (None: one synchronizer owning every fragment)."""
+    role = rt.settings.shard
+    if role is None:
+        return None
+    return {"name": role.name, "epoch": role.map.epoch, "shards": list(role.map.shards), "owned": sorted(role.owned)}
 
 
 def health(rt: SyncerRuntime) -> dict[str, Any]:

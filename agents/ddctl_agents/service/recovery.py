@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ddctl_agents.core import vclock
 from ddctl_agents.core.effects import Effect
 from ddctl_agents.core.messages import decode_update
 from ddctl_agents.core.syncer import Synchronizer
@@ -30,6 +31,7 @@ from ddctl_agents.errors import AgentError, ConfigError, Unreplayable
 from ddctl_agents.service.log_records import (
     ENTRY,
     CloseEntry,
+    CutEntry,
     DiscardEntry,
     JoinEntry,
     LeaveEntry,
@@ -71,6 +73,8 @@ def apply_record(syncer: Synchronizer, record: WalRecord) -> list[Effect]:
             if not 0 <= entry.fragment < syncer.fragmentation.count:
                 raise Unreplayable(f"fragment {entry.fragment} does not exist in this job")
             return syncer.discard_round(entry.t, entry.fragment, entry.reason)
+        case CutEntry():
+            return syncer.cut(entry.t, entry.epoch, entry.trigger)
         case ReadmitEntry():
             return syncer.readmit(entry.t, entry.learner)
     raise Unreplayable(f"record of unknown kind {record.meta.get('kind')!r}")  # unreachable: the union is closed
@@ -82,13 +86,15 @@ def recover(
     job_sha: str,
     open_tape: Callable[[int], None],
     on_effects: Callable[[list[Effect]], None],
+    process: str = vclock.SYNCER,
 ) -> tuple[Synchronizer, dict[str, Any]]:
     """A syncer at the last durable state, and what was recovered.
 
     ``open_tape`` gets the tape length the snapshot accounts for (the tape is cut
     there and the replay re-appends the rest); ``on_effects`` gets each replayed
-    event's effects.
+    event's effects. ``process`` is who the state belongs to (a shard's name).
     """
+    claim(state_dir, process)
     syncer, meta, set_aside = _from_snapshot(new_syncer, state_dir, job_sha)
     open_tape(meta["tape_bytes"])
     replayed, quarantined = 0, 0
@@ -122,6 +128,19 @@ def recover(
         "quarantined": quarantined,
         "snapshots_set_aside": set_aside,
     }
+
+
+def claim(state_dir: Path, process: str) -> None:
+    """A state directory holds one synchronizer process's state for life: shard S1 must never recover S0's fragments."""
+    path = state_dir / "process"
+    if not path.exists():
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(process + "\n")
+        tmp.replace(path)
+        return
+    held = path.read_text(errors="replace").strip()
+    if held != process:
+        raise ConfigError(f"{state_dir} holds the state of {held!r:.40}, not {process!r}; give each shard its own --state-dir")
 
 
 def _from_snapshot(

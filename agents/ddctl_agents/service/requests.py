@@ -55,6 +55,12 @@ class ReadmitBody(_Body):
     learner: Identity
 
 
+class CutBody(_Body):
+    """A global checkpoint's marker: the checkpoint epoch the coordinator picked."""
+
+    epoch: Annotated[int, Field(ge=1, le=MAX_COUNT)]
+
+
 class StopBody(_Body):
     reason: Sentence = "stopped by the operator"
 

@@ -23,12 +23,15 @@ from ddctl_agents.core.effects import Ack, Effect, Fault, Record, Send
 from ddctl_agents.core.ending import departed
 from ddctl_agents.core.links import QuorumClock, TransferMeter
 from ddctl_agents.core.messages import FragmentVersion, Update, decode_update, encode_fragment
+from ddctl_agents.core.shardmap import refuse_unless_owned
 from ddctl_agents.core.syncer import Synchronizer
 from ddctl_agents.core.tape import TAPE_FORMAT, TapeWriter
+from ddctl_agents.core.vclock import CUT
 from ddctl_agents.core.wire import WireLimits
 from ddctl_agents.errors import BadRequest, Forbidden, JobOver, UnknownLearner
 from ddctl_agents.jsonable import to_json
-from ddctl_agents.service.checkpoints import checkpoint_loop, take_checkpoint
+from ddctl_agents.service.checkpoints import checkpoint_loop, eval_loop, take_checkpoint
+from ddctl_agents.service.cuts import Cuts, colour
 from ddctl_agents.service.ending import Ending, ending_loop, linger, read_summary
 from ddctl_agents.service.log_records import JoinEntry, LeaveEntry, ReadmitEntry, RejectEntry, UpdateEntry, entry_for
 from ddctl_agents.service.publisher import Published, Publisher
@@ -51,7 +54,7 @@ class SyncerRuntime:
 
     def __init__(self, assembly: Assembly, settings: ServiceSettings, clock: Callable[[], float] = time.time) -> None:
         self.assembly, self.settings, self.clock = assembly, settings, clock
-        self.syncer = assembly.new_syncer()
+        self.syncer = assembly.new_syncer(settings.shard)
         self.job_json = to_json(assembly.config)
         self.job_sha = hashlib.sha256(json.dumps(self.job_json, sort_keys=True).encode()).hexdigest()
         largest = max(sum(t.numel() for t in frag.values()) for frag in self.syncer.fragments)
@@ -92,6 +95,7 @@ class SyncerRuntime:
         self._logged_faults: dict[int, str] = {}
         self.wal: Wal | None = None
         self.tape: TapeWriter | None = None
+        self.cuts = Cuts(settings.state_dir / "cuts", marker=0)
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -108,7 +112,7 @@ class SyncerRuntime:
         if self.settings.checkpoints.every_rounds or self.settings.checkpoints.every_s:  # else: only the end's
             loops["checkpoints"] = lambda: checkpoint_loop(self)
         if self.settings.eval_every_s > 0:
-            loops["eval"] = self._eval_loop
+            loops["eval"] = lambda: eval_loop(self)
         self._tasks = [asyncio.create_task(supervise(name, loop, self._task_failed), name=name) for name, loop in loops.items()]
 
     async def stop(self) -> None:
@@ -124,17 +128,18 @@ class SyncerRuntime:
     def _recover(self) -> None:
         now = self.clock()
         self.syncer, self.recovered = recover(
-            self._fresh_syncer, self.settings.state_dir, self.job_sha, self._open_tape, self._apply_effects
+            self._fresh_syncer, self.settings.state_dir, self.job_sha, self._open_tape, self.apply_effects, self.syncer.process
         )
         self.wal = Wal(self.settings.state_dir / "wal")
         for learner, incarnation in self.syncer.live.items():
             self.roster.info[learner] = LearnerInfo(incarnation=incarnation, last_seen=now, joined_at=now, state="recovered")
+        self.cuts.marker = self.syncer.clock.get(CUT, 0)
         resumed = bool(self.recovered["snapshot"] or self.recovered["replayed"] or self.recovered["quarantined"])
         self.roster.event(now, "recovered" if resumed else "started", **self.recovered)
 
     def _fresh_syncer(self) -> Synchronizer:
         """The job's initial model, or the checkpoint this run resumes from: where every recovery starts."""
-        syncer = self.assembly.new_syncer()
+        syncer = self.assembly.new_syncer(self.settings.shard)
         if self.resumed is not None:
             seed(syncer, self.resumed)
         return syncer
@@ -157,7 +162,7 @@ class SyncerRuntime:
     # -- requests (event loop) ------------------------------------------------------------------
     async def register(self, learner: str, incarnation: int, region: str) -> dict[str, Any]:
         start_step, position = await self._on_core(self._register, learner, incarnation, region)
-        await self._commit_to(position)
+        await self.commit_to(position)
         self._kick.set()
         return {
             "learner": learner,
@@ -171,7 +176,7 @@ class SyncerRuntime:
         if tokens is not None and learner in self.roster.info:  # at most one learner's share: a claim, not a fact
             self.roster.info[learner].tokens = min(tokens, self.tokens_per_learner)
         position = await self._on_core(self._leave, learner, reason, True)
-        await self._commit_to(position)
+        await self.commit_to(position)
         self._kick.set()
 
     async def heartbeat(self, report: HeartbeatBody) -> dict[str, Any]:
@@ -188,15 +193,16 @@ class SyncerRuntime:
         update, _ = await loop.run_in_executor(self._work, lambda: decode_update(body, self.limits, measure=True))
         if update.learner != identity:
             raise Forbidden(f"token is for {identity!r} but the update claims learner {update.learner!r}")
+        refuse_unless_owned(self.settings.shard, update.fragment)  # a shard applies only its own fragments' updates
         ack, position = await self._on_core(self._receive, update, body)
-        await self._commit_to(position)
+        await self.commit_to(position)
         self._kick.set()
         return update, ack
 
     async def readmit(self, learner: str) -> bool:
         """The operator lets a suspended learner back in; False if it was not suspended."""
         readmitted, position = await self._on_core(self._readmit, learner)
-        await self._commit_to(position)
+        await self.commit_to(position)
         return readmitted
 
     def observe_link(self, learner: str, direction: str, nbytes: int, seconds: float, kernel: bool = False) -> None:
@@ -219,6 +225,9 @@ class SyncerRuntime:
         """A read-only view (status, metrics, clock) computed on the core thread: one consistent moment."""
         return await self._on_core(render, self)
 
+    def owns(self, fragment: int) -> bool:
+        return self.settings.shard is None or fragment in self.settings.shard.owned
+
     def degraded(self) -> dict[int, str]:
         """Fragments in trouble, with why: a round that failed, or a version learners could not be sent."""
         return {**self.syncer.degraded, **self.publish_failures}
@@ -232,7 +241,7 @@ class SyncerRuntime:
         now = self.clock()
         links = self.syncer.links.get(learner)
         start_step = links.pace.last_step if links is not None else 0
-        self._apply_effects(self.syncer.register(now, learner, incarnation, start_step))
+        self.apply_effects(self.syncer.register(now, learner, incarnation, start_step))
         self.roster.joined(now, learner, incarnation, region, start_step, self.syncer.links[learner])
         position = self.wal.append(JoinEntry(t=now, learner=learner, incarnation=incarnation, start_step=start_step).model_dump())
         self.quorum_clock.update(now, len(self.syncer.live))
@@ -243,7 +252,7 @@ class SyncerRuntime:
         now = self.clock()
         effects = self.syncer.deregister(now, learner, reason)
         if effects:
-            self._apply_effects(effects)
+            self.apply_effects(effects)
             self.wal.append(LeaveEntry(t=now, learner=learner, reason=reason).model_dump())
             self.roster.event(now, "leave", learner=learner, reason=reason)
             self.roster.set_state(learner, departed(reason) if voluntary else "gone")
@@ -273,6 +282,7 @@ class SyncerRuntime:
     def _receive(self, update: Update, body: bytes) -> tuple[Ack, int]:
         assert self.wal is not None
         now = self.clock()
+        colour(self, update)  # a global checkpoint's colour: this shard cuts before an update from past its cut
         ack, effects = self.syncer.receive(now, update, len(body))
         if ack.status == "rejected":
             self.wal.append(RejectEntry(t=now, learner=update.learner, reason=ack.reason).model_dump())
@@ -282,7 +292,7 @@ class SyncerRuntime:
             self.wal.append(UpdateEntry(t=now, nbytes=len(body)).model_dump(), body)
             self.roster.learner(update.learner).last_seen = now
             self.bytes_up += len(body)
-        self._apply_effects(effects)
+        self.apply_effects(effects)
         counts = self.roster.learner(update.learner).updates
         counts[ack.status] = counts.get(ack.status, 0) + 1
         return ack, self.wal.appended
@@ -292,7 +302,7 @@ class SyncerRuntime:
         now = self.clock()
         effects = self.syncer.readmit(now, learner)
         if effects:
-            self._apply_effects(effects)
+            self.apply_effects(effects)
             self.wal.append(ReadmitEntry(t=now, learner=learner).model_dump())
             self.roster.event(now, "readmitted", learner=learner)
             self.roster.set_state(learner, "gone")
@@ -310,11 +320,11 @@ class SyncerRuntime:
             logged = entry_for(now, effect.entry) if isinstance(effect, Record) else None
             if logged is not None:
                 self.wal.append(logged.model_dump())
-        self._apply_effects(effects)
+        self.apply_effects(effects)
         sends = [e.message for e in effects if isinstance(e, Send) and e.reason == "round"]
         return sends, self.wal.appended, self.syncer.next_wake()
 
-    def _apply_effects(self, effects: list[Effect]) -> None:
+    def apply_effects(self, effects: list[Effect]) -> None:
         """Tape every record and show it on the page; log each new fault with its traceback."""
         now = self.clock()
         for effect in effects:
@@ -341,7 +351,7 @@ class SyncerRuntime:
         while True:
             sends, position, wake = await self._on_core(self._poll)
             if sends:
-                await self._commit_to(position)
+                await self.commit_to(position)
                 for message in sends:
                     await self._publish(message)
             delay = 0.5 if wake is None else min(max(wake - self.clock(), 0.0), 0.5)
@@ -356,19 +366,11 @@ class SyncerRuntime:
             await asyncio.sleep(self.settings.snapshot_every_s)
             await self.snapshot()
 
-    async def _eval_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(self.settings.eval_every_s)
-            params, rounds = await self._on_core(lambda: (dict(self.syncer.global_params()), self.syncer.rounds_closed))
-            bpb = await loop.run_in_executor(self.io, self.assembly.evaluate, params)
-            self.val_bpb.append((round(self.clock(), 3), rounds, round(bpb, 5)))
-
     # -- helpers --------------------------------------------------------------------------------
     async def _on_core(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._core, fn, *args)
 
-    async def _commit_to(self, position: int) -> None:
+    async def commit_to(self, position: int) -> None:
         """Return once log records up to ``position`` are durable; one fsync serves every waiter."""
         if position <= self._durable or self.wal is None:
             return
@@ -377,7 +379,9 @@ class SyncerRuntime:
                 self._durable = await asyncio.get_running_loop().run_in_executor(self.io, self.wal.sync)
 
     async def _publish(self, message: FragmentVersion) -> None:
-        """Encode and publish one version; a failure marks its fragment degraded instead of stopping the caller."""
+        """Encode and publish one version (a shard publishes only its own); a failure marks its fragment degraded."""
+        if not self.owns(message.fragment):
+            return
         loop = asyncio.get_running_loop()
         try:
             frame = await loop.run_in_executor(

@@ -9,6 +9,7 @@ speaks h2c (HTTP/2 prior knowledge), and only on a loopback address.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import functools
 import ipaddress
@@ -21,6 +22,8 @@ from pathlib import Path
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
+from ddctl_agents.core import shardmap
+from ddctl_agents.core.shardmap import ShardRole
 from ddctl_agents.entrypoint import Parser, add_label_option, configure_logging, report
 from ddctl_agents.errors import AgentError, ConfigError
 from ddctl_agents.jsonable import from_json
@@ -136,6 +139,29 @@ async def run_service(
     await serve(app, hypercorn_config(sock, files, plaintext), shutdown_trigger=until_stopped)  # type: ignore[arg-type]
 
 
+def shard_role(args: argparse.Namespace, files: JobFiles) -> ShardRole | None:
+    """``--shard-map`` and ``--shard`` together, checked against the job; what a shard cannot do alone is refused."""
+    if not args.shard_map and not args.shard:
+        return None
+    if not args.shard_map or not args.shard:
+        raise ConfigError("--shard-map and --shard go together: the map of the job's shards and this process's name in it")
+    try:
+        raw = json.loads(args.shard_map.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read the shard map {args.shard_map}: {exc}") from None
+    try:
+        role = ShardRole(name=args.shard, map=shardmap.parse(raw))
+        role.map.check_fragments(files.job.sync.fragments)
+    except ConfigError as exc:
+        raise ConfigError(f"{args.shard_map}: {exc}") from None
+    whole_model = {"--eval-every": args.eval_every, "--checkpoint-every-rounds": args.checkpoint_every_rounds,
+                   "--checkpoint-every": args.checkpoint_every, "--resume-from": args.resume_from}  # fmt: skip
+    for flag, value in whole_model.items():
+        if value:
+            raise ConfigError(f"{flag} needs the whole model, and a shard holds only its fragments; drop it with --shard")
+    return role
+
+
 def main(argv: list[str] | None = None) -> int:
     defaults = ServiceSettings(state_dir=Path())
     parser = Parser("ddctl syncer serve", "Run the Decoupled DiLoCo synchronizer service.")
@@ -173,12 +199,16 @@ def main(argv: list[str] | None = None) -> int:
         "--checkpoint-every-rounds", type=int, default=policy.every_rounds, help="Checkpoint after this many rounds (0: not)."
     )
     parser.add_argument(
-        "--checkpoint-every", type=float, default=policy.every_s, help="Checkpoint after this many seconds (0: not)."
+        "--checkpoint-every",
+        type=float,
+        help=f"Checkpoint after this many seconds (0: not; default {policy.every_s:g}, and off on a shard).",
     )
     parser.add_argument("--keep-last", type=int, default=policy.keep_last, help="Keep this many newest checkpoints.")
     parser.add_argument("--keep-every", type=int, default=policy.keep_every, help="Also keep every Nth checkpoint (0: none).")
     parser.add_argument("--checkpoint-url", default="", help="Also write checkpoints here: s3://B/P, gs://B/P or a directory.")
     parser.add_argument("--resume-from", type=Path, help="A checkpoint directory a fresh state directory starts from.")
+    parser.add_argument("--shard-map", type=Path, help="Serve one shard of a sharded synchronizer: the shard map (JSON).")
+    parser.add_argument("--shard", default="", help="This process's shard in --shard-map (S0, S1, ...).")
     args = parser.parse_args(argv)
     configure_logging()
     try:
@@ -192,8 +222,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, value in (("--linger", args.linger), ("--finish-timeout", args.finish_timeout)):
             if not value >= 0:
                 raise ConfigError(f"{name} must be >= 0 seconds, got {value}")
+        shard = shard_role(args, files)
+        every_s = args.checkpoint_every if args.checkpoint_every is not None else 0.0 if shard else policy.every_s
         checkpoints = checkpoint_policy(
-            args.checkpoint_every_rounds, args.checkpoint_every, args.keep_last, args.keep_every, args.checkpoint_url
+            args.checkpoint_every_rounds, every_s, args.keep_last, args.keep_every, args.checkpoint_url
         )
         settings = ServiceSettings(
             state_dir=args.state_dir or args.job_dir / "state",
@@ -206,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             finish_timeout_s=args.finish_timeout,
             checkpoints=checkpoints,
             resume_from=args.resume_from,
+            shard=shard,
         )
         sock = bind_socket(args.bind)
     except AgentError as exc:

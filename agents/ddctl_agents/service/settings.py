@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ddctl_agents.core.shardmap import ShardRole
 from ddctl_agents.service.checkpoints import CheckpointPolicy
 
 
@@ -27,3 +28,5 @@ class ServiceSettings:
     checkpoints: CheckpointPolicy = field(default_factory=CheckpointPolicy)
     resume_from: Path | None = None
     """A checkpoint directory a fresh state directory starts from (a new run resuming an old one's model)."""
+    shard: ShardRole | None = None
+    """This process's shard of a sharded synchronizer (None: it owns every fragment)."""

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import torch
 
+from ddctl_agents.core import vclock
 from ddctl_agents.core.admission import UpdateLimits, derive_limits
 from ddctl_agents.core.fragments import Fragmentation, TensorSpec, fragment_tensors
+from ddctl_agents.core.shardmap import ShardRole
 from ddctl_agents.core.syncer import Synchronizer
 from ddctl_agents.errors import ConfigError
 from ddctl_agents.train import contract, presets
@@ -83,8 +85,10 @@ class Assembly:
         """Training FLOPs per token of the job's model, behind MFU."""
         return contract.model_flops(self.config.inner, self.model_config, sum(v.numel() for v in self.initial.values()))
 
-    def new_syncer(self) -> Synchronizer:
-        return Synchronizer(self.initial, self.fragmentation, self.embeddings, self.config.syncer, self.update_limits())
+    def new_syncer(self, role: ShardRole | None = None) -> Synchronizer:
+        """The job's synchronizer at its initial model; ``role``: one shard of a sharded one (its clock entries)."""
+        clock = (vclock.SYNCER, ()) if role is None else (role.name, role.map.peers(role.name))
+        return Synchronizer(self.initial, self.fragmentation, self.embeddings, self.config.syncer, self.update_limits(), clock)
 
     def update_limits(self) -> UpdateLimits:
         """What an update of this job may claim: drift from the inner AdamW, one batch per step, the run's steps."""

@@ -19,8 +19,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any
 
 import torch
@@ -52,6 +55,15 @@ class FileEntry(_Strict):
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
 
+class Part(_Strict):
+    """A shard's part of a global checkpoint (``service/cuts.py``): its fragments' tensors at checkpoint epoch ``cut``."""
+
+    shard: Annotated[str, Field(pattern=r"^S[0-9]{1,3}$")]
+    map_epoch: Annotated[int, Field(ge=1)]
+    cut: Annotated[int, Field(ge=1)]
+    fragments: list[Annotated[int, Field(ge=0)]]
+
+
 class Manifest(_Strict):
     """What a checkpoint says about itself; every field is checked on the way in."""
 
@@ -71,6 +83,10 @@ class Manifest(_Strict):
     job: dict[str, Any]
     job_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
     files: dict[str, FileEntry]
+    part: Part | None = None
+    """Set on one shard's part of a global checkpoint: not a whole model (``ddctl syncer checkpoint`` joins the parts)."""
+    cut: Annotated[int, Field(ge=1)] | None = None
+    """The checkpoint epoch of a global checkpoint joined from shards' parts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +108,25 @@ def encode(
     Manifest.model_validate(body)  # what we write must read back
     files[MANIFEST] = json.dumps(body, indent=1, sort_keys=True).encode()
     return files
+
+
+def write_directory(final: Path, files: Mapping[str, bytes]) -> None:
+    """A checkpoint's files into the new directory ``final``, whole or not at all: each fsynced into a hidden sibling
+    in order (the manifest last, as ``encode`` returns it), then renamed into place."""
+    tmp = final.with_name(f".{final.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        for file, data in files.items():
+            with (tmp / file).open("wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def read_manifest(data: bytes) -> Manifest:
@@ -116,6 +151,11 @@ def load(read: Callable[[str, int], bytes], shapes: Mapping[str, tuple[int, ...]
 
     ``shapes``: the parameters the caller's model has (name -> shape); the checkpoint must hold exactly those."""
     manifest = read_manifest(read(MANIFEST, MAX_MANIFEST_BYTES))
+    if manifest.part is not None and shapes is not None:
+        raise CheckpointError(
+            f"this is shard {manifest.part.shard}'s part of global checkpoint {manifest.part.cut} (fragments "
+            f"{manifest.part.fragments}), not a whole model; ddctl syncer checkpoint joins the shards' parts into one"
+        )
     tensors = {}
     for name, entry in manifest.files.items():
         data = read(name, entry.bytes)
