@@ -28,6 +28,23 @@ def test_a_slow_subscriber_gets_the_newest_version_only() -> None:
     assert asyncio.run(scenario()) == [(0, 4), (1, 0), None]  # then a keep-alive on silence
 
 
+def test_a_subscriber_behind_is_sent_the_oldest_version_first() -> None:
+    async def scenario() -> list[tuple[int, int]]:
+        pub = Publisher(3)
+        for fragment, version in ((2, 0), (0, 0), (1, 0), (2, 1), (0, 1)):
+            await pub.publish(Published(fragment=fragment, version=version, frame=b"x"))
+        follow = pub.follow([-1, -1, -1], keepalive_s=0.05)
+        seen = []
+        for _ in range(3):
+            item = await follow.__anext__()
+            assert item is not None
+            seen.append((item.fragment, item.version))
+        await follow.aclose()
+        return seen
+
+    assert asyncio.run(scenario()) == [(1, 0), (2, 1), (0, 1)]  # by when each newest version was made
+
+
 def test_a_subscriber_wakes_for_a_new_version() -> None:
     async def scenario() -> int:
         pub = Publisher(1)

@@ -10,15 +10,11 @@ from __future__ import annotations
 import json
 import ssl
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
@@ -26,75 +22,37 @@ from ddctl.cli.app import app
 from ddctl.local.service import LocalSyncer
 from ddctl_agents.agent.client import Refused
 from ddctl_agents.core import shardmap
-from ddctl_agents.core.messages import Update, decode_fragment, encode_update
+from ddctl_agents.core.messages import decode_fragment
 from ddctl_agents.train.assembly import Assembly
 from ddctl_agents.waiting import wait_until
-from tests.service_harness import ENV, small_job
+from tests.service_harness import small_job
+from tests.shard_harness import (
+    FRAGMENTS,
+    SHARDS,
+    kill_left,
+    longer_shards,
+    restart,
+    shards,
+    start_learner,
+    status,
+    update_frame,
+    wait_finished,
+    wait_learners,
+)
+
+__all__ = ["longer_shards", "shards"]  # fixtures
 
 pytestmark = pytest.mark.slow
 runner = CliRunner()
-SHARDS = 2
-FRAGMENTS = 4
-
-
-def start_shards(root: Path, tokens: int = 120_000) -> list[LocalSyncer]:
-    """Two shards of one job: one job directory (secret, CA, job.json, shards.json), a state directory each."""
-    job = small_job(learners=2, tokens=tokens, fragments=FRAGMENTS, inner_steps=8)
-    first = LocalSyncer(root / "S0", job, run="sharded")
-    (root / "S0" / "job" / "shards.json").write_text(json.dumps(shardmap.round_robin(SHARDS, FRAGMENTS).to_json()))
-    started = [first]
-    for i in range(1, SHARDS):
-        (root / f"S{i}").mkdir()
-        (root / f"S{i}" / "job").symlink_to(first.job_dir)
-        started.append(LocalSyncer(root / f"S{i}"))
-    for i, shard in enumerate(started):
-        shard_map = first.job_dir / "shards.json"
-        shard.start("--shard-map", str(shard_map), "--shard", f"S{i}", "--state-dir", str(shard.root / "state"), "--linger", "60")
-    return started
-
-
-@pytest.fixture
-def shards(tmp_path: Path) -> Iterator[list[LocalSyncer]]:
-    started = start_shards(tmp_path)
-    yield started
-    for shard in started:
-        shard.kill()
-
-
-@pytest.fixture
-def longer_shards(tmp_path: Path) -> Iterator[list[LocalSyncer]]:
-    started = start_shards(tmp_path, tokens=300_000)
-    yield started
-    for shard in started:
-        shard.kill()
-
-
-def start_learner(root: Path, shards: list[LocalSyncer], name: str) -> subprocess.Popen[bytes]:
-    urls = [arg for shard in reversed(shards) for arg in ("--syncer", shard.url)]  # any order: each shard says who it is
-    job_dir = shards[0].job_dir
-    args = [*urls, "--name", name, "--token", shards[0].token(name), "--ca", str(job_dir / "tls" / "ca.pem")]
-    args += ["--summary", str(root / f"{name}.summary.json"), "--region", f"region-{name}"]
-    with (root / f"{name}.log").open("ab") as log:
-        return subprocess.Popen([sys.executable, "-m", "ddctl_agents.agent", *args], stdout=log, stderr=log, env=ENV)
-
-
-def status(shard: LocalSyncer) -> dict[str, Any]:
-    client = shard.client()
-    try:
-        return client.status()
-    finally:
-        client.close()
 
 
 def test_two_shards_train_one_model_and_their_books_add_up(tmp_path: Path, shards: list[LocalSyncer]) -> None:
     learners = {name: start_learner(tmp_path, shards, name) for name in ("L0", "L1")}
-    for name, proc in learners.items():
-        code = proc.wait(timeout=300)
-        assert code == 0, f"learner {name} exited {code}: {(tmp_path / f'{name}.log').read_text()[-3000:]}"
-    finals = [
-        wait_until(lambda s=s: (st := status(s))["job"]["phase"] == "finished" and st, timeout_s=120, what="a shard to finish")
-        for s in shards
-    ]
+    try:
+        wait_learners(tmp_path, learners)
+    finally:
+        kill_left(learners)
+    finals = wait_finished(shards)
     the_map = shardmap.round_robin(SHARDS, FRAGMENTS)
     for i, final in enumerate(finals):
         owned = sorted(the_map.owned(f"S{i}"))
@@ -158,8 +116,7 @@ def test_a_global_checkpoint_is_one_cut_across_shards_and_pulls_as_a_model(
     try:
         checkpoint_mid_run(tmp_path, shards, learners)
     finally:
-        for learner in learners.values():
-            learner.kill() if learner.poll() is None else None
+        kill_left(learners)
 
 
 def checkpoint_mid_run(tmp_path: Path, shards: list[LocalSyncer], learners: dict[str, subprocess.Popen[bytes]]) -> None:
@@ -207,13 +164,6 @@ def checkpoint_mid_run(tmp_path: Path, shards: list[LocalSyncer], learners: dict
     assert not (tmp_path / "x").exists()
 
 
-def update_frame(assembly: Assembly, fragment: int, number: int, clock: dict[str, int]) -> bytes:
-    tensors = {s.name: torch.full(s.shape, 1e-3) for s in assembly.fragmentation.fragments[fragment]}
-    update = Update(learner="L0", fragment=fragment, base_version=0, update_id=f"L0.1.{number}", step=8, c_steps=8,
-                    c_tokens=8192, tensors=tensors, vclock=clock)  # fmt: skip
-    return encode_update(update, "int4", 64)
-
-
 def test_a_learner_colours_at_most_one_cut_past_the_last_marker_and_a_cut_survives_kill_9(
     shards: list[LocalSyncer],
 ) -> None:
@@ -233,8 +183,7 @@ def test_a_learner_colours_at_most_one_cut_past_the_last_marker_and_a_cut_surviv
     finally:
         learner.close()
     shards[0].kill()
-    shards[0].start("--shard-map", str(shards[0].job_dir / "shards.json"), "--shard", "S0",
-                    "--state-dir", str(shards[0].root / "state"))  # fmt: skip
+    restart(shards[0], "S0")
     after = status(shards[0])
     assert after["clock"]["cut"] == 1 and after["ledger"]["received"] == 3 * 8192
     admin = shards[0].client()
@@ -265,19 +214,11 @@ def test_a_shard_killed_mid_run_recovers_and_the_learners_carry_on(tmp_path: Pat
         wait_until(lambda: all(status(s)["rounds"] >= 2 for s in shards), timeout_s=120, what="rounds on both shards")
         shards[1].kill()
         time.sleep(2.0)  # learners retry S1's fragments and stream meanwhile; S0 goes on
-        shards[1].start("--shard-map", str(shards[0].job_dir / "shards.json"), "--shard", "S1",
-                        "--state-dir", str(shards[1].root / "state"), "--linger", "60")  # fmt: skip
-        for name, proc in learners.items():
-            code = proc.wait(timeout=300)
-            assert code == 0, f"learner {name} exited {code}: {(tmp_path / f'{name}.log').read_text()[-3000:]}"
+        restart(shards[1], "S1")
+        wait_learners(tmp_path, learners)
     finally:
-        for proc in learners.values():
-            if proc.poll() is None:
-                proc.kill()
-    finals = [
-        wait_until(lambda s=s: (st := status(s))["job"]["phase"] == "finished" and st, timeout_s=120, what="a shard to finish")
-        for s in shards
-    ]
+        kill_left(learners)
+    finals = wait_finished(shards)
     assert finals[1]["recovered"]["replayed"] > 0 or finals[1]["recovered"]["snapshot"]
     summaries = [json.loads((tmp_path / f"{name}.summary.json").read_text()) for name in learners]
     acked = sum(sum(s["acked_tokens"].values()) - s["acked_tokens"].get("duplicate", 0) for s in summaries)

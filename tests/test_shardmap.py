@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from ddctl_agents.agent.comm import Comms, Identity
 from ddctl_agents.agent.routes import Routes, discover
 from ddctl_agents.core import shardmap
+from ddctl_agents.core.shard_syncer import HANDOFF_KIND, HANDOFF_LIMITS, ShardSynchronizer
 from ddctl_agents.core.shardmap import ShardMap, ShardRole
 from ddctl_agents.core.syncer import Synchronizer
+from ddctl_agents.core.syncer_state import capture, load, restore
+from ddctl_agents.core.wire import unpack
 from ddctl_agents.errors import ConfigError, NotOwner, Refused, Unavailable
 from ddctl_agents.service.recovery import claim
 
@@ -178,11 +183,84 @@ def test_a_misrouted_update_is_retried_at_the_owner_of_the_newer_map() -> None:
     assert shards["https://a"].pushed == [1] and shards["https://b"].pushed == []
 
 
-def test_a_409_from_a_shard_whose_map_is_not_newer_stays_a_refusal() -> None:
+def test_a_409_from_a_shard_whose_map_is_not_newer_is_retried_while_a_handoff_is_in_flight() -> None:
     m = shardmap.round_robin(2, 4, epoch=1)
     shards = {"https://a": FakeShard("S0", m), "https://b": FakeShard("S1", m)}
     routes = Routes({"S0": "https://a", "S1": "https://b"}, m)
     comms = Comms(lambda url: shards[url], routes, Identity(name="L0", incarnation=1, region="r"), "int4", 64)  # type: ignore[arg-type,return-value]
-    with pytest.raises(Refused, match="not_owner"):
+    with pytest.raises(Unavailable, match="a handoff is in flight"):  # retried with backoff, never counted as refused
         comms._push(shards["https://a"], "https://a", b"frame", 1)  # type: ignore[arg-type]
-    assert routes.epoch == 1
+    assert routes.epoch == 1 and routes.url_of(1) == "https://b"
+
+
+# -- handoffs in the core ---------------------------------------------------------------------------
+def two_shards() -> tuple[ShardSynchronizer, ShardSynchronizer]:
+    from tests.builders import small_syncer
+
+    base = small_syncer(fragments=2)
+    m = shardmap.round_robin(2, 2)
+    made = (base.global_params(), base.fragmentation, base.embeddings, base.config, None)
+    return ShardSynchronizer(*made, ShardRole(name="S0", map=m)), ShardSynchronizer(*made, ShardRole(name="S1", map=m))
+
+
+def test_a_handed_out_fragment_is_installed_once_with_its_state_and_update_ids() -> None:
+    from tests.builders import update_for
+
+    s0, s1 = two_shards()
+    s0.register(0.0, "L0")
+    first = update_for(s0, "L0", 0, value=0.01)
+    assert s0.receive(1.0, first)[0].status == "accepted"
+    effects = s0.hand_out(2.0, 0, "S1", 2)
+    assert [e.entry["type"] for e in effects if hasattr(e, "entry")] == ["round", "handoff"]  # the open round closed first
+    assert s0.versions[0] == 1 and s0.role.owned == frozenset() and s0.hand_out(3.0, 0, "S1", 2) == []
+    with pytest.raises(NotOwner):
+        s0.receive(3.0, update_for(s0, "L0", 0))
+    s1.register(0.0, "L0")
+    installed = s1.hand_in(4.0, s0.export(0))
+    assert s1.versions[0] == 1 and s1.role.owned == frozenset({0, 1}) and s1.role.map.epoch == 2
+    assert all(torch.equal(s1.fragments[0][n], t) for n, t in s0.fragments[0].items())
+    assert [e.message.version for e in installed if hasattr(e, "message")] == [1]
+    assert s1.hand_in(5.0, s0.export(0)) == []  # asked again: nothing changes
+    retried = replace(first, base_version=0)
+    assert s1.receive(6.0, retried)[0].status == "duplicate"  # its ack was lost at S0; S1 knows it was applied
+
+
+def test_a_hostile_export_is_refused_before_anything_is_installed() -> None:
+    from ddctl_agents.core.wire import pack
+
+    s0, s1 = two_shards()
+    s0.hand_out(0.0, 0, "S1", 2)
+    good = s0.export(0)
+    frame = unpack(good, HANDOFF_LIMITS, expect=HANDOFF_KIND)
+    meta, tensors = dict(frame.meta), dict(frame.tensors)
+
+    def export(**changes: object) -> bytes:
+        return pack(HANDOFF_KIND, {**meta, **changes.get("meta", {})}, changes.get("tensors", tensors), "fp32")  # type: ignore[arg-type]
+
+    name = next(iter(tensors))
+    cases = [
+        (export(meta={"fragment": 7}), "not one of this job's"),
+        (export(meta={"version": -1}), "not one of this job's"),
+        (export(meta={"map": shardmap.round_robin(2, 2, epoch=2).to_json()}), "does not give fragment 0 to shard S1"),
+        (export(meta={"seen": {"L0": [1]}}), "recent update ids"),
+        (export(tensors={**tensors, name: torch.full((9,), 1.0)}), "shape"),
+        (export(tensors={k: v for k, v in tensors.items() if k != name}), "exactly its tensors"),
+        (export(meta={"map": {"epoch": 2}}), "exactly the keys"),
+    ]
+    before = dict(s1.fragments[0])
+    for data, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            s1.hand_in(1.0, data)
+    assert s1.fragments[0] == before and s1.role.map.epoch == 1
+    s1.hand_in(1.0, good)
+    stale = ShardMap(epoch=2, shards=("S0", "S1"), owners=(1, 1))
+    with pytest.raises(ConfigError, match="is not past this shard's 2"):
+        s1.hand_in(2.0, export(meta={"map": stale.to_json(), "version": 5}))
+
+
+def test_a_shards_ownership_survives_a_snapshot() -> None:
+    s0, _ = two_shards()
+    s0.hand_out(0.0, 0, "S1", 2)
+    fresh, _ = two_shards()  # built from the flag's map, as a restarted shard is
+    restore(fresh, load(capture(s0).to_bytes()))
+    assert fresh.role.map.epoch == 2 and fresh.role.owned == frozenset() and fresh.role.name == "S0"

@@ -137,7 +137,7 @@ class JobOver(RequestError):
 class NotOwner(RequestError):
     """This shard does not own the fragment: the update is not applied; ``details`` name the owner and map epoch."""
 
-    def __init__(self, reason: str, owner: str, epoch: int) -> None:
+    def __init__(self, reason: str, owner: str = "", epoch: int = 0) -> None:
         super().__init__(reason)
         self.details = {"owner": owner, "epoch": epoch}
 

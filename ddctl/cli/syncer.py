@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from ddctl.cli.choices import Codec
-from ddctl.cli.errors import run_guarded
+from ddctl.cli.errors import EXIT_UNREACHABLE, run_guarded
 from ddctl.cli.output import print_json
 from ddctl.config.job import build_job, default
 from ddctl_agents.core import shardmap
@@ -144,6 +144,78 @@ def checkpoint(
     else:
         bpb = "" if result["val_bpb"] is None else f", val_bpb {result['val_bpb']:.4f}"
         typer.echo(f"checkpoint {result['cut']} of shards {', '.join(result['shards'])} in {result['path']}{bpb}")
+
+
+@syncer_app.command("move")
+def move(
+    job_dir: Annotated[Path, typer.Argument(help="The job directory (admin token, CA).")],
+    syncer: Annotated[list[str], typer.Option("--syncer", help="A shard's URL; repeat for every shard.")],
+    fragment: Annotated[int, typer.Option(help="The fragment to move.")],
+    to: Annotated[str, typer.Option(help="The shard that takes it (S0, S1, ...).")],
+    json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Move one fragment to another shard of a running sharded synchronizer (run it again to finish a broken move)."""
+    from ddctl.control.credentials import token_for
+    from ddctl.control.handoff import move as move_fragment
+    from ddctl_agents.agent.client import SyncerClient
+
+    def body() -> dict[str, Any]:
+        token, ca = token_for(job_dir, "admin"), job_dir / "tls" / "ca.pem"
+        connect = lambda url: SyncerClient(url, token, ca if url.startswith("https://") else None)  # noqa: E731
+        return move_fragment(syncer, connect, fragment, to)
+
+    result = run_guarded(body)
+    if json_out:
+        print_json(result)
+    elif result["moved"]:
+        typer.echo(f"fragment {fragment}: {result['from']} -> {result['to']} at shard map epoch {result['epoch']}")
+    else:
+        typer.echo(result["reason"])
+
+
+@syncer_app.command("status")
+def shard_status(
+    job_dir: Annotated[Path, typer.Argument(help="The job directory (admin token, CA).")],
+    syncer: Annotated[list[str], typer.Option("--syncer", help="A shard's URL; repeat for every shard.")],
+    json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """A sharded synchronizer's shards side by side and the job's figures from all of them (exit 6 if one is down)."""
+    from ddctl.control.credentials import token_for
+    from ddctl.control.shard_status import gather, summarize
+    from ddctl_agents.agent.client import SyncerClient
+
+    def body() -> dict[str, Any]:
+        token, ca = token_for(job_dir, "admin"), job_dir / "tls" / "ca.pem"
+        return summarize(gather(syncer, lambda url: SyncerClient(url, token, ca if url.startswith("https://") else None)))
+
+    result = run_guarded(body)
+    if json_out:
+        print_json(result)
+    else:
+        _print_shards(result)
+    if result["job"]["partial"]:
+        raise typer.Exit(EXIT_UNREACHABLE)
+
+
+def _print_shards(result: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from ddctl.cli.output import stdout
+
+    table = Table("shard", "url", "epoch", "fragments", "rounds", "live", "received", "merged", "pending", "balanced")
+    for row in result["shards"]:
+        if not row["reachable"]:
+            table.add_row("?", row["url"], *[""] * 7, f"unreachable: {row['error'][:60]}")
+            continue
+        books, owned = row["ledger"], ",".join(map(str, row["owned"] or []))
+        cells = [row["shard"], row["url"], row["epoch"], owned, row["rounds"], len(row["live"]), books["received"]]
+        table.add_row(*map(str, [*cells, books["merged"], books["pending"], row["balanced"]]))
+    job = result["job"]
+    if "ledger" in job:
+        books, partial = job["ledger"], " (partial)" if job["partial"] else ""
+        cells = ["job", "", job.get("epoch", ""), "", job["rounds"], len(job["live"]), books["received"], books["merged"]]
+        table.add_row(*map(str, [*cells, books["pending"], f"{job['balanced']}{partial}"]))
+    stdout().print(table)
 
 
 def _job_assembly(job_dir: Path) -> Any:

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ddctl.control.shard_status import PER_LEARNER
 from ddctl.errors import DdctlError, UnreachableError
 from ddctl_agents.agent.client import SyncerClient, Unavailable, retry
 from ddctl_agents.agent.routes import discover
@@ -76,7 +77,8 @@ def join(parts: list[Checkpoint], shard_map: ShardMap, epoch: int) -> Checkpoint
         assert info is not None
         if (m.run, m.job_sha256) != (first.run, first.job_sha256):
             raise DdctlError(f"shard {info.shard}'s part is of run {m.run!r}, not {first.run!r}: these are not one job's shards")
-        if info.map_epoch != shard_map.epoch or sorted(shard_map.owned(info.shard)) != info.fragments:
+        # a shard that no move touched may serve an older epoch: what counts is owning what the newest map gives it
+        if info.map_epoch > shard_map.epoch or sorted(shard_map.owned(info.shard)) != info.fragments:
             raise DdctlError(
                 f"shard {info.shard} cut fragments {info.fragments} at shard map epoch {info.map_epoch}; the map in "
                 f"force (epoch {shard_map.epoch}) gives it {sorted(shard_map.owned(info.shard))}: take the checkpoint again"
@@ -93,7 +95,7 @@ def join(parts: list[Checkpoint], shard_map: ShardMap, epoch: int) -> Checkpoint
     tokens: dict[str, int] = {}
     steps: dict[str, int] = {}
     for m in manifests:
-        tokens = {k: tokens.get(k, 0) + m.tokens.get(k, 0) for k in sorted({*tokens, *m.tokens})}
+        tokens = {k: _add(k, tokens.get(k, 0), m.tokens.get(k, 0)) for k in sorted({*tokens, *m.tokens})}
         steps = {k: max(steps.get(k, 0), m.steps.get(k, 0)) for k in sorted({*steps, *m.steps})}
     clock: dict[str, int] = {}
     for m in manifests:
@@ -103,3 +105,8 @@ def join(parts: list[Checkpoint], shard_map: ShardMap, epoch: int) -> Checkpoint
                 "versions": versions, "vclock": clock, "tokens": tokens, "steps": steps, "part": None, "cut": epoch}
     )  # fmt: skip
     return Checkpoint(manifest, params, momentum)
+
+
+def _add(key: str, a: int, b: int) -> int:
+    """Two shards' token figures as the job's: the books add up, what learners report is the same learners' (max)."""
+    return max(a, b) if key in PER_LEARNER else a + b

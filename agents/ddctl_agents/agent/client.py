@@ -120,6 +120,14 @@ class SyncerClient:
             raise Unavailable(f"GET {name} of checkpoint {epoch} on {self.url}: {exc!r}") from None
         return bytes(data)
 
+    def hand_out(self, fragment: int, to: str, epoch: int) -> bytes:
+        """Admin only: this shard gives ``fragment`` to shard ``to`` at map epoch ``epoch``; the export."""
+        return self._request("POST", "/v1/admin/handoff/out", json={"fragment": fragment, "to": to, "epoch": epoch}).content
+
+    def hand_in(self, export: bytes) -> dict[str, Any]:
+        """Admin only: this shard takes the fragment another exported."""
+        return self._json("POST", "/v1/admin/handoff/in", content=export, headers={"content-type": "application/x-ddctl-frame"})
+
     def metrics(self) -> str:
         return self._request("GET", "/metrics").text
 

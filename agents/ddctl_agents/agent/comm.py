@@ -283,8 +283,9 @@ class Comms:
         try:
             answer = client.push(frame, fragment)
         except Refused as exc:
-            if exc.code == NOT_OWNER and self.routes.adopt(client.shards()):
-                raise Unavailable(f"{exc}; routing by the newer shard map") from None  # retried, at the new owner
+            if exc.code == NOT_OWNER:  # ownership moved, or is moving: retried (at the new owner once a map says so)
+                newer = self.routes.adopt(client.shards())
+                raise Unavailable(f"{exc}; {'routing by the newer shard map' if newer else 'a handoff is in flight'}") from None
             if exc.code != "unknown_learner":
                 raise
             self._reregister(client)

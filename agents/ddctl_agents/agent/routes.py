@@ -49,6 +49,9 @@ class Routes:
                 return next(iter(self._urls.values()))
             return self._urls[self._map.owner(fragment)]
 
+    def url_of_shard(self, shard: str) -> str:
+        return self._urls[shard]
+
     def adopt(self, answer: Mapping[str, Any] | None) -> bool:
         """Route by the map in a shard's answer if it is newer than ours; True when it was."""
         newer = _answer_map(answer)[1]

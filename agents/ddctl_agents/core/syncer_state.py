@@ -19,6 +19,8 @@ from ddctl_agents.core.ledger import TokenLedger
 from ddctl_agents.core.links import LearnerLinks
 from ddctl_agents.core.merge import Contribution
 from ddctl_agents.core.rounds import RecentIds, Round
+from ddctl_agents.core.shard_syncer import ShardSynchronizer
+from ddctl_agents.core.shardmap import ShardRole, parse
 from ddctl_agents.core.syncer import Synchronizer
 from ddctl_agents.core.wire import WireLimits, pack, unpack
 from ddctl_agents.errors import WireError
@@ -66,6 +68,7 @@ def capture(syncer: Synchronizer, extra: Mapping[str, Any] | None = None) -> Syn
         "degraded": {str(p): reason for p, reason in syncer.degraded.items()},
         "faults": list(syncer.faults),
         "finished": sorted(syncer.finished),
+        **({"shard_map": syncer.role.map.to_json()} if isinstance(syncer, ShardSynchronizer) else {}),
         **dict(extra or {}),
     }
     return SyncerState(meta=meta, tensors=tensors)
@@ -113,6 +116,8 @@ def restore(syncer: Synchronizer, state: SyncerState) -> None:
     syncer.finished = set(meta.get("finished", []))  # absent in snapshots written before jobs could end
     for m, step in meta["last_step"].items():
         syncer.links.setdefault(m, LearnerLinks()).pace.last_step = step
+    if isinstance(syncer, ShardSynchronizer) and "shard_map" in meta:  # ownership as handoffs left it
+        syncer.role = ShardRole(name=syncer.role.name, map=parse(meta["shard_map"]))
 
 
 def _shaped(stored: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

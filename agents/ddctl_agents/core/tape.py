@@ -18,11 +18,11 @@ from ddctl_agents.errors import TapeError
 
 TAPE_FORMAT = 1
 RECORD_TYPES = (
-    "config", "join", "leave", "failure", "update", "round", "end", "reject", "suspend", "readmit", "fault", "cut"
+    "config", "join", "leave", "failure", "update", "round", "end", "reject", "suspend", "readmit", "fault", "cut", "handoff"
 )  # fmt: skip
 """``reject``: a contribution set aside at a merge; ``suspend`` / ``readmit``: the quarantine;
 ``fault``: a round set aside after an unexpected error (docs/design.md, trust boundary); ``cut``: a global
-checkpoint's marker (service/cuts.py)."""
+checkpoint's marker (service/cuts.py); ``handoff``: a fragment moving between shards (core/shard_syncer.py)."""
 
 
 class TapeWriter:

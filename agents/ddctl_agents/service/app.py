@@ -28,13 +28,14 @@ from ddctl_agents.errors import (
     NotFound,
     TooLarge,
 )
-from ddctl_agents.service import cuts, h2tuning
+from ddctl_agents.service import cuts, h2tuning, handoffs
 from ddctl_agents.service.auth import ADMIN, verify_token
 from ddctl_agents.service.ending import stop_job
 from ddctl_agents.service.metrics import metrics
 from ddctl_agents.service.observability import health, status, vector_clock
 from ddctl_agents.service.requests import (
     CutBody,
+    HandoffBody,
     HeartbeatBody,
     LeaveBody,
     ReadmitBody,
@@ -81,6 +82,8 @@ class SyncerApp:
             ("POST", "/v1/admin/readmit"): self.readmit,
             ("POST", "/v1/admin/stop"): self.stop,
             ("POST", "/v1/admin/cut"): self.cut,
+            ("POST", "/v1/admin/handoff/out"): self.handoff_out,
+            ("POST", "/v1/admin/handoff/in"): self.handoff_in,
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -180,7 +183,7 @@ class SyncerApp:
         count = self.rt.assembly.fragmentation.count
         frag = None if fragment is None else parse_count(fragment, "header x-ddctl-fragment", maximum=count - 1)
         if frag is not None:
-            refuse_unless_owned(self.rt.settings.shard, frag)  # before the body: a misrouted upload costs its headers
+            refuse_unless_owned(self.rt.role, frag)  # before the body: a misrouted upload costs its headers
         meter = self.rt.meters.setdefault(who, TransferMeter())
         meter.start(self.rt.clock())
         reported = 0
@@ -215,7 +218,7 @@ class SyncerApp:
     async def shards(self, scope: Scope, receive: Receive, send: Send) -> None:
         """This shard's name and the newest shard map it knows (both null: one synchronizer owns every fragment)."""
         self.identity(scope)
-        role = self.rt.settings.shard
+        role = self.rt.role
         await _json(send, 200, {"shard": None, "map": None} if role is None else {"shard": role.name, "map": role.map.to_json()})
 
     async def fragment(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -327,6 +330,21 @@ class SyncerApp:
         epoch, _, name = scope["path"].removeprefix("/v1/admin/cuts/").partition("/")
         data = cuts.part_file(self.rt, parse_count(epoch, "checkpoint epoch", minimum=1), name)
         await _respond(send, 200, data, [(b"content-type", b"application/octet-stream")])
+
+    async def handoff_out(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Give a fragment to another shard (``ddctl syncer move``); the export, once the handoff is logged here."""
+        if self.identity(scope) != ADMIN:
+            raise Forbidden("only the admin identity may move fragments")
+        body = parse_body(HandoffBody, await _read_body(receive, MAX_JSON))
+        data = await handoffs.hand_out(self.rt, body.fragment, body.to, body.epoch)
+        await _respond(send, 200, data, [(b"content-type", b"application/x-ddctl-frame")])
+
+    async def handoff_in(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Take a fragment another shard exported (its values, buffer, version and recent update ids)."""
+        if self.identity(scope) != ADMIN:
+            raise Forbidden("only the admin identity may move fragments")
+        data = await _read_body(receive, 2 * self.rt.max_update_bytes)
+        await _json(send, 200, await handoffs.hand_in(self.rt, data))
 
     def _own(self, who: str, learner: str) -> None:
         if who != learner:

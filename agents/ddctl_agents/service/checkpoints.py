@@ -129,7 +129,7 @@ async def take_checkpoint(rt: SyncerRuntime, val_bpb: float | None = None) -> di
 def capture(rt: SyncerRuntime) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
     """On the core thread: one consistent moment of the model (a shard's: its own fragments) and its books."""
     s = rt.syncer
-    owned = [p for p in range(s.fragmentation.count) if rt.owns(p)]
+    owned = [p for p in range(s.fragmentation.count) if rt.role is None or p in rt.role.owned]
     params = {n: t for p in owned for n, t in s.fragments[p].items()}
     momentum = {n: t for p in owned for n, t in s.buffers[p].items()}
     steps = {m: links.pace.last_step for m, links in s.links.items()}

@@ -60,13 +60,13 @@ class Cuts:
 def colour(rt: SyncerRuntime, update: Update) -> None:
     """On the core thread, before ``update`` is received: a coloured update from past this shard's cut cuts it first."""
     epoch, own = update.vclock.get(vclock.CUT, 0), rt.syncer.clock.get(vclock.CUT, 0)
-    if rt.settings.shard is not None and own < epoch <= rt.cuts.marker + 1:
+    if rt.role is not None and own < epoch <= rt.cuts.marker + 1:
         _take(rt, epoch, "update")
 
 
 async def marker(rt: SyncerRuntime, epoch: int) -> dict[str, Any]:
     """The coordinator's marker for ``epoch``: cut now (or find the cut a coloured update made); the part's manifest."""
-    if rt.settings.shard is None:
+    if rt.role is None:
         raise NotFound("this synchronizer is not sharded: its checkpoints are whole (ddctl pull)")
     position = await rt.view(lambda r: _marker(r, epoch))
     await rt.commit_to(position)
@@ -75,7 +75,7 @@ async def marker(rt: SyncerRuntime, epoch: int) -> dict[str, Any]:
         return await asyncio.wrap_future(future)
     path = rt.cuts.folder(epoch) / MANIFEST
     if not path.exists():
-        raise NotFound(f"shard {rt.settings.shard.name} holds no part of checkpoint {epoch} (it keeps the newest {KEEP}); "
+        raise NotFound(f"shard {rt.role.name} holds no part of checkpoint {epoch} (it keeps the newest {KEEP}); "
                        "take a new checkpoint")  # fmt: skip
     return dict(json.loads(path.read_bytes()))
 
@@ -99,12 +99,12 @@ def _marker(rt: SyncerRuntime, epoch: int) -> int:
 
 def _take(rt: SyncerRuntime, epoch: int, trigger: str) -> None:
     """On the core thread: the marker point. Clock, log and tape first, then the state captured as it is here."""
-    assert rt.wal is not None and rt.settings.shard is not None
+    assert rt.wal is not None and rt.role is not None
     now = rt.clock()
     rt.apply_effects(rt.syncer.cut(now, epoch, trigger))
     rt.wal.append(CutEntry(t=now, epoch=epoch, trigger=trigger).model_dump())  # type: ignore[arg-type]
     params, momentum, manifest = capture(rt)
-    role = rt.settings.shard
+    role = rt.role
     manifest |= {"val_bpb": None, "part": {"shard": role.name, "map_epoch": role.map.epoch, "cut": epoch,
                                            "fragments": sorted(role.owned)}}  # fmt: skip
     rt.roster.event(now, "cut", epoch=epoch, trigger=trigger)

@@ -147,7 +147,7 @@ async def finish(rt: SyncerRuntime) -> None:
     """Evaluate the final model, snapshot, write the summary, record ``finished``; exit after ``linger_s``."""
     loop = asyncio.get_running_loop()
     val_bpb, checkpoint = None, None
-    if rt.settings.shard is None:  # a shard holds part of the model: it can neither evaluate nor checkpoint it alone
+    if rt.role is None:  # a shard holds part of the model: it can neither evaluate nor checkpoint it alone
         params = await rt.view(lambda r: dict(r.syncer.global_params()))
         exact = await loop.run_in_executor(None, rt.assembly.evaluate, params)
         checkpoint = (await rt.checkpoint(exact))["path"]  # the final model, as ``ddctl pull`` fetches it
@@ -191,5 +191,5 @@ def _summary(rt: SyncerRuntime, val_bpb: float | None, snapshot: dict[str, Any])
         "learners_finished": sorted(s.finished),
         "snapshot_bytes": snapshot.get("bytes"),
         "state_dir": str(rt.settings.state_dir),
-        "shard": None if rt.settings.shard is None else rt.settings.shard.name,
+        "shard": None if rt.role is None else rt.role.name,
     }

@@ -81,8 +81,33 @@ class CutEntry(_Entry):
     trigger: Literal["marker", "update"]
 
 
+class HandoffOutEntry(_Entry):
+    """This shard gave a fragment to another (``ShardSynchronizer.hand_out``; replaying it closes the same round)."""
+
+    kind: Literal["handoff_out"] = "handoff_out"
+    fragment: Count
+    to: Annotated[str, Field(pattern=r"^S[0-9]{1,3}$")]
+    epoch: Count
+
+
+class HandoffInEntry(_Entry):
+    """This shard took a fragment another exported; the export is the record's payload."""
+
+    kind: Literal["handoff_in"] = "handoff_in"
+    nbytes: Count
+
+
 Entry = Annotated[
-    JoinEntry | LeaveEntry | UpdateEntry | RejectEntry | CloseEntry | DiscardEntry | ReadmitEntry | CutEntry,
+    JoinEntry
+    | LeaveEntry
+    | UpdateEntry
+    | RejectEntry
+    | CloseEntry
+    | DiscardEntry
+    | ReadmitEntry
+    | CutEntry
+    | HandoffOutEntry
+    | HandoffInEntry,
     Field(discriminator="kind"),
 ]
 ENTRY: TypeAdapter[Entry] = TypeAdapter(Entry)

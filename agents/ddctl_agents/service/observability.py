@@ -127,7 +127,7 @@ def status(rt: SyncerRuntime) -> dict[str, Any]:
 
 def _shard_view(rt: SyncerRuntime) -> dict[str, Any] | None:
     """Which shard this is and what it owns (None: one synchronizer owning every fragment)."""
-    role = rt.settings.shard
+    role = rt.role
     if role is None:
         return None
     return {"name": role.name, "epoch": role.map.epoch, "shards": list(role.map.shards), "owned": sorted(role.owned)}

@@ -2,7 +2,10 @@
 
 A slow subscriber never builds a queue: it is sent the newest version of each
 fragment it has not seen yet, so memory stays bounded by one encoded copy per
-fragment whatever the number of learners or their speed.
+fragment whatever the number of learners or their speed. What it has not seen
+goes oldest first (in the order the versions were made, which is the order
+their fragments fell due), not in fragment order: on a slow downlink the
+version that has waited longest is the one a learner is most behind on.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ class Published:
 class Publisher:
     def __init__(self, count: int) -> None:
         self.latest: list[Published | None] = [None] * count
+        self._made: list[int] = [0] * count
+        """When each fragment's newest version was published (a counter): the order subscribers are sent them in."""
+        self._count = 0
         self._changed = asyncio.Condition()
         self.closed = False
 
@@ -31,6 +37,8 @@ class Publisher:
             if current is not None and current.version >= item.version:
                 return
             self.latest[item.fragment] = item
+            self._count += 1
+            self._made[item.fragment] = self._count
             self._changed.notify_all()
 
     def get(self, fragment: int) -> Published | None:
@@ -65,4 +73,5 @@ class Publisher:
                 yield None
 
     def _newer(self, seen: list[int]) -> list[Published]:
-        return [item for item in self.latest if item is not None and item.version > seen[item.fragment]]
+        fresh = [item for item in self.latest if item is not None and item.version > seen[item.fragment]]
+        return sorted(fresh, key=lambda item: self._made[item.fragment])

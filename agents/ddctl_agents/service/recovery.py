@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from ddctl_agents.core import vclock
 from ddctl_agents.core.effects import Effect
 from ddctl_agents.core.messages import decode_update
+from ddctl_agents.core.shard_syncer import ShardSynchronizer
 from ddctl_agents.core.syncer import Synchronizer
 from ddctl_agents.core.syncer_state import STATE_LIMITS, load, restore
 from ddctl_agents.errors import AgentError, ConfigError, Unreplayable
@@ -33,6 +34,8 @@ from ddctl_agents.service.log_records import (
     CloseEntry,
     CutEntry,
     DiscardEntry,
+    HandoffInEntry,
+    HandoffOutEntry,
     JoinEntry,
     LeaveEntry,
     ReadmitEntry,
@@ -75,6 +78,12 @@ def apply_record(syncer: Synchronizer, record: WalRecord) -> list[Effect]:
             return syncer.discard_round(entry.t, entry.fragment, entry.reason)
         case CutEntry():
             return syncer.cut(entry.t, entry.epoch, entry.trigger)
+        case HandoffOutEntry() | HandoffInEntry():
+            if not isinstance(syncer, ShardSynchronizer):
+                raise Unreplayable("a fragment handoff in the log of a synchronizer that is not sharded")
+            if isinstance(entry, HandoffOutEntry):
+                return syncer.hand_out(entry.t, entry.fragment, entry.to, entry.epoch)
+            return syncer.hand_in(entry.t, bytes(record.payload))
         case ReadmitEntry():
             return syncer.readmit(entry.t, entry.learner)
     raise Unreplayable(f"record of unknown kind {record.meta.get('kind')!r}")  # unreachable: the union is closed

@@ -61,6 +61,14 @@ class CutBody(_Body):
     epoch: Annotated[int, Field(ge=1, le=MAX_COUNT)]
 
 
+class HandoffBody(_Body):
+    """Give a fragment to another shard at a new shard map epoch."""
+
+    fragment: Count
+    to: Annotated[str, Field(pattern=r"^S[0-9]{1,3}$")]
+    epoch: Annotated[int, Field(ge=1, le=MAX_COUNT)]
+
+
 class StopBody(_Body):
     reason: Sentence = "stopped by the operator"
 

@@ -23,7 +23,7 @@ from ddctl_agents.core.effects import Ack, Effect, Fault, Record, Send
 from ddctl_agents.core.ending import departed
 from ddctl_agents.core.links import QuorumClock, TransferMeter
 from ddctl_agents.core.messages import FragmentVersion, Update, decode_update, encode_fragment
-from ddctl_agents.core.shardmap import refuse_unless_owned
+from ddctl_agents.core.shardmap import ShardRole
 from ddctl_agents.core.syncer import Synchronizer
 from ddctl_agents.core.tape import TAPE_FORMAT, TapeWriter
 from ddctl_agents.core.vclock import CUT
@@ -102,7 +102,7 @@ class SyncerRuntime:
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
         await self._on_core(self._recover)
         for p in range(self.assembly.fragmentation.count):
-            await self._publish(self.syncer.fragment_message(p))
+            await self.publish(self.syncer.fragment_message(p))
         summary = read_summary(self.settings.state_dir)
         if summary is not None:  # the job finished in an earlier life: answer status, never train again
             self.ending = Ending(phase="finished", reason=str(summary.get("reason", "")), summary=summary)
@@ -193,7 +193,6 @@ class SyncerRuntime:
         update, _ = await loop.run_in_executor(self._work, lambda: decode_update(body, self.limits, measure=True))
         if update.learner != identity:
             raise Forbidden(f"token is for {identity!r} but the update claims learner {update.learner!r}")
-        refuse_unless_owned(self.settings.shard, update.fragment)  # a shard applies only its own fragments' updates
         ack, position = await self._on_core(self._receive, update, body)
         await self.commit_to(position)
         self._kick.set()
@@ -225,8 +224,10 @@ class SyncerRuntime:
         """A read-only view (status, metrics, clock) computed on the core thread: one consistent moment."""
         return await self._on_core(render, self)
 
-    def owns(self, fragment: int) -> bool:
-        return self.settings.shard is None or fragment in self.settings.shard.owned
+    @property
+    def role(self) -> ShardRole | None:
+        """This shard's place now (handoffs move its map); None: one synchronizer owning every fragment."""
+        return getattr(self.syncer, "role", None)
 
     def degraded(self) -> dict[int, str]:
         """Fragments in trouble, with why: a round that failed, or a version learners could not be sent."""
@@ -353,7 +354,7 @@ class SyncerRuntime:
             if sends:
                 await self.commit_to(position)
                 for message in sends:
-                    await self._publish(message)
+                    await self.publish(message)
             delay = 0.5 if wake is None else min(max(wake - self.clock(), 0.0), 0.5)
             self._kick.clear()
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel landing with the kick (stop() hung)
@@ -378,9 +379,9 @@ class SyncerRuntime:
             if position > self._durable:
                 self._durable = await asyncio.get_running_loop().run_in_executor(self.io, self.wal.sync)
 
-    async def _publish(self, message: FragmentVersion) -> None:
+    async def publish(self, message: FragmentVersion) -> None:
         """Encode and publish one version (a shard publishes only its own); a failure marks its fragment degraded."""
-        if not self.owns(message.fragment):
+        if (role := self.role) is not None and message.fragment not in role.owned:
             return
         loop = asyncio.get_running_loop()
         try:

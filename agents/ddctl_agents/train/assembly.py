@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
-from ddctl_agents.core import vclock
 from ddctl_agents.core.admission import UpdateLimits, derive_limits
 from ddctl_agents.core.fragments import Fragmentation, TensorSpec, fragment_tensors
+from ddctl_agents.core.shard_syncer import ShardSynchronizer
 from ddctl_agents.core.shardmap import ShardRole
 from ddctl_agents.core.syncer import Synchronizer
 from ddctl_agents.errors import ConfigError
@@ -86,9 +86,12 @@ class Assembly:
         return contract.model_flops(self.config.inner, self.model_config, sum(v.numel() for v in self.initial.values()))
 
     def new_syncer(self, role: ShardRole | None = None) -> Synchronizer:
-        """The job's synchronizer at its initial model; ``role``: one shard of a sharded one (its clock entries)."""
-        clock = (vclock.SYNCER, ()) if role is None else (role.name, role.map.peers(role.name))
-        return Synchronizer(self.initial, self.fragmentation, self.embeddings, self.config.syncer, self.update_limits(), clock)
+        """The job's synchronizer at its initial model; ``role``: one shard of a sharded one, owning what its map says."""
+        if role is not None:
+            return ShardSynchronizer(
+                self.initial, self.fragmentation, self.embeddings, self.config.syncer, self.update_limits(), role
+            )
+        return Synchronizer(self.initial, self.fragmentation, self.embeddings, self.config.syncer, self.update_limits())
 
     def update_limits(self) -> UpdateLimits:
         """What an update of this job may claim: drift from the inner AdamW, one batch per step, the run's steps."""

@@ -1,0 +1,78 @@
+"""``ddctl syncer status``: a sharded synchronizer's shards side by side, and the job's figures from all of them.
+
+Each shard's books count its own fragments, so the job's books are their sums
+and balance when every shard's do; a learner is one learner whatever number of
+shards heard it, so what learners report (tokens trained, the budget) is the
+largest any shard saw, never a sum. A fragment's version is its owner's, by the
+newest map that claims it. A shard that does not answer is listed as such,
+and the figures say they are partial.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ddctl_agents.agent.client import SyncerClient, Unavailable
+from ddctl_agents.errors import AgentError
+
+BOOKS = ("received", "merged", "late_merged", "dropped", "rejected", "pending")
+"""The ledger's entries (fragment-tokens): each shard counts its own fragments'."""
+PER_LEARNER = ("budget", "planned", "trained")
+"""Token figures about learners, which every shard hears in full."""
+
+
+def gather(urls: Sequence[str], connect: Callable[[str], SyncerClient]) -> list[tuple[str, dict[str, Any] | None, str]]:
+    """(url, status or None, why not) for each shard."""
+    out: list[tuple[str, dict[str, Any] | None, str]] = []
+    for url in urls:
+        client = connect(url)
+        try:
+            out.append((url, client.status(), ""))
+        except (Unavailable, AgentError) as exc:
+            out.append((url, None, str(exc)))
+        finally:
+            client.close()
+    return out
+
+
+def summarize(answers: Sequence[tuple[str, dict[str, Any] | None, str]]) -> dict[str, Any]:
+    """The shards' rows and the job's figures; see the module docstring."""
+    rows, claims = [], []
+    for url, status, error in answers:
+        if status is None:
+            rows.append({"url": url, "reachable": False, "error": error})
+            continue
+        shard = status.get("shard") or {}
+        if shard:
+            claims += [(int(shard["epoch"]), p, int(status["versions"][p])) for p in shard["owned"]]
+        rows.append({
+            "url": url, "reachable": True, "shard": shard.get("name"), "epoch": shard.get("epoch"),
+            "owned": shard.get("owned"), "rounds": status["rounds"], "live": status["live"],
+            "versions": {p: status["versions"][p] for p in shard.get("owned", range(status["fragments"]))},
+            "ledger": {k: status["ledger"][k] for k in BOOKS}, "balanced": status["ledger"]["balanced"],
+            "phase": status["job"]["phase"],
+        })  # fmt: skip
+    reached = [s for _, s, _ in answers if s is not None]
+    job: dict[str, Any] = {"shards": len(answers), "reachable": len(reached), "partial": len(reached) < len(answers)}
+    if reached:
+        ledger = {k: sum(int(s["ledger"][k]) for s in reached) for k in BOOKS}
+        tokens = {k: sum(int(s["tokens"].get(k, 0)) for s in reached) for k in BOOKS if k in reached[0]["tokens"]}
+        tokens |= {k: max(int(s["tokens"].get(k, 0)) for s in reached) for k in PER_LEARNER}
+        job |= {
+            "rounds": sum(int(s["rounds"]) for s in reached),
+            "ledger": ledger,
+            "balanced": all(bool(s["ledger"]["balanced"]) for s in reached),
+            "tokens": tokens,
+            "live": sorted({name for s in reached for name in s["live"]}),
+            "phases": sorted({s["job"]["phase"] for s in reached}),
+        }
+    if claims:  # each fragment's version at the shard that owns it at the newest epoch that claims it
+        fragments = int(reached[0]["fragments"])
+        newest: dict[int, tuple[int, int]] = {}
+        for epoch, p, version in claims:
+            if p not in newest or epoch > newest[p][0]:
+                newest[p] = (epoch, version)
+        job["epoch"] = max(epoch for epoch, _, _ in claims)
+        job["versions"] = [newest[p][1] if p in newest else None for p in range(fragments)]
+    return {"shards": rows, "job": job}

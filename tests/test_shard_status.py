@@ -1,0 +1,40 @@
+"""``ddctl syncer status``'s figures: the shards' books added up, learners' figures never double counted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddctl.control.shard_status import summarize
+
+
+def status(name: str, epoch: int, owned: list[int], versions: list[int], received: int, trained: int) -> dict[str, Any]:
+    books = {"received": received, "merged": received - 10, "late_merged": 0, "dropped": 0, "rejected": 0, "pending": 10}
+    tokens = {k: v // 4 for k, v in books.items()} | {"budget": 1000, "planned": 990, "trained": trained}
+    return {
+        "shard": {"name": name, "epoch": epoch, "shards": ["S0", "S1", "S2"], "owned": owned},
+        "fragments": 4, "versions": versions, "rounds": sum(versions), "live": ["L0", "L1"] if name == "S0" else ["L1"],
+        "ledger": {**books, "balanced": True}, "tokens": tokens, "job": {"phase": "training"},
+    }  # fmt: skip
+
+
+def test_the_job_adds_up_books_and_takes_each_fragments_version_from_its_newest_owner() -> None:
+    answers = [
+        ("https://a", status("S0", 2, [0, 1, 2], [5, 4, 6, 0], received=400, trained=700), ""),
+        ("https://b", status("S1", 2, [3], [0, 3, 0, 7], received=100, trained=650), ""),  # 3 was S1's before epoch 2
+        ("https://c", None, "GET /v1/status: connection refused"),
+    ]
+    out = summarize(answers)
+    job = out["job"]
+    assert job["partial"] is True and (job["shards"], job["reachable"]) == (3, 2)
+    assert job["ledger"] == {"received": 500, "merged": 480, "late_merged": 0, "dropped": 0, "rejected": 0, "pending": 20}
+    assert job["tokens"]["received"] == 125 and job["tokens"]["trained"] == 700 and job["tokens"]["budget"] == 1000
+    assert job["versions"] == [5, 4, 6, 7] and job["epoch"] == 2 and job["rounds"] == 15 + 10
+    assert job["live"] == ["L0", "L1"] and job["balanced"] is True
+    assert [r["reachable"] for r in out["shards"]] == [True, True, False]
+    assert out["shards"][1]["versions"] == {3: 7} and "connection refused" in out["shards"][2]["error"]
+
+
+def test_an_older_claim_loses_to_a_newer_epoch() -> None:
+    stale = status("S1", 1, [1, 3], [0, 9, 0, 7], received=100, trained=10)  # S1 before it handed 1 out
+    fresh = status("S0", 2, [0, 1, 2], [5, 4, 6, 0], received=400, trained=10)
+    assert summarize([("a", stale, ""), ("b", fresh, "")])["job"]["versions"] == [5, 4, 6, 7]
