@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from ddctl.cli.app import app
@@ -96,6 +98,11 @@ def test_a_move_broken_by_kill_9_is_finished_by_running_it_again(shards: list[Lo
     shards[1].kill()
     restart(shards[1], "S1")
     recovered = status(shards[1])
+    admin = shards[1].client()
+    try:
+        assert 'ddctl_handoffs_total{direction="out",shard="S1"} 1.0' in admin.metrics()  # replayed from its log
+    finally:
+        admin.close()
     assert recovered["shard"]["epoch"] == 2 and recovered["shard"]["owned"] == [1]  # the log replayed the handoff
     assert recovered["versions"][3] == 1 and recovered["ledger"]["merged"] == 8192
 
@@ -119,7 +126,55 @@ def test_a_move_broken_by_kill_9_is_finished_by_running_it_again(shards: list[Lo
     admin = shards[0].client()
     try:
         assert admin.hand_in(export)["installed"] is False  # installed once
+        scraped = admin.metrics()
+        assert 'ddctl_handoffs_total{direction="in",shard="S0"} 1.0' in scraped
+        assert 'ddctl_shard_map_epoch{shard="S0"} 2.0' in scraped and 'ddctl_fragments_owned{shard="S0"} 3.0' in scraped
         with pytest.raises(Refused, match="not a readable|frame|magic|bad"):
             admin.hand_in(b"not a frame")
     finally:
         admin.close()
+
+
+hostile = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False), st.text(max_size=20),
+    st.sampled_from(["S1", "S0", "S9", "L0", "S1\n", "²", 2**63, -1, 0, 1, 2, 4096]),
+)  # fmt: skip
+
+
+def test_hostile_admin_requests_to_a_shard_are_refused_never_a_500(shards: list[LocalSyncer]) -> None:
+    admin = shards[0].client()
+    other = shards[1].client()
+    export = other.hand_out(1, "S0", 2)  # a real export, to mutate
+    cases: list[tuple[str, bytes]] = []
+
+    @settings(max_examples=150, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def case(data: st.DataObject) -> None:
+        kind = data.draw(st.sampled_from(["cut", "out", "in", "in-bytes"]))
+        if kind == "cut":
+            path, body = "/v1/admin/cut", json.dumps({"epoch": data.draw(hostile)}).encode()
+        elif kind == "out":
+            fields = {k: data.draw(hostile) for k in data.draw(st.sets(st.sampled_from(["fragment", "to", "epoch", "x"])))}
+            path, body = "/v1/admin/handoff/out", json.dumps(fields).encode()
+        elif kind == "in":
+            at = data.draw(st.integers(0, len(export) - 1))
+            path, body = (
+                "/v1/admin/handoff/in",
+                export[:at] + bytes([export[at] ^ data.draw(st.integers(1, 255))]) + export[at + 1 :],
+            )
+        else:
+            path, body = "/v1/admin/handoff/in", data.draw(st.binary(max_size=200))
+        answer = admin.http.post(f"{shards[0].url}{path}", content=body)
+        cases.append((path, body[:80]))
+        assert answer.status_code < 500, (path, body[:200], answer.text[:300])
+
+    try:
+        case()
+        assert len(cases) == 150
+        assert admin.hand_in(export)["installed"] is True  # the untouched export still installs: nothing was corrupted
+        after = admin.status()
+        assert after["degraded"] == [] and after["task_failures"] == {} and after["ledger"]["balanced"]
+        assert str(after["rejections"].get("500", 0)) == "0"
+    finally:
+        admin.close()
+        other.close()

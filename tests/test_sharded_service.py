@@ -131,6 +131,11 @@ def checkpoint_mid_run(tmp_path: Path, shards: list[LocalSyncer], learners: dict
     s1 = wait_until(lambda: (st := status(shards[1]))["clock"]["cut"] == 1 and st, timeout_s=60, what="S1 to cut by colour")
     cut_events = [e | {"t": 0} for e in s1["events"] if e["event"] == "cut"]
     assert cut_events == [{"event": "cut", "epoch": 1, "trigger": "update", "t": 0}]
+    admin = shards[1].client()
+    try:
+        assert 'ddctl_checkpoint_cuts_total{shard="S1",trigger="update"} 1.0' in admin.metrics()
+    finally:
+        admin.close()
     tape = [json.loads(line) for line in (shards[1].root / "state" / "tape.jsonl").read_text().splitlines()]
     assert [r for r in tape if r["type"] == "cut"][0]["trigger"] == "update"
 

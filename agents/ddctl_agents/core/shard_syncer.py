@@ -49,6 +49,8 @@ class ShardSynchronizer(Synchronizer):
         super().__init__(params, fragmentation, embeddings, config, limits, (role.name, role.map.peers(role.name)))
         role.map.check_fragments(fragmentation.count)
         self.role = role
+        self.moves = {"out": 0, "in": 0}
+        """Handoffs this shard's state has made, each way (for /metrics; counted again when a log replays)."""
 
     def register(self, now: float, learner: str, incarnation: int = 0, start_step: int = 0) -> list[Effect]:
         """As the synchronizer's, bootstrapping only the fragments this shard owns."""
@@ -74,6 +76,7 @@ class ShardSynchronizer(Synchronizer):
             effects += self.close_round(now, p, "handoff", f"fragment {p} moves to shard {to}: merging what arrived")
         owners = tuple(current.index(to) if q == p else o for q, o in enumerate(current.owners))
         self.role = ShardRole(name=self.role.name, map=ShardMap(epoch=epoch, shards=current.shards, owners=owners))
+        self.moves["out"] += 1
         self.clock = vclock.tick(self.clock, self.process)
         return [*effects, self._record(now, "handoff", fragment=p, to=to, epoch=epoch, version=self.versions[p])]
 
@@ -98,6 +101,7 @@ class ShardSynchronizer(Synchronizer):
                 if i not in window:
                     window.add(i)
         self.role = ShardRole(name=self.role.name, map=shard_map)
+        self.moves["in"] += 1
         self.clock = vclock.tick(self.clock, self.process)
         record = self._record(now, "handoff", fragment=p, to=self.role.name, epoch=shard_map.epoch, version=version)
         return [record, Send(to=tuple(sorted(self.live)), message=self.fragment_message(p), reason="round")]

@@ -52,6 +52,8 @@ class Cuts:
         self.marker = marker
         """The newest epoch a marker (or a recovered cut) brought: colours are trusted one epoch past it."""
         self.writing: dict[int, Future[dict[str, Any]]] = {}
+        self.taken = {"marker": 0, "update": 0}
+        """Cuts this process took, by what triggered them (for /metrics)."""
 
     def folder(self, epoch: int) -> Path:
         return self.root / f"cut-{epoch:06d}"
@@ -108,6 +110,7 @@ def _take(rt: SyncerRuntime, epoch: int, trigger: str) -> None:
     manifest |= {"val_bpb": None, "part": {"shard": role.name, "map_epoch": role.map.epoch, "cut": epoch,
                                            "fragments": sorted(role.owned)}}  # fmt: skip
     rt.roster.event(now, "cut", epoch=epoch, trigger=trigger)
+    rt.cuts.taken[trigger] += 1
     rt.cuts.writing = {e: f for e, f in rt.cuts.writing.items() if e > epoch - KEEP}
     rt.cuts.writing[epoch] = rt.io.submit(_write, rt.cuts, epoch, params, momentum, manifest)
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from ddctl_agents.core.shard_syncer import ShardSynchronizer
 from ddctl_agents.service.observability import learner_mfu
 
 if TYPE_CHECKING:
@@ -91,6 +92,19 @@ def _families(rt: SyncerRuntime) -> Iterator[Metric]:
     yield _family("counter", "snapshots", "Durable snapshots written.", [({}, rt.snapshots["taken"])])
     if rt.val_bpb:
         yield _family("gauge", "val_bpb", "Validation bits per byte of the global model.", [({}, rt.val_bpb[-1][2])])
+    if isinstance(s, ShardSynchronizer):
+        yield from _shard_families(rt, s)
+
+
+def _shard_families(rt: SyncerRuntime, s: ShardSynchronizer) -> Iterator[Metric]:
+    """A shard's place: its map's epoch, what it owns, the fragments it moved and the checkpoint cuts it took."""
+    shard = {"shard": s.role.name}
+    yield _family("gauge", "shard_map_epoch", "Epoch of the shard map this shard serves.", [(shard, s.role.map.epoch)])
+    yield _family("gauge", "fragments_owned", "Fragments this shard owns now.", [(shard, len(s.role.owned))])
+    moves = [({**shard, "direction": d}, n) for d, n in sorted(s.moves.items())]
+    yield _family("counter", "handoffs", "Fragments handed out to or taken in from other shards.", moves)
+    cuts = [({**shard, "trigger": t}, n) for t, n in sorted(rt.cuts.taken.items())]
+    yield _family("counter", "checkpoint_cuts", "Global-checkpoint cuts taken, by what triggered them.", cuts)
 
 
 def _learner_families(rt: SyncerRuntime) -> Iterator[Metric]:
