@@ -256,7 +256,19 @@ def main(argv: list[str] | None = None) -> int:
     """Run the learner; under torchrun, rank 0 also leaves its exit code for the launcher (``agent/launch.py``)."""
     code = _main(argv)
     report_exit(code)
+    if "WORLD_SIZE" in os.environ and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        end_rank(code)
     return code
+
+
+def end_rank(code: int) -> None:
+    """A rank under torchrun ends here, its output flushed, without the interpreter's teardown: there, torch's C++
+    threads met static destructors and a rank that had finished cleanly aborted ("terminate called without an active
+    exception", twice in CI runs of test_model_contract), failing the learner it belonged to."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _main(argv: list[str] | None) -> int:

@@ -12,6 +12,7 @@ go over NCCL, so reading one is never a device synchronisation.
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -112,7 +113,9 @@ def join(ranks: Ranks, device: torch.device) -> dist.ProcessGroup | None:
 
 
 def leave(ranks: Ranks) -> None:
+    """Leave the process group once nothing of this rank's (a DDP module in a reference cycle) still holds it."""
     if ranks.world > 1 and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
 
 
