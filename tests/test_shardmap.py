@@ -264,3 +264,14 @@ def test_a_shards_ownership_survives_a_snapshot() -> None:
     fresh, _ = two_shards()  # built from the flag's map, as a restarted shard is
     restore(fresh, load(capture(s0).to_bytes()))
     assert fresh.role.map.epoch == 2 and fresh.role.owned == frozenset() and fresh.role.name == "S0"
+
+
+def test_a_map_naming_a_shard_without_an_address_refuses_the_update_instead_of_stopping_the_uploader() -> None:
+    m = shardmap.round_robin(2, 4, epoch=1)
+    three = ShardMap(epoch=2, shards=("S0", "S1", "S2"), owners=(0, 2, 0, 1))
+    shards = {"https://a": FakeShard("S0", three), "https://b": FakeShard("S1", three)}  # S1 gave fragment 1 to S2
+    routes = Routes({"S0": "https://a", "S1": "https://b"}, m)
+    comms = Comms(lambda url: shards[url], routes, Identity(name="L0", incarnation=1, region="r"), "int4", 64)  # type: ignore[arg-type,return-value]
+    with pytest.raises(Refused, match="names S2, whose address this learner lacks"):
+        comms._push(shards["https://b"], "https://b", b"frame", 1)  # type: ignore[arg-type]
+    assert routes.epoch == 1

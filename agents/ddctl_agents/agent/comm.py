@@ -37,7 +37,7 @@ from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable, retry
 from ddctl_agents.agent.routes import Routes
 from ddctl_agents.core.links import SoloTransfers, sent_between
 from ddctl_agents.core.messages import FragmentVersion, Update, absorb, decode_fragment, encode_update
-from ddctl_agents.errors import HTTP, JobOver, NotOwner
+from ddctl_agents.errors import HTTP, AgentError, JobOver, NotOwner
 
 log = logging.getLogger(__name__)
 JOB_OVER = HTTP[JobOver][1]
@@ -284,7 +284,10 @@ class Comms:
             answer = client.push(frame, fragment)
         except Refused as exc:
             if exc.code == NOT_OWNER:  # ownership moved, or is moving: retried (at the new owner once a map says so)
-                newer = self.routes.adopt(client.shards())
+                try:
+                    newer = self.routes.adopt(client.shards())
+                except AgentError as bad:  # a map this learner cannot route by (it lacks a shard's address): refused
+                    raise Refused(exc.status, exc.code, f"{exc.reason}; {bad}") from None
                 raise Unavailable(f"{exc}; {'routing by the newer shard map' if newer else 'a handoff is in flight'}") from None
             if exc.code != "unknown_learner":
                 raise
