@@ -100,7 +100,10 @@ class ProcessProvider:
             raise DdctlError(f"could not start {spec.name}: setsid exited {launcher.returncode}; see {spec.log}")
 
         def started() -> Instance | None:
-            return next((i for i in self.list_run(spec.run) if i.name == spec.name), None)
+            """Listed, and past its exec: ``setsid``'s own process (or its child before the exec) carries the same
+            labels, and a listing taken while it execs can miss it (a CI run's contract test did)."""
+            found = next((i for i in self.list_run(spec.run) if i.name == spec.name), None)
+            return found if found is not None and _cmdline(int(found.provider_id))[:1] != ["setsid"] else None
 
         return wait_until(
             started,
