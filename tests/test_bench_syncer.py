@@ -25,7 +25,7 @@ def test_the_fused_and_reference_rounds_agree_and_their_figures_follow_from_the_
     assert r["reference"]["merge_gbps"] == pytest.approx(gb / r["reference"]["round_seconds"], rel=0.01)
     assert r["fused_speedup"] == pytest.approx(r["reference"]["round_seconds"] / r["round_seconds"], rel=0.02)
     assert r["ratio_to_memcpy"] == pytest.approx(r["merge_gbps"] / r["memcpy_gbps"], rel=0.02)
-    assert r["decode_seconds"] + r["merge_seconds"] == pytest.approx(r["round_seconds"], rel=0.05)
+    assert r["decode_seconds"] + r["merge_seconds"] == pytest.approx(r["round_seconds"], abs=2e-6)  # one round's split
 
 
 def test_shard_scaling_runs_each_shard_in_its_own_process() -> None:
