@@ -16,25 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddctl.local.service import LocalSyncer
+from ddctl.local.service import LocalSyncer, tiny_job
 from ddctl_agents.agent.client import SyncerClient, Unavailable
-from ddctl_agents.core.config import OuterConfig, SyncerConfig
-from ddctl_agents.core.quorum import QuorumConfig
-from ddctl_agents.train.config import DataConfig, InnerConfig, RunBudget, SyncSettings
 from ddctl_agents.train.job import JobConfig
 from ddctl_agents.waiting import wait_until
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 
 
-def small_job(learners: int = 3, tokens: int = 150_000, fragments: int = 4, inner_steps: int = 8, quorum: int = 1) -> JobConfig:
-    return JobConfig(
-        inner=InnerConfig(preset="tiny", batch_size=8),
-        data=DataConfig(max_bytes=1 << 21, eval_windows=16),
-        budget=RunBudget(tokens=tokens, learners=learners),
-        sync=SyncSettings(fragments=fragments, inner_steps=inner_steps),
-        syncer=SyncerConfig(quorum=QuorumConfig(quorum=quorum), outer=OuterConfig(), inner_steps=inner_steps),
-    )
+small_job = tiny_job
 
 
 @dataclass

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from ddctl_agents.core.shardplan import CADENCES, PlanSettings, Traffic, choose_cadence, plan_shards
+from ddctl_agents.core.schedule import CADENCES
+from ddctl_agents.core.shardplan import PlanSettings, Traffic, choose_cadence, plan_shards
 from ddctl_agents.core.siteload import Demand, Site, best_split, demand, loads
 
 MBIT = 1e6 / 8

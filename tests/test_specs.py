@@ -75,3 +75,10 @@ def test_a_node_is_not_pointed_at_a_node_0_without_an_address() -> None:
     spec = learner_spec("r", INFO, Region(name="east", provider="process", nodes=2), "L0", 9000, node=1, meet=29500)
     with pytest.raises(DdctlError, match="L0-n1: its learner's node 0 came up without a private address"):
         with_rendezvous(spec, "")
+
+
+@pytest.mark.parametrize(("cadence", "flag"), [(1, []), (2, ["--cadence", "2"]), (8, ["--cadence", "8"])])
+def test_a_learner_is_told_its_regions_planned_cadence(cadence: int, flag: list[str]) -> None:
+    argv = list(learner_spec("r", INFO, Region(name="east", provider="process"), "L0", 9000, cadence=cadence).argv)
+    found = argv[argv.index("--cadence") : argv.index("--cadence") + 2] if "--cadence" in argv else []
+    assert found == flag and argv.count("--cadence") == len(flag) // 2

@@ -90,11 +90,21 @@ def test_without_a_docker_engine_the_dry_run_says_so_and_uses_processes(
 
 @pytest.mark.slow
 def test_dry_run_trains_and_down_leaves_nothing(regions_file: Path) -> None:
+    east, west = REGIONS["regions"]
+    regions_file.write_text(yaml.safe_dump({**REGIONS, "regions": [east, {**west, "cadence": 2}]}))
     run = dry_run_up(regions_file)["run"]
     try:
         names = sorted(i.name for i in ProcessProvider().list_run(run))
         assert names == ["L0", "L1", "L2", "controller", "syncer"]  # found by their label
-        status = json.loads(runner.invoke(app, ["status", "--json"]).stdout)
+
+        def cadences() -> dict[str, Any] | None:
+            status = json.loads(runner.invoke(app, ["status", "--json"]).stdout)
+            found = {entry["id"]: entry["cadence"] for region in status["regions"] for entry in region["learners"]}
+            return status if None not in found.values() else None
+
+        status = wait_until(cadences, timeout_s=60, what="every learner registered")
+        # west's learners send every 2 periods, as its file says; the syncer heard it from them
+        assert {e["id"]: e["cadence"] for r in status["regions"] for e in r["learners"]} == {"L0": 1, "L1": 2, "L2": 2}
         assert status["run"] == run and status["rounds"] >= 1
         assert {r["name"]: len(r["learners"]) for r in status["regions"]} == {"east": 1, "west": 2}
         for region in status["regions"]:

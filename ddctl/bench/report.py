@@ -146,3 +146,22 @@ def ladder_table(result: dict[str, Any]) -> Table:
                 "-" if traffic is None else f"{traffic:.0f}x", f"{a['wall_s']:.0f}",
             )  # fmt: skip
     return table
+
+
+def cadence_table(result: dict[str, Any]) -> Table:
+    table = Table(title=f"L1 through a {result['rate_mbit']:g} Mbit/s link (L0 unshaped), {result['tokens']:,} tokens, tiny")
+    for col in ("L1 cadence", "L1 MB", "x first", "link load", "L1 accepted", "job accepted", "dropped", "val_bpb", "wall s"):
+        table.add_column(col, justify="right")
+    for row in result["rows"]:
+        table.add_row(
+            f"every {row['cadence']}H",
+            f"{row['l1']['bytes'] / 1e6:.1f}",
+            f"{row['x_first']['l1_bytes']:.2f}",
+            f"{row['link_load']:.2f}",
+            "-" if row["l1_efficiency"] is None else f"{row['l1_efficiency']:.3f}",
+            "-" if row["job_efficiency"] is None else f"{row['job_efficiency']:.3f}",
+            f"{row['ledger']['dropped']:,}",
+            "-" if row["val_bpb"] is None else f"{row['val_bpb']:.3f}",
+            f"{row['wall_s']:.0f}",
+        )
+    return table

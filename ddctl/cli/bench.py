@@ -196,6 +196,25 @@ def link(
         stdout().print(link_table(result))
 
 
+@app.command("cadence")
+def cadence(
+    rate: Annotated[float, typer.Option(help="L1's link, Mbit/s each way (tc tbf).")] = 4.0,
+    cadences: Annotated[str, typer.Option(help="L1's cadences to compare, e.g. 1,2,4 (L0 sends every period).")] = "1,2,4",
+    tokens: Annotated[int, typer.Option(help="Each row's training budget, both learners together.")] = 300_000,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
+) -> None:
+    """A learner on a slow shaped link sending every period against every k-th: traffic, accepted work, val_bpb
+    (real processes; needs root)."""
+    from ddctl.bench.cadence import measure_cadence
+    from ddctl.bench.report import cadence_table
+
+    result = run_guarded(lambda: measure_cadence(rate, comma_ints(cadences, "--cadences", 1, 8), tokens))
+    if json_out:
+        print_json(result)
+    else:
+        stdout().print(cadence_table(result))
+
+
 @app.command("learner")
 def learner(
     preset: Annotated[str, typer.Option(help="Model preset to train (base: ~128M, for a GPU).")] = "tiny",

@@ -83,6 +83,9 @@ def train(
         ),
     ] = None,
     speeds: Annotated[str, typer.Option(help="Relative learner speeds, comma-separated (e.g. 1,1,0.5,0.5).")] = "",
+    cadences: Annotated[
+        str, typer.Option(help="Per learner, send every k periods (1, 2, 4 or 8), comma-separated (e.g. 1,1,1,4).")
+    ] = "",
     outage: Annotated[
         list[str], typer.Option(help="LEARNER@SECONDS[+SECONDS]: learner fails at a virtual time, returns later. Repeatable.")
     ] = [],  # noqa: B006
@@ -124,7 +127,8 @@ def train(
         "tokens": tokens, "batch_size": batch_size, "lr": lr, "outer_lr": outer_lr, "outer_momentum": outer_momentum,
         "outer_warmup": outer_warmup, "data": data or None, "max_bytes": max_bytes, "seed": seed, "threads": threads,
     }  # fmt: skip
-    cluster = {"speeds": speeds, "outages": outage, "failures": failures, "link_mbps": link_mbps, "latency_ms": latency_ms}
+    cluster = {"speeds": speeds, "cadences": cadences, "outages": outage, "failures": failures, "link_mbps": link_mbps,
+               "latency_ms": latency_ms}  # fmt: skip
 
     def body() -> dict[str, Any]:
         from ddctl.cli.train_options import build_config

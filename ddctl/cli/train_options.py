@@ -20,13 +20,23 @@ def parse_speeds(text: str) -> tuple[float, ...]:
         raise ConfigError(f"--speeds {text!r} must be comma-separated numbers, e.g. 1,1,0.5") from None
 
 
+def parse_cadences(text: str) -> tuple[int, ...]:
+    if not text.strip():
+        return ()
+    try:
+        return tuple(int(s) for s in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--cadences {text!r} must be comma-separated integers (1, 2, 4 or 8), e.g. 1,1,1,4") from None
+
+
 def build_config(knobs: dict[str, Any], cluster: dict[str, Any]) -> TrainConfig:
     """The knobs through the one JobConfig builder, then the virtual cluster (it needs the learner count)."""
     config = build_job(knobs, base=TrainConfig())
     learners = config.budget.learners
     outages = (*(parse_outage(t) for t in cluster["outages"]), *_tape_outages(cluster["failures"], learners))
     links = {k: cluster[k] for k in ("link_mbps", "latency_ms") if cluster[k] is not None}
-    return dataclasses.replace(config, cluster=ClusterConfig(speeds=parse_speeds(cluster["speeds"]), outages=outages, **links))
+    speeds, cadences = parse_speeds(cluster["speeds"]), parse_cadences(cluster.get("cadences", ""))
+    return dataclasses.replace(config, cluster=ClusterConfig(speeds=speeds, cadences=cadences, outages=outages, **links))
 
 
 def _tape_outages(path: Path | None, learners: int) -> tuple[Outage, ...]:

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ddctl.errors import RegionsError
-from ddctl_agents.core.shardplan import CADENCES, PlanSettings, ShardPlan, Traffic, plan_shards
+from ddctl_agents.core.schedule import CADENCES
+from ddctl_agents.core.shardplan import PlanSettings, ShardPlan, Traffic, plan_shards
 from ddctl_agents.core.siteload import Site
 from ddctl_agents.train import flops, presets
 from ddctl_agents.train.job import JobConfig
@@ -195,16 +196,8 @@ def summary(rf: RegionsFile, job: JobConfig) -> dict[str, Any]:
 
 
 def check_runnable(rf: RegionsFile, job: JobConfig) -> None:
-    """``up`` runs one synchronizer process, and learners that send every period: a file that asks for more is
-    planned (``up --plan``) but refused here, with what is allowed."""
-    for i, region in enumerate(rf.regions):
-        if region.cadence not in ("auto", 1):
-            raise RegionsError(
-                f"{rf.path}: regions[{i}].cadence: {region.cadence} is planned (up --plan) but learners send every "
-                "period in this version; allowed: auto or 1",
-                path=rf.path,
-                key=f"regions[{i}].cadence",
-            )
+    """``up`` runs one synchronizer process: a file whose plan has more shards is planned (``up --plan``) but
+    refused here, with what is allowed. Each region's cadence is run as planned (its learners' ``--cadence``)."""
     if rf.synchronizer is not None and (count := len(shard_plan(rf, job).shards)) > 1:
         raise RegionsError(
             f"{rf.path}: synchronizer.shards: the plan has {count} shards (up --plan shows them) but this version "

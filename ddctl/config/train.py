@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ddctl_agents.core.schedule import CADENCES
 from ddctl_agents.jsonable import from_json, to_json
 from ddctl_agents.train.config import ConfigError, require
 from ddctl_agents.train.job import JobConfig
@@ -49,6 +50,8 @@ class ClusterConfig:
 
     speeds: tuple[float, ...] = ()
     """Relative speed per learner (1 = nominal); empty means all 1."""
+    cadences: tuple[int, ...] = ()
+    """Per learner, send each fragment every k periods (k in 1, 2, 4, 8); empty means all 1."""
     outages: tuple[Outage, ...] = ()
     step_time_s: float = 1.0
     """Virtual seconds per inner step at speed 1."""
@@ -63,6 +66,7 @@ class ClusterConfig:
 
     def __post_init__(self) -> None:
         require(all(s > 0 for s in self.speeds), f"speeds must all be > 0, got {self.speeds}")
+        require(all(k in CADENCES for k in self.cadences), f"cadences must each be one of {CADENCES}, got {self.cadences}")
         require(self.step_time_s > 0, f"step_time_s must be > 0, got {self.step_time_s}")
         require(0 <= self.jitter < 0.5, f"jitter must be in [0, 0.5), got {self.jitter}")
         require(self.link_mbps > 0, f"link_mbps must be > 0, got {self.link_mbps}")
@@ -83,7 +87,14 @@ class TrainConfig(JobConfig):
             not self.cluster.speeds or len(self.cluster.speeds) == m,
             f"give one speed per learner ({m}), got {len(self.cluster.speeds)}",
         )
+        require(
+            not self.cluster.cadences or len(self.cluster.cadences) == m,
+            f"give one cadence per learner ({m}), got {len(self.cluster.cadences)}",
+        )
         require(all(o.learner < m for o in self.cluster.outages), f"outage learners must be < learners ({m})")
 
     def speeds(self) -> tuple[float, ...]:
         return self.cluster.speeds or (1.0,) * self.budget.learners
+
+    def cadences(self) -> tuple[int, ...]:
+        return self.cluster.cadences or (1,) * self.budget.learners

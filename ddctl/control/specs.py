@@ -100,9 +100,10 @@ def with_rendezvous(spec: InstanceSpec, host: str) -> InstanceSpec:
 
 
 def learner_spec(
-    run: str, info: RegionInfo, region: Region, learner: str, port: int, node: int = 0, meet: int = 0
+    run: str, info: RegionInfo, region: Region, learner: str, port: int, node: int = 0, meet: int = 0, cadence: int = 1
 ) -> InstanceSpec:
-    """Node ``node`` of a learner of ``region``, reaching the syncer at its region's address.
+    """Node ``node`` of a learner of ``region``, reaching the syncer at its region's address, sending each fragment
+    every ``cadence`` periods (the plan's for its region).
 
     Over several VMs (``region.nodes``) every node runs the same command with ``--nodes`` and meets at
     node 0's rendezvous on port ``meet``: loopback until node 0 exists (``with_rendezvous``), which is
@@ -126,6 +127,7 @@ def learner_spec(
         *("--syncer", f"https://{info.syncer_host}:{port}", "--name", learner, "--region", region.name),
         *("--token-file", token_path, "--ca", ca, "--syncer-timeout", f"{DEAD_MAN_S:g}", "--summary", summary),
         *(("--notice-url", info.notice_url) if info.notice_url else ()),
+        *(("--cadence", str(cadence)) if cadence > 1 else ()),
         *(("--gpus", str(region.ranks)) if region.ranks > 1 else ()),  # one learner over N ranks (torchrun)
         *(("--nodes", str(region.nodes), "--rendezvous", f"{LOOPBACK}:{meet}") if region.nodes > 1 else ()),
     )

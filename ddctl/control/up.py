@@ -84,6 +84,7 @@ def up(
     ``resume_from``: a checkpoint (or checkpoints folder: its newest) a new run's syncer starts from."""
     job = job_config(rf)
     synchronizer.check_runnable(rf, job)
+    cadence = synchronizer.shard_plan(rf, job).cadence  # each region's learners send every k periods, as planned
     kinds = kinds_for(rf, dry_run, say)
     check_data(job, kinds)
     run, rundir = rf.run, RunDir(rf.run)
@@ -121,7 +122,7 @@ def up(
         planned = plan(rf, kinds)
         meets = {i.learner: rendezvous_port(infos[i.region]) for i in planned if i.nodes > 1 and i.node == 0}
         mounts = local_data(job)
-        specs = {i.name: _spec(run, i, infos, rf, port, meets.get(i.learner, 0), mounts) for i in planned}
+        specs = {i.name: _spec(run, i, infos, rf, port, meets.get(i.learner, 0), mounts, cadence) for i in planned}
         actions = reconcile(desired(planned), observe(run, set(kinds.values())), time.time())
         changed = _carry_out(state, owners, planned, specs, actions, say)
         say("waiting for the first merged round")
@@ -189,12 +190,13 @@ def _spec(
     port: int,
     meet: int,
     mounts: tuple[str, ...],
+    cadence: dict[str, int],
 ) -> InstanceSpec:
-    info = infos[planned.region]
+    info, region = infos[planned.region], rf.region(planned.region)
     if planned.role == "syncer":
-        spec = syncer_spec(run, info, port, rf.region(planned.region), rf.checkpoints)
+        spec = syncer_spec(run, info, port, region, rf.checkpoints)
     else:
-        spec = learner_spec(run, info, rf.region(planned.region), planned.learner, port, planned.node, meet)
+        spec = learner_spec(run, info, region, planned.learner, port, planned.node, meet, cadence[planned.region])
     return replace(spec, mounts=mounts)
 
 

@@ -39,6 +39,7 @@ COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("mfu", "mfu", 0),
     ("loss", "loss", 0),
     ("stale", "staleness", 0),
+    ("sends", "cadence", 100),
     ("up", "up_mbps", 0),
     ("down", "down_mbps", 0),
     ("rtt ms", "rtt_ms", 100),
@@ -47,7 +48,7 @@ COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("provider/zone", "where", 130),
 )
 LEFT_ALIGNED = frozenset({"region", "id", "state", "accelerator", "where"})
-DROP_FIRST = ("where", "dollars_per_hour", "preemptions", "accelerator", "rtt_ms", "staleness", "down_mbps", "loss")
+DROP_FIRST = ("where", "dollars_per_hour", "preemptions", "cadence", "accelerator", "rtt_ms", "staleness", "down_mbps", "loss")
 """The columns a table too wide for its terminal leaves out, least missed first."""
 
 
@@ -173,6 +174,8 @@ def _cell(key: str, region: dict[str, Any], learner: dict[str, Any]) -> Text:
         return Text(_num(learner[key], 0 if (learner[key] or 0) >= 100 else 1))
     if key == "dollars_per_hour":
         return Text(_num(learner[key], 2))
+    if key == "cadence":
+        return Text(UNKNOWN if learner.get("cadence") is None else f"every {learner['cadence']}H")
     return Text(_num(learner[key], 0))
 
 

@@ -113,6 +113,7 @@ def build(records: RunRecords, syncer: SyncerView, now: float) -> dict[str, Any]
                 "mfu": (entry or {}).get("mfu"),
                 "loss": (entry or {}).get("loss"),
                 "staleness": (entry or {}).get("staleness"),
+                "cadence": (entry or {}).get("cadence"),
                 "up_mbps": (entry or {}).get("up_mbps"),
                 "down_mbps": (entry or {}).get("down_mbps"),
                 "rtt_ms": (entry or {}).get("rtt_ms"),

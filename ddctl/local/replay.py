@@ -18,6 +18,7 @@ from typing import Any
 
 from ddctl.config.train import TrainConfig, from_json
 from ddctl.errors import ReplayDivergence
+from ddctl.local.virtual_cluster import cluster_syncer
 from ddctl_agents.core.effects import Record, Send
 from ddctl_agents.core.messages import FragmentVersion, decode_fragment, decode_update, encode_fragment, encode_update
 from ddctl_agents.core.syncer import Synchronizer
@@ -36,7 +37,7 @@ class Replayer:
 
     def __init__(self, assembly: Assembly) -> None:
         self.a = assembly
-        self.syncer: Synchronizer = assembly.new_syncer()
+        self.syncer: Synchronizer = cluster_syncer(assembly)
         self.learners: dict[str, Learner] = {}
         self.history: dict[tuple[int, int], FragmentVersion] = {}
         self.order: dict[int, deque[int]] = {}
@@ -46,9 +47,9 @@ class Replayer:
     def apply(self, number: int, record: dict[str, Any]) -> None:
         kind, t = record["type"], float(record.get("t", 0.0))
         if kind == "join":
-            index = learner_index(record["learner"])
-            self.learners[record["learner"]] = self.a.new_learner(index, record["incarnation"], record.get("start_step", 0))
-            self._effects(self.syncer.register(t, record["learner"], record["incarnation"], record.get("start_step", 0)))
+            index, start, cadence = learner_index(record["learner"]), record.get("start_step", 0), record.get("cadence", 1)
+            self.learners[record["learner"]] = self.a.new_learner(index, record["incarnation"], start, cadence=cadence)
+            self._effects(self.syncer.register(t, record["learner"], record["incarnation"], start, cadence))
         elif kind == "leave":
             self._effects(self.syncer.deregister(t, record["learner"], record["reason"]))
         elif kind == "update":

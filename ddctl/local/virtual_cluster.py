@@ -20,7 +20,9 @@ from typing import Any
 
 from ddctl.config.train import TrainConfig
 from ddctl_agents.core.effects import Effect, Fault, Record, Send
+from ddctl_agents.core.holds import Holds
 from ddctl_agents.core.messages import FragmentVersion, Update, decode_fragment, decode_update, encode_fragment, encode_update
+from ddctl_agents.core.syncer import Synchronizer
 from ddctl_agents.core.tape import TapeWriter
 from ddctl_agents.errors import ConfigError
 from ddctl_agents.train.assembly import Assembly, learner_index, learner_name
@@ -77,6 +79,14 @@ class ClusterStats:
     virtual_time_s: float = 0.0
 
 
+def cluster_syncer(assembly: Assembly) -> Synchronizer:
+    """The job's synchronizer as the virtual cluster (and its replay) runs it. Its learners share one token budget,
+    so a fast one trains past its share (up to the whole budget): a learner at cadence k may send all of that drift
+    in one update, which the job's per-learner step bound would refuse."""
+    whole = assembly.config.budget.tokens // (assembly.config.inner.batch_size * assembly.model_config.seq_len) + 1
+    return assembly.new_syncer(max_steps=whole)
+
+
 class VirtualCluster:
     """Runs a TrainConfig's Decoupled DiLoCo job to its token budget."""
 
@@ -85,7 +95,8 @@ class VirtualCluster:
             raise ConfigError("the virtual cluster needs a TrainConfig: a job plus its cluster")
         self.cfg: TrainConfig = assembly.config
         self.a, self.tape, self.progress = assembly, tape, progress
-        self.syncer = assembly.new_syncer()
+        self.syncer = cluster_syncer(assembly)
+        self.holds = Holds()
         self.stats = ClusterStats()
         self.events: list[tuple[float, int, str, Any]] = []
         self.seq = itertools.count()
@@ -119,8 +130,10 @@ class VirtualCluster:
             return
         slot.incarnation += 1
         slot.alive, slot.inbox = True, []
-        slot.learner = self.a.new_learner(index, slot.incarnation, start_step)
-        self._apply(self.syncer.register(self.now, slot.name, slot.incarnation, start_step))
+        cadence = self.cfg.cadences()[index]
+        slot.learner = self.a.new_learner(index, slot.incarnation, start_step, cadence=cadence)
+        self.holds.joined(slot.name, cadence)
+        self._apply(self.syncer.register(self.now, slot.name, slot.incarnation, start_step, cadence))
         ready_at = max((t for t, _, _ in slot.inbox), default=self.now)
         self._start_step(slot, slot.incarnation, at=ready_at)
 
@@ -164,7 +177,8 @@ class VirtualCluster:
             self.stats.lost_in_flight += update.c_tokens
             return
         self.syncer.observe_link(update.learner, "up", len(frame), busy_s, rtt_s=2 * self.latency)
-        _, effects = self.syncer.receive(self.now, update, len(frame))
+        ack, effects = self.syncer.receive(self.now, update, len(frame))
+        self.holds.pushed(update.learner, update.fragment, ack)
         self._apply(effects)
         self._poll()
 
@@ -220,13 +234,23 @@ class VirtualCluster:
         message, _ = decode_fragment(frame)
         for name in send.to:
             slot = self.slots[learner_index(name)]
-            if not slot.alive:
+            if not slot.alive or not self._wanted(slot, send):
                 continue
             busy_s = len(frame) / self.bytes_per_s
             slot.down_free_at = max(self.now, slot.down_free_at) + busy_s
             slot.inbox.append((slot.down_free_at + self.latency, next(self.seq), message))
             self.syncer.observe_link(name, "down", len(frame), busy_s, rtt_s=2 * self.latency)
             self.stats.bytes_down += len(frame)
+
+    def _wanted(self, slot: _Slot, send: Send) -> bool:
+        """Whether a learner at cadence k > 1 is sent this version (``core/holds.py``); at cadence 1 always."""
+        assert slot.learner is not None
+        p, version = send.message.fragment, send.message.version
+        seen = -1 if send.reason == "bootstrap" else slot.learner.state[p].version
+        if not self.holds.wants(slot.name, p, version, seen):
+            return False
+        self.holds.sent(slot.name, p)
+        return True
 
     def _adopt_arrived(self, slot: _Slot) -> None:
         assert slot.learner is not None

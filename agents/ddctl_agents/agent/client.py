@@ -73,8 +73,9 @@ class SyncerClient:
     def job(self) -> dict[str, Any]:
         return self._json("GET", "/v1/job")
 
-    def register(self, learner: str, incarnation: int, region: str) -> dict[str, Any]:
-        return self._json("POST", "/v1/register", json={"learner": learner, "incarnation": incarnation, "region": region})
+    def register(self, learner: str, incarnation: int, region: str, cadence: int = 1) -> dict[str, Any]:
+        body = {"learner": learner, "incarnation": incarnation, "region": region, "cadence": cadence}
+        return self._json("POST", "/v1/register", json=body)
 
     def leave(self, learner: str, reason: str = "left", tokens: int | None = None) -> dict[str, Any]:
         """Goodbye, with why and (when known) the tokens this life trained in all."""

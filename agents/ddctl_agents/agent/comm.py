@@ -72,6 +72,8 @@ class Identity:
     name: str
     incarnation: int
     region: str
+    cadence: int = 1
+    """It sends each fragment every ``cadence`` periods (the syncer sends it only the versions it adopts)."""
 
 
 class Comms:
@@ -144,7 +146,7 @@ class Comms:
         try:
             while True:
                 try:
-                    answer = retry(lambda: client.register(self.me.name, self.me.incarnation, self.me.region))
+                    answer = retry(lambda: client.register(self.me.name, self.me.incarnation, self.me.region, self.me.cadence))
                     self._heard(url)  # after a suspension the last refusal may be seconds old
                     return answer
                 except Refused as exc:
@@ -224,7 +226,7 @@ class Comms:
             log.error("suspended by the synchronizer: %s", exc.reason)
 
     def _reregister(self, client: SyncerClient) -> None:
-        client.register(self.me.name, self.me.incarnation, self.me.region)
+        client.register(self.me.name, self.me.incarnation, self.me.region, self.me.cadence)
 
     def _upload_loop(self) -> None:
         clients: dict[str, SyncerClient] = {}

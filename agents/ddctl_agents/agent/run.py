@@ -38,6 +38,7 @@ from ddctl_agents.agent.notice import Stop, watch
 from ddctl_agents.agent.progress import Progress
 from ddctl_agents.agent.routes import discover
 from ddctl_agents.core.ending import FINISHED, STOPPED
+from ddctl_agents.core.schedule import CADENCES
 from ddctl_agents.entrypoint import EXIT_OK, EXIT_UNREACHABLE, Parser, add_label_option, configure_logging, report
 from ddctl_agents.errors import AgentError
 from ddctl_agents.jsonable import from_json
@@ -68,6 +69,8 @@ class LearnerOptions:
     """Dead-man switch: end if the syncer is unreachable this long (0: never)."""
     parallel_uploads: int = 3
     """Uploads in flight at once (each on its own connection)."""
+    cadence: int = 1
+    """Send each fragment every ``cadence`` periods of H steps (a region on a slow link: ``up --plan``)."""
     device: str = "auto"
     """auto (this rank's GPU if CUDA has one), cuda or cpu."""
     shard: bool = False
@@ -106,7 +109,7 @@ def _register(opts: LearnerOptions) -> tuple[Assembly, Comms, dict[str, Any]]:
     model_files = job_answer.get("model_files") or {}
     assembly = _assemble(job_answer["job"], model_files)
     job = assembly.config
-    me = Identity(name=opts.name, incarnation=time.time_ns() // 1000, region=opts.region)
+    me = Identity(name=opts.name, incarnation=time.time_ns() // 1000, region=opts.region, cadence=opts.cadence)
 
     def connect(url: str) -> SyncerClient:
         return SyncerClient(url, opts.token, opts.ca)
@@ -170,7 +173,7 @@ def _train(opts: LearnerOptions, stop: threading.Event, ranks: Ranks, device: An
     born = time.time()
     assembly, comms, start = _start(opts, ranks, group)
     placement = Placement(device=device, ranks=ranks, shard=opts.shard, compile=opts.compile)
-    learner = assembly.new_learner(learner_index(opts.name), start["incarnation"], start["start_step"], placement)
+    learner = assembly.new_learner(learner_index(opts.name), start["incarnation"], start["start_step"], placement, opts.cadence)
     hardware = describe(device)
 
     def should_stop() -> tuple[int, str] | None:
@@ -224,6 +227,7 @@ def _train(opts: LearnerOptions, stop: threading.Event, ranks: Ranks, device: An
         "rebalance_recommended": bool(getattr(stop, "rebalance_recommended", False)),
         "start_step": start_step,
         "step": learner.step,
+        "cadence": learner.cadence,
         "bootstrap_s": round(bootstrap_s, 3),
         "drained": drained,
         "loss": pace.loss,
@@ -297,6 +301,13 @@ def _main(argv: list[str] | None) -> int:
     add_label_option(parser)
     parser.add_argument("--parallel-uploads", type=int, default=defaults.parallel_uploads, help="Uploads in flight at once.")
     parser.add_argument(
+        "--cadence",
+        type=int,
+        choices=CADENCES,
+        default=defaults.cadence,
+        help="Send each fragment every K periods of H steps (a slow link moves 1/K of the bytes).",
+    )
+    parser.add_argument(
         "--device",
         choices=DEVICE_CHOICES,
         default=defaults.device,
@@ -339,6 +350,7 @@ def _main(argv: list[str] | None) -> int:
             max_steps=args.max_steps,
             syncer_timeout_s=args.syncer_timeout,
             parallel_uploads=args.parallel_uploads,
+            cadence=args.cadence,
             device=args.device,
             shard=args.shard,
             compile=args.compile,

@@ -10,11 +10,24 @@ this is the same grid; but a broadcast re-aligns every learner that adopts it,
 so step-time jitter cannot make learners drift apart for good. On a fixed grid
 it did: after ~1000 steps with 5% jitter, learners' sends of a fragment no
 longer fell inside one grace window, and 43% of trained tokens were overwritten.
+
+A learner on a slow link may send every k-th period (its *cadence*, k in
+``CADENCES``): its schedule is this one with a period of k*H steps, so it
+moves 1/k of the bytes (docs/design.md, "Cadence").
 """
 
 from __future__ import annotations
 
 from ddctl_agents.errors import ConfigError
+
+CADENCES = (1, 2, 4, 8)
+"""A learner sends each fragment every k*H inner steps, k one of these."""
+
+
+def check_cadence(cadence: object) -> int:
+    if type(cadence) is not int or cadence not in CADENCES:
+        raise ConfigError(f"cadence must be one of {', '.join(map(str, CADENCES))} (send every k*H steps), got {cadence!r}")
+    return cadence
 
 
 def check_schedule(fragments: int, inner_steps: int) -> None:

@@ -52,10 +52,10 @@ class ShardSynchronizer(Synchronizer):
         self.moves = {"out": 0, "in": 0}
         """Handoffs this shard's state has made, each way (for /metrics; counted again when a log replays)."""
 
-    def register(self, now: float, learner: str, incarnation: int = 0, start_step: int = 0) -> list[Effect]:
+    def register(self, now: float, learner: str, incarnation: int = 0, start_step: int = 0, cadence: int = 1) -> list[Effect]:
         """As the synchronizer's, bootstrapping only the fragments this shard owns."""
         owned = self.role.owned
-        effects = super().register(now, learner, incarnation, start_step)
+        effects = super().register(now, learner, incarnation, start_step, cadence)
         return [e for e in effects if not isinstance(e, Send) or e.message.fragment in owned]
 
     def receive(self, now: float, update: Update, nbytes: int = 0) -> tuple[Ack, list[Effect]]:

@@ -25,9 +25,9 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ddctl_agents.core.schedule import CADENCES
 from ddctl_agents.core.siteload import Demand, Site, SiteLoad, best_split, demand, loads
 
-CADENCES = (1, 2, 4, 8)
 TARGET_UTILISATION = 0.8
 """A link loaded past this queues: a period's sends would not finish in the period with room for bursts."""
 MAX_SUBSETS = 256

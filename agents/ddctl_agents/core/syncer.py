@@ -24,6 +24,7 @@ from ddctl_agents.core.admission import Rejection, UpdateLimits, admit_merge, ch
 from ddctl_agents.core.config import SyncerConfig
 from ddctl_agents.core.effects import Ack, Effect, Fault, Record, Send
 from ddctl_agents.core.ending import FINISHED
+from ddctl_agents.core.forecast import round_timing
 from ddctl_agents.core.fragments import Fragmentation
 from ddctl_agents.core.fused_round import fused_outer_step
 from ddctl_agents.core.ledger import TokenLedger
@@ -60,6 +61,8 @@ class Synchronizer:
         self.rounds = [Round() for _ in fragmentation.fragments]
         self.live: dict[str, int] = {}
         self.links: dict[str, LearnerLinks] = {}
+        self.cadence: dict[str, int] = {}
+        """Each learner's send cadence k (every k*H steps), as it registered; 1 if it never said."""
         self.ledger = TokenLedger()
         self.clock: dict[str, int] = {p: 0 for p in sorted({self.process, *peers, *([vclock.CUT] if peers else [])})}
         self.seen_updates: dict[str, RecentIds] = {}
@@ -72,13 +75,16 @@ class Synchronizer:
         """Learners that left having trained their whole budget: the job ends when every one has."""
 
     # -- registry ---------------------------------------------------------------------------
-    def register(self, now: float, learner: str, incarnation: int = 0, start_step: int = 0) -> list[Effect]:
-        """A learner joins (or rejoins) at ``start_step``: it gets every current fragment to bootstrap from."""
+    def register(self, now: float, learner: str, incarnation: int = 0, start_step: int = 0, cadence: int = 1) -> list[Effect]:
+        """A learner joins (or rejoins) at ``start_step``, sending every ``cadence`` periods: it gets every
+        current fragment to bootstrap from."""
         self.check_sender(learner)
+        self.cadence[learner] = schedule.check_cadence(cadence)
         self.live[learner] = incarnation
         self.links.setdefault(learner, LearnerLinks())
         self.clock = vclock.tick(self.clock, self.process)
-        effects: list[Effect] = [self._record(now, "join", learner=learner, incarnation=incarnation, start_step=start_step)]
+        joined = {"learner": learner, "incarnation": incarnation, "start_step": start_step, "cadence": cadence}
+        effects: list[Effect] = [self._record(now, "join", **joined)]
         effects += [
             Send(to=(learner,), message=self.fragment_message(p), reason="bootstrap") for p in range(self.fragmentation.count)
         ]
@@ -168,11 +174,13 @@ class Synchronizer:
             learner=update.learner, tensors=update.tensors, c_steps=update.c_steps, c_tokens=update.c_tokens
         )
         rnd = self.rounds[p]
-        if behind > self.config.max_behind:
+        k = self.cadence.get(update.learner, 1)  # sending every k periods, its base is k - 1 rounds old by design
+        allowed = k - 1 + self.config.max_behind * k
+        if behind > allowed:
             self.ledger.dropped += units
             ack = Ack(
                 status="dropped",
-                reason=f"base version {update.base_version} is {behind} behind {current}; resync",
+                reason=f"base version {update.base_version} is {behind} behind {current} (at most {allowed}); resync",
                 version=current,
             )
             resync = Send(to=(update.learner,), message=self.fragment_message(p), reason="resync")
@@ -358,26 +366,8 @@ class Synchronizer:
         return outer_step(self.fragments[p], delta, self.buffers[p], self.config.outer, self.versions[p])
 
     def _timing(self, now: float, p: int) -> Timing:
-        rnd = self.rounds[p]
-        arrived = [self._links(m).pace.step_time for m in rnd.fresh]
-        known = [t for t in arrived if t is not None]
-        step_time = min(known) if known else 0.0
-        forecasts: dict[str, float] = {}
-        for m in self.live:
-            if m in rnd.fresh:
-                continue
-            links = self._links(m)
-            due = (
-                links.pace.due[p]
-                if len(links.pace.due) > p
-                else schedule.next_due_step(links.pace.last_step, p, self.fragmentation.count, self.config.inner_steps)
-            )
-            eta = links.predict_arrival(now, due, rnd.upload_bytes, p)
-            if eta is not None:
-                forecasts[m] = eta
-        sync = [self._links(m).down.transfer_time(rnd.upload_bytes) for m in rnd.fresh]
-        sync_time = max((s for s in sync if s is not None), default=0.0)
-        return Timing(step_time=step_time, sync_time=sync_time, forecasts=forecasts)
+        periods = {m: self.config.inner_steps * self.cadence.get(m, 1) for m in self.live}
+        return round_timing(now, p, self.rounds[p], self.live, self._links, self.fragmentation.count, periods)
 
     def _record(self, now: float, kind: str, **fields: Any) -> Record:
         t = round(now, 9) if math.isfinite(now) else now

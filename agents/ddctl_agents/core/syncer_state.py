@@ -19,6 +19,7 @@ from ddctl_agents.core.ledger import TokenLedger
 from ddctl_agents.core.links import LearnerLinks
 from ddctl_agents.core.merge import Contribution
 from ddctl_agents.core.rounds import RecentIds, Round
+from ddctl_agents.core.schedule import check_cadence
 from ddctl_agents.core.shard_syncer import ShardSynchronizer
 from ddctl_agents.core.shardmap import ShardRole, parse
 from ddctl_agents.core.syncer import Synchronizer
@@ -59,6 +60,7 @@ def capture(syncer: Synchronizer, extra: Mapping[str, Any] | None = None) -> Syn
         "versions": list(syncer.versions),
         "rounds_closed": syncer.rounds_closed,
         "live": dict(syncer.live),
+        "cadence": dict(syncer.cadence),
         "ledger": ledger.as_dict(),
         "clock": dict(syncer.clock),
         "seen": {m: list(ids.order) for m, ids in syncer.seen_updates.items()},
@@ -102,6 +104,7 @@ def restore(syncer: Synchronizer, state: SyncerState) -> None:
     syncer.versions = list(meta["versions"])
     syncer.rounds_closed = meta["rounds_closed"]
     syncer.live = dict(meta["live"])
+    syncer.cadence = {m: check_cadence(k) for m, k in meta.get("cadence", {}).items()}  # absent before cadences existed
     syncer.ledger = TokenLedger(**meta["ledger"])
     syncer.clock = dict(meta["clock"])
     syncer.seen_updates = {}

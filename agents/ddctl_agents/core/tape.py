@@ -33,6 +33,17 @@ class TapeWriter:
         self._file: IO[str] = path.open("a", encoding="utf-8")
         self.count = 0
 
+    @classmethod
+    def resume(cls, path: Path, size: int, header: Mapping[str, Any]) -> TapeWriter:
+        """The tape cut back to ``size`` bytes (what the log recovered to), ``header`` first if that is nothing."""
+        if path.exists():
+            with path.open("r+b") as f:
+                f.truncate(size)
+        tape = cls(path)
+        if size == 0:
+            tape.write(header)
+        return tape
+
     def write(self, record: Mapping[str, Any]) -> None:
         if record.get("type") not in RECORD_TYPES:
             raise TapeError(f"record type must be one of {', '.join(RECORD_TYPES)}, got {record.get('type')!r}")

@@ -9,6 +9,7 @@ counted, and the next request is served as usual.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import struct
@@ -155,7 +156,7 @@ class SyncerApp:
         who = self.identity(scope)
         body = parse_body(RegisterBody, await _read_body(receive, MAX_JSON))
         self._own(who, body.learner)
-        await _json(send, 200, await self.rt.register(body.learner, body.incarnation, body.region))
+        await _json(send, 200, await self.rt.register(body.learner, body.incarnation, body.region, body.cadence))
 
     async def leave(self, scope: Scope, receive: Receive, send: Send) -> None:
         who = self.identity(scope)
@@ -263,7 +264,10 @@ class SyncerApp:
                 self.rt.observe_link(who, "down", *sample, kernel=True)
 
         async def pump() -> None:
-            async for item in self.rt.publisher.follow(since, self.rt.settings.keepalive_s):
+            held = functools.partial(self.rt.holds.wants, who) if self.rt.holds.held(who) else None
+            async for item in self.rt.publisher.follow(since, self.rt.settings.keepalive_s, held):
+                if item is not None:
+                    self.rt.holds.sent(who, item.fragment)
                 frame = b"" if item is None else item.frame
                 measure()
                 await send({"type": "http.response.body", "body": STREAM_RECORD.pack(len(frame)) + frame, "more_body": True})

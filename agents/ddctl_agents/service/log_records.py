@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from ddctl_agents.service.requests import Count, Identity
+from ddctl_agents.service.requests import Cadence, Count, Identity
 
 Time = Annotated[float, Field(allow_inf_nan=False)]
 Text = Annotated[str, Field(max_length=1000)]
@@ -29,6 +29,7 @@ class JoinEntry(_Entry):
     learner: Identity
     incarnation: Count
     start_step: Count
+    cadence: Cadence = 1
 
 
 class LeaveEntry(_Entry):

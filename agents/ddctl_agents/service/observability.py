@@ -74,6 +74,7 @@ def status(rt: SyncerRuntime) -> dict[str, Any]:
                 "mfu": learner_mfu(rt, info),
                 "loss": info.loss,
                 "staleness": info.staleness,
+                "cadence": s.cadence.get(name, 1),
                 "step_time_s": links.pace.step_time,
                 "seen_s_ago": round(now - info.last_seen, 3),
                 "updates": dict(info.updates),

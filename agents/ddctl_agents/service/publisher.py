@@ -11,8 +11,11 @@ version that has waited longest is the one a learner is most behind on.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+
+Wanted = Callable[[int, int, int], bool]
+"""(fragment, version, the version the subscriber holds) -> send it? (``core/holds.py``)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,26 +55,38 @@ class Publisher:
         async with self._changed:
             self._changed.notify_all()
 
-    async def follow(self, since: list[int], keepalive_s: float) -> AsyncIterator[Published | None]:
-        """Yield every fragment newer than ``since`` as it appears; ``None`` after ``keepalive_s`` of quiet."""
+    async def nudge(self) -> None:
+        """Wake every subscriber to look again (what one of them wants changed, not the versions)."""
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def follow(self, since: list[int], keepalive_s: float, wanted: Wanted | None = None) -> AsyncIterator[Published | None]:
+        """Yield every fragment newer than ``since`` as it appears (those ``wanted`` says); ``None`` after
+        ``keepalive_s`` of quiet."""
         seen = list(since)
         while not self.closed:
             quiet = False
             async with self._changed:
-                fresh = self._newer(seen)
+                fresh = self._newer(seen, wanted)
                 if not fresh:
                     try:
                         async with asyncio.timeout(keepalive_s):  # not wait_for: it can swallow a cancel on 3.11
                             await self._changed.wait()
                     except TimeoutError:
                         quiet = True
-                    fresh = self._newer(seen)
+                    fresh = self._newer(seen, wanted)
             for item in fresh:
                 seen[item.fragment] = item.version
                 yield item
             if quiet and not fresh:
                 yield None
 
-    def _newer(self, seen: list[int]) -> list[Published]:
-        fresh = [item for item in self.latest if item is not None and item.version > seen[item.fragment]]
+    def _newer(self, seen: list[int], wanted: Wanted | None) -> list[Published]:
+        fresh = [
+            item
+            for item in self.latest
+            if item is not None
+            and item.version > seen[item.fragment]
+            and (wanted is None or wanted(item.fragment, item.version, seen[item.fragment]))
+        ]
         return sorted(fresh, key=lambda item: self._made[item.fragment])

@@ -57,7 +57,7 @@ def apply_record(syncer: Synchronizer, record: WalRecord) -> list[Effect]:
         raise Unreplayable(f"malformed record: {exc.errors()[0]['msg']} at {exc.errors()[0]['loc']}") from None
     match entry:
         case JoinEntry():
-            return syncer.register(entry.t, entry.learner, entry.incarnation, entry.start_step)
+            return syncer.register(entry.t, entry.learner, entry.incarnation, entry.start_step, entry.cadence)
         case LeaveEntry():
             return syncer.deregister(entry.t, entry.learner, entry.reason)
         case UpdateEntry():

@@ -12,7 +12,7 @@ its log or its status page.
 from __future__ import annotations
 
 import re
-from typing import Annotated, TypeVar
+from typing import Annotated, Literal, TypeVar
 from urllib.parse import parse_qs
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -28,6 +28,8 @@ Rate = Annotated[float, Field(ge=0.0, le=1e12, allow_inf_nan=False)]
 Loss = Annotated[float, Field(ge=0.0, le=1e6, allow_inf_nan=False)]
 Identity = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 Region = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{0,64}$")]
+Cadence = Literal[1, 2, 4, 8]
+"""A learner sends each fragment every k*H steps (``core/schedule.CADENCES``)."""
 Sentence = Annotated[str, Field(pattern=r"^[\x20-\x7e]{0,200}$")]
 """Printable ASCII only: it is written into logs and events, where a newline could forge a line."""
 Accelerator = Annotated[str, Field(pattern=r"^[A-Za-z0-9 ._()/+-]{0,64}$")]
@@ -42,6 +44,7 @@ class RegisterBody(_Body):
     learner: Identity
     incarnation: Count
     region: Region = ""
+    cadence: Cadence = 1
 
 
 class LeaveBody(_Body):

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from ddctl_agents.core.effects import Ack, Effect, Fault, Record, Send
 from ddctl_agents.core.ending import departed
+from ddctl_agents.core.holds import Holds
 from ddctl_agents.core.links import QuorumClock, TransferMeter
 from ddctl_agents.core.messages import FragmentVersion, Update, decode_update, encode_fragment
 from ddctl_agents.core.shardmap import ShardRole
@@ -36,7 +37,7 @@ from ddctl_agents.service.ending import Ending, ending_loop, linger, read_summar
 from ddctl_agents.service.log_records import JoinEntry, LeaveEntry, ReadmitEntry, RejectEntry, UpdateEntry, entry_for
 from ddctl_agents.service.publisher import Published, Publisher
 from ddctl_agents.service.recovery import recover
-from ddctl_agents.service.requests import HeartbeatBody
+from ddctl_agents.service.requests import Cadence, HeartbeatBody
 from ddctl_agents.service.resume import read_local, seed
 from ddctl_agents.service.roster import LearnerInfo, Roster
 from ddctl_agents.service.settings import ServiceSettings
@@ -62,6 +63,7 @@ class SyncerRuntime:
         self.limits = WireLimits(max_payload=self.max_update_bytes, max_tensors=4 * len(assembly.initial) + 16)
         self.publisher = Publisher(assembly.fragmentation.count)
         self.roster = Roster()
+        self.holds = Holds()  # what a learner sending every k-th period is sent of the versions
         self.meters: dict[str, TransferMeter] = {}
         """Uplink meters, touched only on the event loop's thread."""
         self.val_bpb: list[tuple[float, int, float]] = []
@@ -133,6 +135,7 @@ class SyncerRuntime:
         self.wal = Wal(self.settings.state_dir / "wal")
         for learner, incarnation in self.syncer.live.items():
             self.roster.info[learner] = LearnerInfo(incarnation=incarnation, last_seen=now, joined_at=now, state="recovered")
+            self.holds.joined(learner, self.syncer.cadence.get(learner, 1))
         self.cuts.marker = self.syncer.clock.get(CUT, 0)
         resumed = bool(self.recovered["snapshot"] or self.recovered["replayed"] or self.recovered["quarantined"])
         self.roster.event(now, "recovered" if resumed else "started", **self.recovered)
@@ -145,13 +148,8 @@ class SyncerRuntime:
         return syncer
 
     def _open_tape(self, tape_bytes: int) -> None:
-        path = self.settings.state_dir / "tape.jsonl"
-        if path.exists():
-            with path.open("r+b") as f:
-                f.truncate(tape_bytes)
-        self.tape = TapeWriter(path)
-        if tape_bytes == 0:
-            self.tape.write({"type": "config", "format": TAPE_FORMAT, "service": True, "config": self.job_json})
+        header = {"type": "config", "format": TAPE_FORMAT, "service": True, "config": self.job_json}
+        self.tape = TapeWriter.resume(self.settings.state_dir / "tape.jsonl", tape_bytes, header)
 
     def _close_files(self) -> None:
         if self.wal is not None:
@@ -160,8 +158,8 @@ class SyncerRuntime:
             self.tape.close()
 
     # -- requests (event loop) ------------------------------------------------------------------
-    async def register(self, learner: str, incarnation: int, region: str) -> dict[str, Any]:
-        start_step, position = await self._on_core(self._register, learner, incarnation, region)
+    async def register(self, learner: str, incarnation: int, region: str, cadence: Cadence = 1) -> dict[str, Any]:
+        start_step, position = await self._on_core(self._register, learner, incarnation, region, cadence)
         await self.commit_to(position)
         self._kick.set()
         return {
@@ -196,6 +194,8 @@ class SyncerRuntime:
         ack, position = await self._on_core(self._receive, update, body)
         await self.commit_to(position)
         self._kick.set()
+        if self.holds.pushed(update.learner, update.fragment, ack):
+            await self.publisher.nudge()
         return update, ack
 
     async def readmit(self, learner: str) -> bool:
@@ -234,7 +234,7 @@ class SyncerRuntime:
         return {**self.syncer.degraded, **self.publish_failures}
 
     # -- core thread ----------------------------------------------------------------------------
-    def _register(self, learner: str, incarnation: int, region: str) -> tuple[int, int]:
+    def _register(self, learner: str, incarnation: int, region: str, cadence: Cadence) -> tuple[int, int]:
         assert self.wal is not None
         if self.ending.phase != "training":
             raise JobOver(f"the job is {self.ending.phase} ({self.ending.reason}); no learner joins any more")
@@ -242,9 +242,11 @@ class SyncerRuntime:
         now = self.clock()
         links = self.syncer.links.get(learner)
         start_step = links.pace.last_step if links is not None else 0
-        self.apply_effects(self.syncer.register(now, learner, incarnation, start_step))
+        self.apply_effects(self.syncer.register(now, learner, incarnation, start_step, cadence))
         self.roster.joined(now, learner, incarnation, region, start_step, self.syncer.links[learner])
-        position = self.wal.append(JoinEntry(t=now, learner=learner, incarnation=incarnation, start_step=start_step).model_dump())
+        self.holds.joined(learner, cadence)
+        joined = JoinEntry(t=now, learner=learner, incarnation=incarnation, start_step=start_step, cadence=cadence)
+        position = self.wal.append(joined.model_dump())
         self.quorum_clock.update(now, len(self.syncer.live))
         return start_step, position
 

@@ -85,29 +85,32 @@ class Assembly:
         """Training FLOPs per token of the job's model, behind MFU."""
         return contract.model_flops(self.config.inner, self.model_config, sum(v.numel() for v in self.initial.values()))
 
-    def new_syncer(self, role: ShardRole | None = None) -> Synchronizer:
-        """The job's synchronizer at its initial model; ``role``: one shard of a sharded one, owning what its map says."""
+    def new_syncer(self, role: ShardRole | None = None, max_steps: int | None = None) -> Synchronizer:
+        """The job's synchronizer at its initial model; ``role``: one shard of a sharded one, owning what its map says;
+        ``max_steps``: the most steps one learner may claim (default: its share of the budget)."""
+        limits = self.update_limits(max_steps)
         if role is not None:
-            return ShardSynchronizer(
-                self.initial, self.fragmentation, self.embeddings, self.config.syncer, self.update_limits(), role
-            )
-        return Synchronizer(self.initial, self.fragmentation, self.embeddings, self.config.syncer, self.update_limits())
+            return ShardSynchronizer(self.initial, self.fragmentation, self.embeddings, self.config.syncer, limits, role)
+        return Synchronizer(self.initial, self.fragmentation, self.embeddings, self.config.syncer, limits)
 
-    def update_limits(self) -> UpdateLimits:
+    def update_limits(self, max_steps: int | None = None) -> UpdateLimits:
         """What an update of this job may claim: drift from the inner AdamW, one batch per step, the run's steps."""
         return derive_limits(
             lr=self.config.inner.lr,
             weight_decay=self.config.inner.weight_decay,
             tokens_per_step=self.config.inner.batch_size * self.model_config.seq_len,
-            max_steps=self.total_steps,
+            max_steps=max_steps or self.total_steps,
             initial=self.initial,
             trust=self.config.syncer.trust,
         )
 
-    def new_learner(self, index: int, incarnation: int = 0, start_step: int = 0, placement: Placement | None = None) -> Learner:
+    def new_learner(
+        self, index: int, incarnation: int = 0, start_step: int = 0, placement: Placement | None = None, cadence: int = 1
+    ) -> Learner:
         """A fresh learner process: model at the seed's init (bootstrap overwrites it), new AdamW.
 
-        ``placement``: its device and ranks (default: one CPU process, as every simulation runs).
+        ``placement``: its device and ranks (default: one CPU process, as every simulation runs);
+        ``cadence``: it sends each fragment every ``cadence`` periods.
         """
         model = self.new_model()
         data = shard(self.corpus.train, index, self.config.budget.learners)
@@ -123,6 +126,7 @@ class Assembly:
             total_steps=self.total_steps,
             start_step=start_step,
             incarnation=incarnation,
+            cadence=cadence,
         )
 
     def evaluate(self, params: dict[str, torch.Tensor]) -> float:

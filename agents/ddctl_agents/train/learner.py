@@ -81,13 +81,18 @@ class Learner:
         total_steps: int,
         start_step: int = 0,
         incarnation: int = 0,
+        cadence: int = 1,
     ) -> None:
+        """``cadence``: send each fragment every ``cadence`` periods of H steps (a learner on a slow link)."""
         self.name, self.incarnation = name, incarnation
         self.trainer, self.inner, self.sync = trainer, inner, sync
         self.fragmentation, self.total_steps = fragmentation, total_steps
+        self.cadence = schedule.check_cadence(cadence)
+        self.period = sync.inner_steps * cadence
+        """Inner steps between two sends of a fragment: H at cadence 1."""
         self.step = start_step
         self.state = [
-            _FragmentState(due=schedule.next_due_step(start_step, p, sync.fragments, sync.inner_steps))
+            _FragmentState(due=schedule.next_due_step(start_step, p, sync.fragments, self.period))
             for p in range(fragmentation.count)
         ]
         self.ledger = LearnerLedger()
@@ -160,7 +165,7 @@ class Learner:
         self.adoptions.clear()
         s.c_steps = s.c_tokens = 0
         s.sent_since_adopt = True
-        s.due = self.step + self.sync.inner_steps
+        s.due = self.step + self.period
         return pending
 
     def finish_send(self, pending: PendingSend) -> Update | None:
@@ -222,7 +227,7 @@ class Learner:
         self.trainer.write({name: s.ref.get(name) for name in names})
         self.ledger.overwritten += s.c_tokens
         if s.version >= 0:  # a bootstrap keeps the staggered first sends
-            s.due = schedule.due_after_adoption(self.step, self.sync.inner_steps)
+            s.due = schedule.due_after_adoption(self.step, self.period)
         s.version, s.c_steps, s.c_tokens, s.sent_since_adopt = message.version, 0, 0, False
         self.clock = vclock.receive(self.clock, message.vclock, self.name)
         self.adoptions.append((message.fragment, message.version, self.step))
