@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import pytest
@@ -12,13 +13,18 @@ from ddctl.cli.app import app
 from ddctl.errors import DdctlError
 from ddctl.providers.linkshape import available
 
+BAD = [
+    ([3], 100_000, 3, "cadences must be some of 1, 2, 4, 8, got [3]"),
+    ([], 100_000, 3, "cadences must be some of"),
+    ([1], 1000, 3, "tokens must be >= 50000"),
+    ([1], 100_000, 0, "parallel must be in [1, 8] uploads in flight, got 0"),
+]
 
-@pytest.mark.parametrize(("cadences", "tokens", "message"), [([3], 100_000, "cadences must be some of 1, 2, 4, 8, got [3]"),
-                                                             ([], 100_000, "cadences must be some of"),
-                                                             ([1], 1000, "tokens must be >= 50000")])  # fmt: skip
-def test_bad_sizes_are_refused_before_any_link_is_made(cadences: list[int], tokens: int, message: str) -> None:
-    with pytest.raises(DdctlError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        measure_cadence(4.0, cadences, tokens)
+
+@pytest.mark.parametrize(("cadences", "tokens", "parallel", "message"), BAD)
+def test_bad_sizes_are_refused_before_any_link_is_made(cadences: list[int], tokens: int, parallel: int, message: str) -> None:
+    with pytest.raises(DdctlError, match=re.escape(message)):
+        measure_cadence(4.0, cadences, tokens, parallel)
     done = CliRunner().invoke(app, ["bench", "cadence", "--cadences", "3", "--json"])
     assert done.exit_code == 2 and "cadences must be some of 1, 2, 4, 8" in done.output
 

@@ -223,3 +223,18 @@ def test_a_finished_run_with_a_checkpoint_says_how_to_pull_its_model() -> None:
     assert "model: ddctl pull r7" in line.plain
     [line] = finished_lines({"run": "r7", "job": {**job, "summary": {**job["summary"], "checkpoint": ""}}})
     assert "ddctl pull" not in line.plain  # a summary from before checkpoints: nothing to point at
+
+
+def test_each_learner_shows_how_often_it_sends_and_a_dash_before_the_syncer_says() -> None:
+    raw = json.loads((DATA / "running_3.json").read_text())
+    entries = raw["syncer"]["status"]["learners"]
+    for entry, cadence in zip(entries, (1, 4), strict=False):  # the third learner's syncer status predates cadences
+        entry["cadence"] = cadence
+    entries[2].pop("cadence", None)
+    s = from_recording(raw)
+    assert {e["id"]: e["cadence"] for r in s["regions"] for e in r["learners"]} == {"L0": 1, "L1": 4, "L2": None}
+    wide = screen(s, 160, 40)
+    assert "sends" in wide[1]
+    l0, l1, l2 = (next(line for line in wide if f" L{i} " in line) for i in range(3))
+    assert "every 1H" in l0 and "every 4H" in l1 and "every" not in l2 and "—" in l2
+    assert max(map(len, screen(s, 80, 24))) <= 80  # on a narrow terminal the column is among the first to go

@@ -38,34 +38,45 @@ ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 ACCEPTED = ("accepted", "late")
 
 
-def measure_cadence(rate_mbit: float = 4.0, cadences: Sequence[int] = (1, 2, 4), tokens: int = 300_000) -> dict[str, Any]:
-    """One row per cadence of L1 (L0 at 1), each a fresh job over the same shaped link."""
+def measure_cadence(
+    rate_mbit: float = 4.0, cadences: Sequence[int] = (1, 2, 4), tokens: int = 300_000, parallel: int = 3
+) -> dict[str, Any]:
+    """One row per cadence of L1 (L0 at 1), each a fresh job over the same shaped link; ``parallel``: L1's uploads
+    in flight at once."""
     if not cadences or any(k not in CADENCES for k in cadences):
         raise DdctlError(f"cadences must be some of {', '.join(map(str, CADENCES))}, got {list(cadences)}")
     if tokens < 50_000:
         raise DdctlError(f"tokens must be >= 50000 (a few periods per learner), got {tokens}")
+    if not 1 <= parallel <= 8:
+        raise DdctlError(f"parallel must be in [1, 8] uploads in flight, got {parallel}")
     rows = []
     with shaped_link(f"ddctl-cad-{os.getpid()}", rate_mbit, rate_mbit) as link:
         for k in cadences:
-            rows.append(_one(link, k, tokens))
+            rows.append(_one(link, k, tokens, parallel))
     first = rows[0]
     for row in rows:
         row["x_first"] = {
             "l1_bytes": round(row["l1"]["bytes"] / first["l1"]["bytes"], 4),
             "l1_efficiency": round(row["l1_efficiency"] / first["l1_efficiency"], 4) if first["l1_efficiency"] else None,
         }
-    return {"rate_mbit": rate_mbit, "tokens": tokens, "learners": 2, "preset": "tiny", "rows": rows}
+    return {"rate_mbit": rate_mbit, "tokens": tokens, "parallel": parallel, "learners": 2, "preset": "tiny", "rows": rows}
 
 
-def _one(link: ShapedLink, cadence: int, tokens: int) -> dict[str, Any]:
+def _one(link: ShapedLink, cadence: int, tokens: int, parallel: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ddctl-cad-") as tmp:
         root = Path(tmp)
         with LocalSyncer(root, tiny_job(learners=2, tokens=tokens), run="cadence-bench", host=link.host_ip) as syncer:
             syncer.start("--snapshot-every", "3600")
             started = time.monotonic()
             procs = {
-                "L0": _learner(syncer, root, "L0", cadence=1, wrap=lambda argv: argv),
-                "L1": _learner(syncer, root, "L1", cadence=cadence, wrap=lambda argv: link.command(*argv)),
+                "L0": _learner(syncer, root, "L0", ("--cadence", "1"), wrap=lambda argv: argv),
+                "L1": _learner(
+                    syncer,
+                    root,
+                    "L1",
+                    ("--cadence", str(cadence), "--parallel-uploads", str(parallel)),
+                    wrap=lambda argv: link.command(*argv),
+                ),  # fmt: skip
             }
             for name, proc in procs.items():
                 if proc.wait(timeout=900) != 0:
@@ -76,9 +87,9 @@ def _one(link: ShapedLink, cadence: int, tokens: int) -> dict[str, Any]:
     return _row(cadence, link, wall, status, summaries)
 
 
-def _learner(syncer: LocalSyncer, root: Path, name: str, cadence: int, wrap: Any) -> subprocess.Popen[bytes]:
+def _learner(syncer: LocalSyncer, root: Path, name: str, extra: Sequence[str], wrap: Any) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-m", "ddctl_agents.agent", "--syncer", syncer.url, "--name", name, "--token", syncer.token(name)]
-    argv += ["--ca", str(syncer.ca), "--summary", str(root / f"{name}.summary.json"), "--region", name, "--cadence", str(cadence)]
+    argv += ["--ca", str(syncer.ca), "--summary", str(root / f"{name}.summary.json"), "--region", name, *extra]
     with (root / f"{name}.log").open("ab") as log:
         return subprocess.Popen(wrap(argv), stdout=log, stderr=log, env=ENV)
 

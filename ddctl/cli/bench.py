@@ -201,6 +201,7 @@ def cadence(
     rate: Annotated[float, typer.Option(help="L1's link, Mbit/s each way (tc tbf).")] = 4.0,
     cadences: Annotated[str, typer.Option(help="L1's cadences to compare, e.g. 1,2,4 (L0 sends every period).")] = "1,2,4",
     tokens: Annotated[int, typer.Option(help="Each row's training budget, both learners together.")] = 300_000,
+    parallel: Annotated[int, typer.Option(help="L1's uploads in flight at once (the learner's default is 3).")] = 3,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
 ) -> None:
     """A learner on a slow shaped link sending every period against every k-th: traffic, accepted work, val_bpb
@@ -208,7 +209,7 @@ def cadence(
     from ddctl.bench.cadence import measure_cadence
     from ddctl.bench.report import cadence_table
 
-    result = run_guarded(lambda: measure_cadence(rate, comma_ints(cadences, "--cadences", 1, 8), tokens))
+    result = run_guarded(lambda: measure_cadence(rate, comma_ints(cadences, "--cadences", 1, 8), tokens, parallel))
     if json_out:
         print_json(result)
     else:

@@ -28,14 +28,15 @@ class Holds:
         else:
             self._owed.pop(learner, None)
 
-    def pushed(self, learner: str, fragment: int, ack: Ack) -> bool:
-        """Record what ``learner`` is owed for its push; True when that version exists already (wake its stream)."""
+    def pushed(self, learner: str, fragment: int, ack: Ack, newest: int = -1) -> bool:
+        """Record what ``learner`` is owed for its push: the first version newer than the one it was answered with
+        (the current one if the push was dropped as too stale). True when that exists already (``newest``, the
+        version published now, is newer), so its stream must look again: a resync, or a round closed meanwhile."""
         owed = self._owed.get(learner)
         if owed is None or ack.status == "rejected":
             return False
-        resync = ack.status == "dropped"
-        owed[fragment] = ack.version - 1 if resync else ack.version
-        return resync
+        owed[fragment] = ack.version - 1 if ack.status == "dropped" else ack.version
+        return newest > owed[fragment]
 
     def wants(self, learner: str, fragment: int, version: int, seen: int) -> bool:
         """Whether the stream sends ``learner`` this version, which is newer than the ``seen`` one it holds."""

@@ -60,5 +60,9 @@ def accumulate(previous: Contribution | None, new: Contribution) -> Contribution
         return new
     tensors = {k: previous.tensors[k] + new.tensors[k] for k in new.tensors}
     return Contribution(
-        learner=new.learner, tensors=tensors, c_steps=previous.c_steps + new.c_steps, c_tokens=previous.c_tokens + new.c_tokens
+        learner=new.learner,
+        tensors=tensors,
+        c_steps=previous.c_steps + new.c_steps,
+        c_tokens=previous.c_tokens + new.c_tokens,
+        periods=new.periods,
     )

@@ -170,12 +170,12 @@ class Synchronizer:
         units = update.c_tokens
         self.ledger.received += units
         behind = current - update.base_version
+        k = self.cadence.get(update.learner, 1)
         contribution = Contribution(
-            learner=update.learner, tensors=update.tensors, c_steps=update.c_steps, c_tokens=update.c_tokens
+            learner=update.learner, tensors=update.tensors, c_steps=update.c_steps, c_tokens=update.c_tokens, periods=k
         )
         rnd = self.rounds[p]
-        k = self.cadence.get(update.learner, 1)  # sending every k periods, its base is k - 1 rounds old by design
-        allowed = k - 1 + self.config.max_behind * k
+        allowed = k - 1 + self.config.max_behind * k  # sending every k periods, its base is k - 1 rounds old by design
         if behind > allowed:
             self.ledger.dropped += units
             ack = Ack(

@@ -51,7 +51,10 @@ def capture(syncer: Synchronizer, extra: Mapping[str, Any] | None = None) -> Syn
         entry: dict[str, Any] = {"opened_at": rnd.opened_at, "quorum_met_at": rnd.quorum_met_at, "upload_bytes": rnd.upload_bytes}
         for kind in ("fresh", "late"):
             contributions = getattr(rnd, kind)
-            entry[kind] = [{"learner": c.learner, "c_steps": c.c_steps, "c_tokens": c.c_tokens} for c in contributions.values()]
+            entry[kind] = [
+                {"learner": c.learner, "c_steps": c.c_steps, "c_tokens": c.c_tokens, "periods": c.periods}
+                for c in contributions.values()
+            ]
             for c in contributions.values():
                 tensors.update({f"r/{p}/{kind}/{c.learner}/{n}": t for n, t in c.tensors.items()})
         rounds.append(entry)
@@ -98,7 +101,7 @@ def restore(syncer: Synchronizer, state: SyncerState) -> None:
             for c in entry[kind]:
                 ts = {n: tensors[f"r/{p}/{kind}/{c['learner']}/{n}"] for n in names}
                 target[c["learner"]] = Contribution(
-                    learner=c["learner"], tensors=ts, c_steps=c["c_steps"], c_tokens=c["c_tokens"]
+                    learner=c["learner"], tensors=ts, c_steps=c["c_steps"], c_tokens=c["c_tokens"], periods=c.get("periods", 1)
                 )
         syncer.rounds[p] = rnd
     syncer.versions = list(meta["versions"])

@@ -194,7 +194,7 @@ class SyncerRuntime:
         ack, position = await self._on_core(self._receive, update, body)
         await self.commit_to(position)
         self._kick.set()
-        if self.holds.pushed(update.learner, update.fragment, ack):
+        if self.holds.pushed(update.learner, update.fragment, ack, self.publisher.versions()[update.fragment]):
             await self.publisher.nudge()
         return update, ack
 
