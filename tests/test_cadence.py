@@ -239,6 +239,12 @@ def test_a_held_learners_stream_carries_its_bootstrap_then_only_the_versions_it_
         assert sorted(got) == [(0, 0), (0, 2), (1, 0), (1, 4), (2, 0), (3, 0)]
         learners = {e["id"]: e for e in job.status()["learners"]}
         assert (learners["L0"]["cadence"], learners["L1"]["cadence"]) == (1, 2)
+        admin = job.client()
+        try:
+            metrics = admin.metrics()
+        finally:
+            admin.close()
+        assert 'ddctl_learner_cadence{learner="L0"} 1.0' in metrics and 'ddctl_learner_cadence{learner="L1"} 2.0' in metrics
     finally:
         stop.set()
         for client in (l0, l1, subscriber):

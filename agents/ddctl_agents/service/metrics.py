@@ -56,6 +56,10 @@ def _families(rt: SyncerRuntime) -> Iterator[Metric]:
         [({"fragment": str(p)}, v) for p, v in enumerate(s.versions)],
     )
     yield _family("gauge", "learners_live", "Learners currently counted toward quorum.", [({}, len(s.live))])
+    cadences = [({"learner": m}, k) for m, k in sorted(s.cadence.items())]
+    yield _family(
+        "gauge", "learner_cadence", "Periods of H steps between a learner's sends of a fragment, as it registered.", cadences
+    )
     ledger = [({"bucket": k}, v) for k, v in s.ledger.as_dict().items()]
     yield _family("gauge", "ledger_fragment_tokens", "Token ledger in fragment-tokens, by bucket.", ledger)
     degraded = rt.degraded()
