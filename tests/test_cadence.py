@@ -189,8 +189,31 @@ def test_a_cadence_the_syncer_does_not_allow_is_refused_with_what_is(job: Job) -
     try:
         with pytest.raises(Refused) as info:
             client.register("L1", 1, "r", cadence=3)
-        assert info.value.status == 400 and "field 'cadence': Input should be 1, 2, 4 or 8" in info.value.reason
+        assert info.value.status == 400 and "field 'cadence': Value error, must be one of 1, 2, 4, 8, got 3" in info.value.reason
         assert "L1" not in {e["id"] for e in job.status()["learners"]}
+    finally:
+        client.close()
+
+
+HOSTILE = [3, 0, -1, 2**70, 2.0, 1e308, "2", None, True, [2], {"k": 2}]
+
+
+def test_hostile_cadences_are_400s_and_the_syncer_carries_on(job: Job) -> None:
+    """Huge, negative, float, overflowing, wrong-typed: each refused naming the field, none a 500 or a registration."""
+    import json
+
+    client = job.client("L0")
+    try:
+        for bad in HOSTILE:
+            body = json.dumps({"learner": "L0", "incarnation": 1, "region": "r", "cadence": bad})
+            answer = client.http.post(f"{job.url}/v1/register", content=body, headers={"content-type": "application/json"})
+            assert answer.status_code == 400 and "cadence" in answer.json()["reason"], (bad, answer.text)
+        truncated = client.http.post(f"{job.url}/v1/register", content=b'{"learner": "L0", "cadence": 2', headers={})
+        assert truncated.status_code == 400
+        assert "L0" not in {e["id"] for e in job.status()["learners"]}  # nothing registered on the way
+        assert client.register("L0", 1, "r", cadence=4)["learner"] == "L0"  # a good one still gets in
+        assert {e["id"]: e["cadence"] for e in job.status()["learners"]}["L0"] == 4
+        client.register("L0", 1, "r")  # back at cadence 1, as the next test has it
     finally:
         client.close()
 

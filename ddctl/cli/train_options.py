@@ -3,30 +3,33 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ddctl.config.job import build_job
 from ddctl.config.train import ClusterConfig, Outage, TrainConfig, parse_outage
 from ddctl_agents.train.config import ConfigError
 
+T = TypeVar("T")
+
 
 def parse_speeds(text: str) -> tuple[float, ...]:
-    if not text.strip():
-        return ()
-    try:
-        return tuple(float(s) for s in text.split(","))
-    except ValueError:
-        raise ConfigError(f"--speeds {text!r} must be comma-separated numbers, e.g. 1,1,0.5") from None
+    return _comma_list(text, float, "--speeds", "numbers, e.g. 1,1,0.5")
 
 
 def parse_cadences(text: str) -> tuple[int, ...]:
+    return _comma_list(text, int, "--cadences", "integers (1, 2, 4 or 8), e.g. 1,1,1,4")
+
+
+def _comma_list(text: str, kind: Callable[[str], T], option: str, allowed: str) -> tuple[T, ...]:
+    """``text`` split at commas, each part read as ``kind``; empty text is an empty tuple."""
     if not text.strip():
         return ()
     try:
-        return tuple(int(s) for s in text.split(","))
+        return tuple(kind(s) for s in text.split(","))
     except ValueError:
-        raise ConfigError(f"--cadences {text!r} must be comma-separated integers (1, 2, 4 or 8), e.g. 1,1,1,4") from None
+        raise ConfigError(f"{option} {text!r} must be comma-separated {allowed}") from None
 
 
 def build_config(knobs: dict[str, Any], cluster: dict[str, Any]) -> TrainConfig:

@@ -12,11 +12,12 @@ its log or its status page.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, TypeVar
 from urllib.parse import parse_qs
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
+from ddctl_agents.core.schedule import CADENCES
 from ddctl_agents.errors import BadRequest
 
 MAX_COUNT = (1 << 62) - 1
@@ -28,8 +29,16 @@ Rate = Annotated[float, Field(ge=0.0, le=1e12, allow_inf_nan=False)]
 Loss = Annotated[float, Field(ge=0.0, le=1e6, allow_inf_nan=False)]
 Identity = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 Region = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{0,64}$")]
-Cadence = Literal[1, 2, 4, 8]
-"""A learner sends each fragment every k*H steps (``core/schedule.CADENCES``)."""
+
+
+def _a_cadence(k: int) -> int:
+    if k not in CADENCES:
+        raise ValueError(f"must be one of {', '.join(map(str, CADENCES))}, got {k}")
+    return k
+
+
+Cadence = Annotated[int, Field(strict=True), AfterValidator(_a_cadence)]
+"""A learner sends each fragment every k*H steps (``core/schedule.CADENCES``); an integer, not 2.0."""
 Sentence = Annotated[str, Field(pattern=r"^[\x20-\x7e]{0,200}$")]
 """Printable ASCII only: it is written into logs and events, where a newline could forge a line."""
 Accelerator = Annotated[str, Field(pattern=r"^[A-Za-z0-9 ._()/+-]{0,64}$")]
