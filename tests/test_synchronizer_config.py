@@ -103,12 +103,11 @@ def test_a_cadence_must_be_one_of_the_allowed() -> None:
 def test_up_refuses_more_shards_than_it_runs_and_runs_a_fixed_cadence() -> None:
     rf = parse(FIVE)
     with pytest.raises(RegionsError, match="the plan has 3 shards .* runs one synchronizer process; allowed: shards: 1"):
-        synchronizer.check_runnable(rf, job_config(rf))
+        synchronizer.runnable_plan(rf, job_config(rf))
     one = parse(with_key(synchronizer={"shards": 1}))
-    synchronizer.check_runnable(one, job_config(one))
+    synchronizer.runnable_plan(one, job_config(one))
     slow = parse(with_key(synchronizer={"shards": 1}, regions=[*FIVE["regions"][:4], {**FIVE["regions"][4], "cadence": 2}]))
-    synchronizer.check_runnable(slow, job_config(slow))  # its learners are started with --cadence 2 (test_specs)
-    assert synchronizer.shard_plan(slow, job_config(slow)).cadence["e"] == 2
+    assert synchronizer.runnable_plan(slow, job_config(slow)).cadence["e"] == 2  # its learners get --cadence 2 (test_specs)
 
 
 def test_up_plan_shows_the_shard_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -195,13 +195,15 @@ def summary(rf: RegionsFile, job: JobConfig) -> dict[str, Any]:
     }
 
 
-def check_runnable(rf: RegionsFile, job: JobConfig) -> None:
-    """``up`` runs one synchronizer process: a file whose plan has more shards is planned (``up --plan``) but
-    refused here, with what is allowed. Each region's cadence is run as planned (its learners' ``--cadence``)."""
-    if rf.synchronizer is not None and (count := len(shard_plan(rf, job).shards)) > 1:
+def runnable_plan(rf: RegionsFile, job: JobConfig) -> ShardPlan:
+    """The plan ``up`` runs: one synchronizer process (a plan with more shards is planned by ``up --plan`` but
+    refused here, with what is allowed), each region's learners at the plan's cadence (``--cadence``)."""
+    plan = shard_plan(rf, job)
+    if len(plan.shards) > 1:
         raise RegionsError(
-            f"{rf.path}: synchronizer.shards: the plan has {count} shards (up --plan shows them) but this version "
-            "runs one synchronizer process; allowed: shards: 1",
+            f"{rf.path}: synchronizer.shards: the plan has {len(plan.shards)} shards (up --plan shows them) but this "
+            "version runs one synchronizer process; allowed: shards: 1",
             path=rf.path,
             key="synchronizer.shards",
         )
+    return plan

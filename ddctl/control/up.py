@@ -83,8 +83,7 @@ def up(
     ``keep``: when the job finishes, its machines stay (for inspection) until ``ddctl down``.
     ``resume_from``: a checkpoint (or checkpoints folder: its newest) a new run's syncer starts from."""
     job = job_config(rf)
-    synchronizer.check_runnable(rf, job)
-    cadence = synchronizer.shard_plan(rf, job).cadence  # each region's learners send every k periods, as planned
+    cadence = synchronizer.runnable_plan(rf, job).cadence  # each region's learners send every k periods, as planned
     kinds = kinds_for(rf, dry_run, say)
     check_data(job, kinds)
     run, rundir = rf.run, RunDir(rf.run)

@@ -52,8 +52,7 @@ class Publisher:
 
     async def close(self) -> None:
         self.closed = True
-        async with self._changed:
-            self._changed.notify_all()
+        await self.nudge()
 
     async def nudge(self) -> None:
         """Wake every subscriber to look again (what one of them wants changed, not the versions)."""
