@@ -41,6 +41,19 @@ def test_demand_counts_each_learner_up_and_one_pull_per_relayed_region() -> None
     assert relayed == Demand(up=3 * 100 / 20.0, down=400 / 20.0)
 
 
+def test_a_measured_wait_for_versions_stretches_the_period_by_the_wait_less_one_step() -> None:
+    """A learner sends k·H - 1 steps after it adopts: a 2 s wait at 0.5 s steps makes a 10-step period 11.5 s."""
+    s = dataclasses.replace(site("a", 2, 1000, step_s=0.5), round_trip_s=2.0)
+    assert demand(s, up_bytes=100, down_bytes=400, inner_steps=10, cadence=2, relay=False) == Demand(
+        up=2 * 100 / 11.5, down=2 * 400 / 11.5
+    )
+    short = dataclasses.replace(s, round_trip_s=0.25)  # under one step: the learner never waits for it
+    assert demand(short, 100, 400, 10, 1, False) == demand(site("a", 2, 1000, step_s=0.5), 100, 400, 10, 1, False)
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="round_trip_s must be finite and >= 0"):
+            dataclasses.replace(s, round_trip_s=bad)
+
+
 def test_site_loads_by_hand_for_one_synchronizer() -> None:
     """All of the model at site a: a carries every other site's traffic, the others only their own."""
     sites = [site("a", 1, 100), site("b", 2, 100), site("c", 1, 10)]

@@ -165,3 +165,27 @@ def cadence_table(result: dict[str, Any]) -> Table:
             f"{row['wall_s']:.0f}",
         )
     return table
+
+
+def wan_table(result: dict[str, Any]) -> Table:
+    case = result["case"]
+    links = "/".join(f"{up:g}" for up, _ in case["links_mbit"].values())
+    table = Table(title=f"Links {links} Mbit/s, learners {'/'.join(map(str, case['learners'].values()))}, {case['preset']}, "
+                  f"{case['fragments']} fragments, H = {case['inner_steps']}, synthetic step {case['step_s']:g} s")  # fmt: skip
+    for col in ("layout", "shards at", "cadence", "in flight", "efficiency", "x first", "worst site", "measured", "predicted"):
+        table.add_column(col, justify="right")
+    for row in result["rows"]:
+        worst = max(row["sites"], key=lambda r: row["sites"][r]["measured"])
+        site = row["sites"][worst]
+        table.add_row(
+            row["layout"],
+            ",".join(s["site"] for s in row["shards"]),
+            "/".join(str(k) for k in row["cadence"].values()),
+            str(row["in_flight"]),
+            f"{row['efficiency']:.3f}",
+            "-" if row["x_first"] is None else f"{row['x_first']:.2f}",
+            worst,
+            f"{site['measured']:.2f}",
+            f"{site['predicted_at_pace']:.2f}",
+        )
+    return table

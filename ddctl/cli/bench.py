@@ -216,6 +216,34 @@ def cadence(
         stdout().print(cadence_table(result))
 
 
+@app.command("wan")
+def wan(
+    layouts: Annotated[str, typer.Option(help="Layouts to run, in order: N, N-rr, P2, W (the first is the others' x).")] = (
+        "N,N-rr,P2,W"
+    ),
+    fast_mbit: Annotated[float, typer.Option(help="The fast sites' links, Mbit/s each way (the rest 1/5 and 1/20).")] = 10.0,
+    step: Annotated[float, typer.Option(help="Seconds per synthetic inner step of every learner.")] = 0.1,
+    seconds: Annotated[float, typer.Option(help="How long the learners train in each layout.")] = 60.0,
+    inner_steps: Annotated[int, typer.Option(help="H: inner steps per outer period (the links' load falls as it grows).")] = 8,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
+) -> None:
+    """One synchronizer against shards, cadence and pacing over an emulated 5-region WAN: the learners' work merged
+    and each site's link load against the plan (real processes, synthetic steps; needs root)."""
+    from ddctl.bench.report import wan_table
+    from ddctl.bench.wan import measure_wan
+    from ddctl.bench.wan_layouts import WanCase
+
+    def run() -> dict[str, object]:
+        names = [n.strip() for n in layouts.split(",") if n.strip()]
+        return measure_wan(WanCase(fast_mbit=fast_mbit, step_s=step, seconds=seconds, inner_steps=inner_steps), names)
+
+    result = run_guarded(run)
+    if json_out:
+        print_json(result)
+    else:
+        stdout().print(wan_table(result))
+
+
 @app.command("learner")
 def learner(
     preset: Annotated[str, typer.Option(help="Model preset to train (base: ~128M, for a GPU).")] = "tiny",

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from ddctl.control.credentials import init_job_dir, token_for
@@ -38,11 +39,21 @@ class LocalSyncer:
     """One job's syncer process; ``start`` may be called again after ``kill`` (same port, same state)."""
 
     def __init__(
-        self, root: Path, job: JobConfig | None = None, run: str = "local", tls: bool = True, host: str = "127.0.0.1"
+        self,
+        root: Path,
+        job: JobConfig | None = None,
+        run: str = "local",
+        tls: bool = True,
+        host: str = "127.0.0.1",
+        *,
+        also: Sequence[str] = (),
+        prefix: Sequence[str] = (),
     ) -> None:
-        self.root, self.tls, self.port, self.host = root, tls, 0, host
+        """``also``: more addresses the job's certificate names (other shards'); ``prefix``: the command runs inside it
+        (``ip netns exec NS``: a region of an emulated WAN)."""
+        self.root, self.tls, self.port, self.host, self.prefix = root, tls, 0, host, tuple(prefix)
         if job is not None:
-            init_job_dir(self.job_dir, job, run, sorted({host, "127.0.0.1", "localhost"}), tls=tls)
+            init_job_dir(self.job_dir, job, run, sorted({host, *also, "127.0.0.1", "localhost"}), tls=tls)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -77,7 +88,7 @@ class LocalSyncer:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "ddctl_agents.service", *args], stdout=log, stderr=log, env=env
+                [*self.prefix, sys.executable, "-m", "ddctl_agents.service", *args], stdout=log, stderr=log, env=env
             )
         deadline = time.monotonic() + timeout_s
 

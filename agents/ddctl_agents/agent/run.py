@@ -36,6 +36,7 @@ from ddctl_agents.agent.launch import own_address, report_exit, run_ranks
 from ddctl_agents.agent.loop import GO, STOP, STOP_NOW, StepLoop
 from ddctl_agents.agent.notice import Stop, watch
 from ddctl_agents.agent.progress import Progress
+from ddctl_agents.agent.roundtrip import RoundTrips
 from ddctl_agents.agent.routes import discover
 from ddctl_agents.core.ending import FINISHED, STOPPED
 from ddctl_agents.core.schedule import CADENCES
@@ -76,6 +77,8 @@ class LearnerOptions:
     shard: bool = False
     """FSDP2 across the ranks instead of DDP (a model too big for one device)."""
     compile: bool = False
+    synthetic_step: float = 0.0
+    """> 0: no training; each step waits this long and drifts the model (``train/synthetic.py``, for ``bench wan``)."""
 
 
 @dataclass(slots=True)
@@ -173,7 +176,9 @@ def _train(opts: LearnerOptions, stop: threading.Event, ranks: Ranks, device: An
     born = time.time()
     assembly, comms, start = _start(opts, ranks, group)
     placement = Placement(device=device, ranks=ranks, shard=opts.shard, compile=opts.compile)
-    learner = assembly.new_learner(learner_index(opts.name), start["incarnation"], start["start_step"], placement, opts.cadence)
+    learner = assembly.new_learner(
+        learner_index(opts.name), start["incarnation"], start["start_step"], placement, opts.cadence, opts.synthetic_step
+    )
     hardware = describe(device)
 
     def should_stop() -> tuple[int, str] | None:
@@ -189,11 +194,12 @@ def _train(opts: LearnerOptions, stop: threading.Event, ranks: Ranks, device: An
     loop.bootstrap(lambda: time.sleep(0.01))
     bootstrap_s = time.monotonic() - started_at
     budget = learner.total_steps if opts.max_steps <= 0 else min(learner.total_steps, learner.step + opts.max_steps)
-    progress = Progress(total=budget)
+    progress, waits = Progress(total=budget), RoundTrips()
     pace = _Pace(tick=time.perf_counter(), last_adopt=learner.step)
 
     def on_step(loss: Any, value: float | None) -> None:
-        pace.stepped(time.perf_counter(), value, len(loop.outcome.adoptions), learner.step)
+        loss_read = None if opts.synthetic_step else value  # a synthetic step has no loss to report
+        pace.stepped(time.perf_counter(), loss_read, len(loop.outcome.adoptions), learner.step)
         if comms is None:
             return
         step_time = statistics.median(pace.step_times)
@@ -210,6 +216,7 @@ def _train(opts: LearnerOptions, stop: threading.Event, ranks: Ranks, device: An
             memory_gb=hardware.memory_gb,
         )
         progress.report(time.monotonic(), learner, comms)
+        waits.observe(time.monotonic(), [f.sent_since_adopt for f in learner.state], loop.outcome.adoptions)
 
     outcome = loop.run(budget, on_step) if loop.outcome.code == GO else loop.outcome
     loop.flush()
@@ -228,6 +235,8 @@ def _train(opts: LearnerOptions, stop: threading.Event, ranks: Ranks, device: An
         "start_step": start_step,
         "step": learner.step,
         "cadence": learner.cadence,
+        "synthetic_step": opts.synthetic_step,
+        "round_trip": waits.summary(),
         "bootstrap_s": round(bootstrap_s, 3),
         "drained": drained,
         "loss": pace.loss,
@@ -326,6 +335,13 @@ def _main(argv: list[str] | None) -> int:
     parser.add_argument(
         "--compile", action="store_true", help="Compile the model with torch.compile (slow to start, faster steps)."
     )
+    parser.add_argument(
+        "--synthetic-step",
+        type=float,
+        default=defaults.synthetic_step,
+        metavar="SECONDS",
+        help="Do not train: each step waits SECONDS and drifts the model by a fixed amount (many learners on few cores).",
+    )
     args = parser.parse_args(argv)
     configure_logging()
     if (args.gpus != 1 or args.nodes != 1) and "WORLD_SIZE" not in os.environ:
@@ -354,9 +370,12 @@ def _main(argv: list[str] | None) -> int:
             device=args.device,
             shard=args.shard,
             compile=args.compile,
+            synthetic_step=args.synthetic_step,
         )
         if opts.parallel_uploads < 1:
             raise AgentError(f"--parallel-uploads must be >= 1, got {opts.parallel_uploads}")
+        if not (opts.synthetic_step == 0 or 0 < opts.synthetic_step <= 3600):
+            raise AgentError(f"--synthetic-step must be 0 (train) or in (0, 3600] seconds, got {opts.synthetic_step}")
         stop = Stop()
         signal.signal(signal.SIGTERM, lambda *_: stop.trigger("sigterm"))
         if args.notice_url and Ranks.from_env().leader:

@@ -45,10 +45,17 @@ class Site:
     """One learner's inner step there, seconds (a period is H of them)."""
     candidate: bool = True
     """It may host shards."""
+    round_trip_s: float = 0.0
+    """From a learner's send of a fragment to its adoption of the next version (measured; 0 before any measurement).
+
+    A learner schedules a fragment's next send k·H − 1 steps after it adopts a version, so a wait of r seconds
+    stretches its period from k·H steps to k·H steps plus r less one step: it moves that much less a second."""
 
     def __post_init__(self) -> None:
         if self.learners < 0 or not all(math.isfinite(v) and v > 0 for v in (self.up_bytes_s, self.down_bytes_s, self.step_s)):
             raise ValueError(f"site {self.name!r}: learners must be >= 0 and link rates and step time finite and > 0")
+        if not (math.isfinite(self.round_trip_s) and self.round_trip_s >= 0):
+            raise ValueError(f"site {self.name!r}: round_trip_s must be finite and >= 0, got {self.round_trip_s}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,7 +68,7 @@ class Demand:
 
 def demand(site: Site, up_bytes: float, down_bytes: float, inner_steps: int, cadence: int, relay: bool) -> Demand:
     """``up_bytes``/``down_bytes``: one learner's upload and download of the whole model in one period."""
-    period = cadence * inner_steps * site.step_s
+    period = cadence * inner_steps * site.step_s + max(site.round_trip_s - site.step_s, 0.0)
     pulls = 1 if relay and site.learners else site.learners
     return Demand(up=site.learners * up_bytes / period, down=pulls * down_bytes / period)
 

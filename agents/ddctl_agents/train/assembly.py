@@ -26,6 +26,7 @@ from ddctl_agents.train.evaluate import evaluate_bpb
 from ddctl_agents.train.inner import InnerTrainer, Placement
 from ddctl_agents.train.job import JobConfig
 from ddctl_agents.train.learner import Learner
+from ddctl_agents.train.synthetic import SyntheticTrainer
 
 
 def learner_name(index: int) -> str:
@@ -105,21 +106,34 @@ class Assembly:
         )
 
     def new_learner(
-        self, index: int, incarnation: int = 0, start_step: int = 0, placement: Placement | None = None, cadence: int = 1
+        self,
+        index: int,
+        incarnation: int = 0,
+        start_step: int = 0,
+        placement: Placement | None = None,
+        cadence: int = 1,
+        synthetic_step: float = 0.0,
     ) -> Learner:
         """A fresh learner process: model at the seed's init (bootstrap overwrites it), new AdamW.
 
         ``placement``: its device and ranks (default: one CPU process, as every simulation runs);
-        ``cadence``: it sends each fragment every ``cadence`` periods.
+        ``cadence``: it sends each fragment every ``cadence`` periods; ``synthetic_step``: > 0 plays each step
+        as a wait of that many seconds and a fixed drift instead of training (``train/synthetic.py``).
         """
         model = self.new_model()
         data = shard(self.corpus.train, index, self.config.budget.learners)
         sampler = BatchSampler(
             data, self.config.inner.batch_size, self.model_config.seq_len, seed=self.config.inner.seed, stream=index
         )
+        where = placement or Placement()
+        trainer = (
+            SyntheticTrainer(model, self.config.inner, sampler, where, synthetic_step, index)
+            if synthetic_step > 0
+            else InnerTrainer(model, self.config.inner, sampler, where)
+        )
         return Learner(
             name=learner_name(index),
-            trainer=InnerTrainer(model, self.config.inner, sampler, placement or Placement()),
+            trainer=trainer,
             inner=self.config.inner,
             sync=self.config.sync,
             fragmentation=self.fragmentation,

@@ -1,0 +1,271 @@
+"""``ddctl bench wan``: the four layouts of ``bench/wan_layouts.py`` run over one emulated WAN, one after another.
+
+Real processes: the shards (or the one synchronizer) in their sites' namespaces, and
+eight learners in theirs with ``--synthetic-step`` (the real schedule, counters, codecs
+and comms; no training), over ``bench/wannet.py``'s shaped links. Each layout is a
+fresh job of the same budget. Per layout:
+
+- ``efficiency``: merged + late-merged over trained fragment-tokens, from the shards'
+  ledgers (summed: each counts its own fragments) and the learners' summaries; per
+  region, the share of its learners' trained tokens the shards accepted (their acks);
+- ``sites``: each site's measured utilisation (the tbf counters' bytes over the window
+  in which every learner trained, against the link rate, the busier direction) beside
+  the link model's prediction for the layout;
+- ``books``: whether every shard's ledger balances.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ddctl.bench.wan_layouts import LAYOUTS, Layout, WanCase, at_pace, layouts, predict
+from ddctl.bench.wannet import Wan, WanRegion, wan
+from ddctl.config.synchronizer import traffic
+from ddctl.control.shard_status import summarize
+from ddctl.errors import DdctlError
+from ddctl.local.service import LocalSyncer
+from ddctl_agents.agent.client import SyncerClient, Unavailable
+from ddctl_agents.core import shardmap
+from ddctl_agents.waiting import wait_until
+
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+ACCEPTED = ("accepted", "late")
+
+
+def measure_wan(case: WanCase, names: Sequence[str] = LAYOUTS) -> dict[str, Any]:
+    """Every named layout of ``case``, each a fresh job over the same emulated WAN."""
+    chosen = layouts(case, names)
+    rows = []
+    with wan(f"ddwan{os.getpid() % 100000}", case.links) as net:
+        for layout in chosen:
+            rows.append(_run_layout(net, case, layout))
+    first = rows[0]
+    for row in rows:
+        row["x_first"] = round(row["efficiency"] / first["efficiency"], 4) if first["efficiency"] else None
+    return {
+        "case": {
+            "links_mbit": case.links,
+            "learners": case.learners,
+            "step_s": case.step_s,
+            "seconds": case.seconds,
+            "preset": case.preset,
+            "fragments": case.fragments,
+            "inner_steps": case.inner_steps,
+        },  # fmt: skip
+        "rows": rows,
+    }
+
+
+def _run_layout(net: Wan, case: WanCase, layout: Layout) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="ddctl-wan-") as tmp:
+        root = Path(tmp)
+        shards = _start_shards(root, net, case, layout)
+        try:
+            learners = _start_learners(root, net, case, layout, shards)
+            try:
+                window = _window(net, case, shards, learners, root)
+            finally:
+                for proc in learners.values():
+                    if proc.poll() is None:
+                        proc.kill()
+            statuses = [_finished(s) for s in shards]
+        finally:
+            for shard in shards:
+                shard.stop()
+        summaries = {name: json.loads((root / f"{name}.summary.json").read_text()) for name in learners}
+    return _row(net, case, layout, window, statuses, summaries)
+
+
+def _start_shards(root: Path, net: Wan, case: WanCase, layout: Layout) -> list[LocalSyncer]:
+    """One synchronizer process per shard, in its site's namespace; a single one is not sharded."""
+    ips = [net.regions[site].ip for site in layout.shard_sites]
+    sites = [net.regions[site] for site in layout.shard_sites]
+    first = LocalSyncer(root / "S0", case.job(), run=f"wan-{layout.name}", host=ips[0], also=ips, prefix=sites[0].command())
+    started = [first]
+    for i in range(1, len(sites)):
+        (root / f"S{i}").mkdir()
+        (root / f"S{i}" / "job").symlink_to(first.job_dir)
+        started.append(LocalSyncer(root / f"S{i}", host=ips[i], prefix=sites[i].command()))
+    common = ("--snapshot-every", "3600", "--linger", "120")
+    try:
+        if len(started) == 1:
+            first.start(*common, "--eval-every", "3600")
+            return started
+        shard_map = first.job_dir / "shards.json"
+        shard_map.write_text(json.dumps(shardmap.from_assignment(layout.owner).to_json()))
+        for i, shard in enumerate(started):
+            shard.start(*common, "--shard-map", str(shard_map), "--shard", f"S{i}", "--state-dir", str(shard.root / "state"))
+    except BaseException:
+        for shard in started:
+            shard.kill()
+        raise
+    return started
+
+
+def _start_learners(
+    root: Path, net: Wan, case: WanCase, layout: Layout, shards: list[LocalSyncer]
+) -> dict[str, subprocess.Popen[bytes]]:
+    urls = [arg for shard in shards for arg in ("--syncer", shard.url)]
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    index = 0
+    for region, count in case.learners.items():
+        for _ in range(count):
+            name = f"L{index}"
+            index += 1
+            argv = [sys.executable, "-m", "ddctl_agents.agent", *urls, "--name", name, "--token", shards[0].token(name)]
+            argv += ["--ca", str(shards[0].ca), "--summary", str(root / f"{name}.summary.json"), "--region", region]
+            argv += ["--synthetic-step", str(case.step_s), "--cadence", str(layout.cadence[region])]
+            argv += ["--parallel-uploads", str(layout.in_flight)]
+            with (root / f"{name}.log").open("ab") as log:
+                procs[name] = subprocess.Popen(net.regions[region].command(*argv), stdout=log, stderr=log, env=ENV)
+    return procs
+
+
+def _window(
+    net: Wan, case: WanCase, shards: list[LocalSyncer], learners: dict[str, subprocess.Popen[bytes]], root: Path
+) -> dict[str, Any]:
+    """The links' counters over the steady part of the run: from the moment every learner has stepped to the moment
+    the first one is 90% through its steps (bootstraps, final flushes and drains left out); then every learner's exit.
+    The status polls cross the first shard's link too, once a second (about 1% of a 10 Mbit/s link)."""
+    client = shards[0].client()
+    try:
+
+        def steps() -> list[int]:
+            _exited_or_raise(learners, root)
+            try:
+                rows = client.status()["learners"]
+            except Unavailable:
+                return []
+            return [int(r["step"]) for r in rows] if len(rows) == len(learners) else []
+
+        wait_until(lambda: min(steps() or [0]) >= 1, timeout_s=300, every_s=0.2, what="every learner to take its first step")
+        start, began = net.sent(), time.monotonic()
+        wait_until(lambda: max(steps() or [0]) >= 0.9 * case.steps or all(p.poll() is not None for p in learners.values()),
+                   timeout_s=case.seconds * 20, every_s=1.0, what="a learner 90% through its steps")  # fmt: skip
+        end, seconds = net.sent(), time.monotonic() - began
+    finally:
+        client.close()
+    for name, proc in learners.items():
+        if proc.wait(timeout=1800) != 0:
+            raise DdctlError(f"learner {name} exited {proc.returncode}: {(root / f'{name}.log').read_text()[-2000:]}")
+    moved = {r: (end[r][0] - start[r][0], end[r][1] - start[r][1]) for r in start}
+    return {"seconds": seconds, "bytes": moved}
+
+
+def _exited_or_raise(learners: dict[str, subprocess.Popen[bytes]], root: Path) -> None:
+    for name, proc in learners.items():
+        if proc.poll() is not None and proc.returncode != 0:
+            raise DdctlError(f"learner {name} exited {proc.returncode}: {(root / f'{name}.log').read_text()[-2000:]}")
+
+
+def _finished(shard: LocalSyncer) -> dict[str, Any]:
+    """A shard's status once its job has finished (every learner's last updates merged)."""
+    client: SyncerClient = shard.client()
+    try:
+        return dict(
+            wait_until(lambda: (s := client.status())["job"]["phase"] == "finished" and s, timeout_s=180, what="a shard's end")
+        )
+    finally:
+        client.close()
+
+
+def _row(
+    net: Wan,
+    case: WanCase,
+    layout: Layout,
+    window: dict[str, Any],
+    statuses: list[dict[str, Any]],
+    summaries: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    job = summarize([(f"S{i}", s, "") for i, s in enumerate(statuses)])["job"]
+    ledger, trained = job["ledger"], sum(int(s["trained_tokens"]) for s in summaries.values())
+    predicted = {x.site: x.utilisation for x in layout.loads}
+    pace, regions = _pace(case, summaries), _regions(case, summaries)
+    waits = {r: v["round_trip_p50_s"] for r, v in regions.items() if v["round_trip_p50_s"] is not None}
+    at_measured = {x.site: x.utilisation for x in predict(layout, at_pace(case.sites(), pace, waits), traffic(case.job()))}
+    return {
+        "layout": layout.name,
+        "shards": [
+            {"site": site, "fragments": [p for p, o in enumerate(layout.owner) if o == i]}
+            for i, site in enumerate(layout.shard_sites)
+        ],  # fmt: skip
+        "cadence": layout.cadence,
+        "in_flight": layout.in_flight,
+        "efficiency": round((ledger["merged"] + ledger["late_merged"]) / trained, 4) if trained else 0.0,
+        "regions": regions,
+        "sites": {r: _site(net.regions[r], window, predicted[r], at_measured[r]) for r in case.links},
+        "step_s": pace,
+        "predicted_worst": round(layout.predicted, 4),
+        "window_s": round(window["seconds"], 2),
+        "trained_tokens": trained,
+        "rounds": int(job["rounds"]),
+        "ledger": ledger,
+        "balanced": bool(job["balanced"]),
+    }
+
+
+def _regions(case: WanCase, summaries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each region's learners: the share of what they trained that a shard accepted, and their bytes."""
+    out: dict[str, dict[str, Any]] = {}
+    for region in case.links:
+        mine = [s for name, s in summaries.items() if _region_of(case, name) == region]
+        trained = sum(int(s["trained_tokens"]) for s in mine)
+        accepted = sum(int(s["acked_tokens"].get(k, 0)) for s in mine for k in ACCEPTED)
+        out[region] = {
+            "learners": len(mine),
+            "accepted": round(accepted / trained, 4) if trained else None,
+            "bytes_up": sum(int(s["bytes_up"]) for s in mine),
+            "bytes_down": sum(int(s["bytes_down"]) for s in mine),
+            **_round_trips([s["round_trip"] for s in mine]),
+        }
+    return out
+
+
+def _round_trips(trips: list[dict[str, Any]]) -> dict[str, float | None]:
+    """A region's send-to-adoption waits (``agent/roundtrip.py``): its learners' median p50 and their worst p95."""
+    p50s = [t["p50_s"] for t in trips if t["p50_s"] is not None]
+    p95s = [t["p95_s"] for t in trips if t["p95_s"] is not None]
+    return {"round_trip_p50_s": statistics.median(p50s) if p50s else None, "round_trip_p95_s": max(p95s, default=None)}
+
+
+def _region_of(case: WanCase, name: str) -> str:
+    index = int(name[1:])
+    for region, count in case.learners.items():
+        if index < count:
+            return region
+        index -= count
+    raise DdctlError(f"no region holds learner {name}")
+
+
+def _pace(case: WanCase, summaries: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Each region's measured step time: its learners' training seconds over their steps (a loaded machine is slower
+    than ``case.step_s``, and moves fewer bytes a second than the plan assumed)."""
+    out: dict[str, float] = {}
+    for region in case.links:
+        mine = [s for name, s in summaries.items() if _region_of(case, name) == region]
+        steps = sum(int(s["step"]) - int(s["start_step"]) for s in mine)
+        if steps > 0:
+            out[region] = round(sum(float(s["train_seconds"]) for s in mine) / steps, 4)
+    return out
+
+
+def _site(region: WanRegion, window: dict[str, Any], predicted: float, at_measured: float) -> dict[str, Any]:
+    """The site's busier direction against its link: measured over the window; predicted from the plan's priors (the
+    declared step time, no wait) and from what the learners measured (their step time and send-to-adoption wait)."""
+    up, down = window["bytes"][region.name]
+    seconds = max(window["seconds"], 1e-9)
+    measured = max(up * 8 / seconds / 1e6 / region.up_mbit, down * 8 / seconds / 1e6 / region.down_mbit)
+    return {"measured": round(measured, 4), "predicted": round(predicted, 4), "predicted_at_pace": round(at_measured, 4),
+            "bytes_up": up, "bytes_down": down}  # fmt: skip
+
+
+__all__ = ["measure_wan"]

@@ -1,0 +1,169 @@
+"""``ddctl bench wan``'s case and the four layouts it compares, with what the link model predicts of each (pure).
+
+The case is the issue's five regions, scaled down to this machine: site links in
+the ratio 1000/1000/1000/200/50 and 2/2/2/1/1 learners, one job whose per-period
+bytes come from its own frames (``config/synchronizer.traffic``). The layouts:
+
+- ``N``: one synchronizer at the first region; every learner sends every period,
+  three uploads in flight (today's transfers).
+- ``N-rr``: three shards at the three fast regions, fragments round robin; transfers as N.
+- ``P2``: one synchronizer, with the plan's cadences and one upload in flight (paced).
+- ``W``: the full scheduler: the plan's shards, sites, assignment and cadences, paced.
+
+Relays are not run by the learners yet, so every layout is planned without them
+(``PlanSettings(relays=False)``): the predictions are of what runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from ddctl.config.synchronizer import traffic
+from ddctl.errors import DdctlError
+from ddctl_agents.core.config import OuterConfig, SyncerConfig
+from ddctl_agents.core.quorum import QuorumConfig
+from ddctl_agents.core.shardplan import PlanSettings, Traffic, placement_loads, plan_shards
+from ddctl_agents.core.siteload import Site, SiteLoad
+from ddctl_agents.train.config import DataConfig, InnerConfig, RunBudget, SyncSettings
+from ddctl_agents.train.job import JobConfig
+
+LAYOUTS = ("N", "N-rr", "P2", "W")
+RATIOS = (1000.0, 1000.0, 1000.0, 200.0, 50.0)
+LEARNERS = (2, 2, 2, 1, 1)
+REGIONS = ("a", "b", "c", "d", "e")
+PACED, UNPACED = 1, 3
+"""Uploads in flight: one for the paced layouts, the learner's default otherwise."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WanCase:
+    """The regions, their links and learners, and the job they run."""
+
+    fast_mbit: float = 10.0
+    """The fast sites' link each way; the others follow ``RATIOS``."""
+    step_s: float = 0.1
+    """One synthetic inner step."""
+    seconds: float = 60.0
+    """How long the learners train (the job's budget follows)."""
+    preset: str = "micro"
+    fragments: int = 6
+    inner_steps: int = 8
+
+    def __post_init__(self) -> None:
+        if not 0.1 <= self.fast_mbit <= 1000:
+            raise DdctlError(f"fast_mbit must be in [0.1, 1000] Mbit/s, got {self.fast_mbit}")
+        if not 0.01 <= self.step_s <= 60:
+            raise DdctlError(f"step_s must be in [0.01, 60] seconds, got {self.step_s}")
+        if not 10 * self.step_s * self.inner_steps <= self.seconds <= 3600:
+            raise DdctlError(
+                f"seconds must be in [{10 * self.step_s * self.inner_steps:g}, 3600] (10 periods at least), got {self.seconds}"
+            )
+        if not 1 <= self.inner_steps <= 1000:
+            raise DdctlError(f"inner_steps must be in [1, 1000], got {self.inner_steps}")
+        if not 3 <= self.fragments <= 64:
+            raise DdctlError(f"fragments must be in [3, 64] (three shards own one each at least), got {self.fragments}")
+
+    @property
+    def links(self) -> dict[str, tuple[float, float]]:
+        """Each region's (up, down) Mbit/s."""
+        return {r: (self.fast_mbit * x / RATIOS[0],) * 2 for r, x in zip(REGIONS, RATIOS, strict=True)}
+
+    @property
+    def learners(self) -> dict[str, int]:
+        return dict(zip(REGIONS, LEARNERS, strict=True))
+
+    @property
+    def steps(self) -> int:
+        """Each learner's steps: the job's budget is every learner taking this many."""
+        return int(self.seconds / self.step_s)
+
+    def job(self) -> JobConfig:
+        steps = self.steps
+        batch, seq_len = 8, 128
+        return JobConfig(
+            inner=InnerConfig(preset=self.preset, batch_size=batch),
+            data=DataConfig(max_bytes=1 << 21, eval_windows=8),
+            budget=RunBudget(tokens=steps * batch * seq_len * sum(LEARNERS), learners=sum(LEARNERS)),
+            sync=SyncSettings(fragments=self.fragments, inner_steps=self.inner_steps),
+            syncer=SyncerConfig(quorum=QuorumConfig(quorum=1), outer=OuterConfig(), inner_steps=self.inner_steps),
+        )
+
+    def sites(self) -> list[Site]:
+        return [
+            Site(name=r, learners=n, up_bytes_s=up * 1e6 / 8, down_bytes_s=down * 1e6 / 8, step_s=self.step_s)
+            for (r, (up, down)), n in zip(self.links.items(), LEARNERS, strict=True)
+        ]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Layout:
+    name: str
+    shard_sites: tuple[str, ...]
+    """Shard i runs at ``shard_sites[i]``."""
+    owner: tuple[int, ...]
+    """Fragment -> its shard."""
+    cadence: dict[str, int]
+    in_flight: int
+    loads: tuple[SiteLoad, ...]
+    """What the link model predicts of every site under this layout."""
+
+    @property
+    def predicted(self) -> float:
+        """The busiest site's predicted utilisation."""
+        return max(x.utilisation for x in self.loads)
+
+
+def layouts(case: WanCase, names: Sequence[str] = LAYOUTS) -> list[Layout]:
+    """The named layouts of ``case`` (see the module docstring)."""
+    unknown = [n for n in names if n not in LAYOUTS]
+    if unknown or not names:
+        raise DdctlError(f"layouts must be some of {', '.join(LAYOUTS)}, got {list(names)}")
+    sites, flow = case.sites(), traffic(case.job())
+    home, fast = REGIONS[0], REGIONS[:3]
+    every = dict.fromkeys(REGIONS, 1)
+    one = tuple(0 for _ in range(case.fragments))
+    rr = tuple(p % 3 for p in range(case.fragments))
+    paced = plan_shards([_only(s, {home}) for s in sites], flow, PlanSettings(shards=1, relays=False))
+    full = plan_shards(sites, flow, PlanSettings(relays=False))
+    made = {
+        "N": (((home,), one, every, UNPACED)),
+        "N-rr": ((fast, rr, every, UNPACED)),
+        "P2": (((home,), one, paced.cadence, PACED)),
+        "W": ((tuple(s.site for s in full.shards), full.owner, full.cadence, PACED)),
+    }
+    return [_layout(name, *made[name], sites, flow) for name in names]
+
+
+def _only(site: Site, candidates: set[str]) -> Site:
+    return Site(name=site.name, learners=site.learners, up_bytes_s=site.up_bytes_s, down_bytes_s=site.down_bytes_s,
+                step_s=site.step_s, candidate=site.name in candidates)  # fmt: skip
+
+
+def _layout(
+    name: str,
+    shard_sites: tuple[str, ...],
+    owner: tuple[int, ...],
+    cadence: dict[str, int],
+    in_flight: int,
+    sites: list[Site],
+    flow: Traffic,
+) -> Layout:
+    made = Layout(name=name, shard_sites=shard_sites, owner=owner, cadence=dict(cadence), in_flight=in_flight, loads=())
+    return replace(made, loads=predict(made, sites, flow))
+
+
+def predict(layout: Layout, sites: Sequence[Site], flow: Traffic) -> tuple[SiteLoad, ...]:
+    """The link model's load on every site under ``layout`` (no relays: the learners do not run them yet)."""
+    relay = dict.fromkeys(layout.cadence, False)
+    return tuple(placement_loads(sites, flow, layout.cadence, relay, [layout.shard_sites[o] for o in layout.owner]))
+
+
+def at_pace(sites: Sequence[Site], step_s: dict[str, float], round_trip_s: dict[str, float] | None = None) -> list[Site]:
+    """``sites`` with the step times and send-to-adoption waits the learners measured (where they did): the
+    prediction of what ran."""
+    waits = round_trip_s or {}
+    return [replace(s, step_s=step_s.get(s.name, s.step_s), round_trip_s=waits.get(s.name, s.round_trip_s)) for s in sites]
+
+
+__all__ = ["LAYOUTS", "Layout", "WanCase", "at_pace", "layouts", "predict"]

@@ -1,0 +1,147 @@
+"""``ddctl bench wan``: the layouts it compares, the emulated WAN it runs them over, and its figures."""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from ddctl.bench.wan_layouts import LAYOUTS, Layout, WanCase, at_pace, layouts, predict
+from ddctl.bench.wannet import wan
+from ddctl.cli.app import app
+from ddctl.config.synchronizer import traffic
+from ddctl.errors import DdctlError
+from ddctl.providers.linkshape import available
+
+NEEDS_ROOT = pytest.mark.skipif(available() is not None, reason=f"{available()}")
+
+
+@pytest.fixture(scope="module")
+def made() -> dict[str, Layout]:
+    return {layout.name: layout for layout in layouts(WanCase())}
+
+
+def test_the_four_layouts_are_what_their_names_say(made: dict[str, Layout]) -> None:
+    n, rr, p2, w = (made[name] for name in LAYOUTS)
+    case = WanCase()
+    assert n.shard_sites == ("a",) and set(n.owner) == {0} and set(n.cadence.values()) == {1} and n.in_flight == 3
+    assert rr.shard_sites == ("a", "b", "c") and rr.owner == tuple(p % 3 for p in range(case.fragments))
+    assert set(rr.cadence.values()) == {1} and rr.in_flight == 3
+    assert p2.shard_sites == ("a",) and p2.in_flight == 1
+    assert p2.cadence["d"] > 1 and p2.cadence["e"] > 1 and p2.cadence["a"] == 1
+    assert len(w.shard_sites) > 1 and set(w.shard_sites) <= {"a", "b", "c"} and w.in_flight == 1
+    assert w.cadence == p2.cadence
+    worst = {name: made[name].predicted for name in LAYOUTS}
+    assert worst["W"] < worst["P2"] < worst["N"]
+
+
+def test_the_prediction_of_one_synchronizer_is_every_other_learners_traffic_through_its_site(made: dict[str, Layout]) -> None:
+    case = WanCase()
+    flow = traffic(case.job())
+    period = case.inner_steps * case.step_s
+    a = next(x for x in made["N"].loads if x.site == "a")
+    others = sum(n for region, n in case.learners.items() if region != "a")
+    assert a.egress == pytest.approx(others * sum(flow.down) / period)
+    assert a.ingress == pytest.approx(others * sum(flow.up) / period)
+    assert a.utilisation == pytest.approx(a.egress / (case.fast_mbit * 1e6 / 8))
+    e = next(x for x in made["N"].loads if x.site == "e")
+    assert e.ingress == pytest.approx(sum(flow.down) / period)  # its one learner's versions, all from a
+
+
+def test_a_slower_pace_predicts_proportionally_lighter_links(made: dict[str, Layout]) -> None:
+    case, layout = WanCase(), made["W"]
+    flow = traffic(case.job())
+    slow = predict(layout, at_pace(case.sites(), dict.fromkeys(case.learners, 2 * case.step_s)), flow)
+    for fast, half in zip(layout.loads, slow, strict=True):
+        assert half.utilisation == pytest.approx(fast.utilisation / 2)
+
+
+BAD = [
+    ({"fast_mbit": 0.0}, "fast_mbit must be in [0.1, 1000] Mbit/s, got 0.0"),
+    ({"step_s": math.nan}, "step_s must be in [0.01, 60] seconds, got nan"),
+    ({"seconds": 1.0}, "seconds must be in [8, 3600] (10 periods at least), got 1.0"),
+    ({"seconds": math.inf}, "seconds must be in [8, 3600]"),
+    ({"fragments": 2}, "fragments must be in [3, 64]"),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), BAD)
+def test_a_bad_case_is_refused_with_what_is_allowed(change: dict[str, float], message: str) -> None:
+    with pytest.raises(DdctlError, match=re.escape(message)):
+        WanCase(**change)  # type: ignore[arg-type]  # a float for each field named
+
+
+def test_unknown_layouts_are_refused_before_any_namespace_is_made() -> None:
+    with pytest.raises(DdctlError, match=re.escape("layouts must be some of N, N-rr, P2, W, got ['X']")):
+        layouts(WanCase(), ["X"])
+    done = CliRunner().invoke(app, ["bench", "wan", "--layouts", "N,X", "--json"])
+    assert done.exit_code == 2 and "layouts must be some of N, N-rr, P2, W" in done.output
+    done = CliRunner().invoke(app, ["bench", "wan", "--step", "0", "--json"])
+    assert done.exit_code == 2 and "step_s must be in [0.01, 60] seconds, got 0.0" in done.output
+
+
+def test_the_wan_table_shows_the_rows_figures() -> None:
+    from rich.console import Console
+
+    from ddctl.bench.report import wan_table
+
+    sites = {"a": {"measured": 0.71, "predicted_at_pace": 0.66}, "e": {"measured": 0.42, "predicted_at_pace": 0.5}}
+    row = {"layout": "W", "shards": [{"site": "a"}, {"site": "b"}], "cadence": {"a": 1, "e": 8}, "in_flight": 1,
+           "efficiency": 0.654, "x_first": 2.06, "sites": sites}  # fmt: skip
+    case = {"links_mbit": {"a": (10, 10), "e": (0.5, 0.5)}, "learners": {"a": 2, "e": 1}, "preset": "micro", "fragments": 6,
+            "inner_steps": 8, "step_s": 0.1}  # fmt: skip
+    console = Console(width=220, record=True)
+    console.print(wan_table({"case": case, "rows": [row]}))
+    text = console.export_text()
+    for cell in ("W", "a,b", "1/8", "0.654", "2.06", "0.71", "0.66", "10/0.5 Mbit/s", "learners 2/1"):
+        assert cell in text, cell
+
+
+@NEEDS_ROOT
+def test_the_emulated_wan_carries_traffic_between_regions_at_the_slower_links_rate_and_counts_it() -> None:
+    with wan("ddwant", {"fast": (40.0, 40.0), "slow": (4.0, 4.0)}) as net:
+        fast, slow = net.regions["fast"], net.regions["slow"]
+        sink = "import socket,sys\ns=socket.socket();s.bind((sys.argv[1],9999));s.listen();c,_=s.accept();n=0\n"
+        sink += "while (d:=c.recv(65536)): n+=len(d)\nprint(n)"
+        server = subprocess.Popen(slow.command("python3", "-c", sink, slow.ip), stdout=subprocess.PIPE, text=True)
+        time.sleep(0.5)
+        before, started = net.sent(), time.monotonic()
+        send = "import socket,sys\ns=socket.create_connection((sys.argv[1],9999));s.sendall(b'x'*1000000);s.close()"
+        subprocess.run(fast.command("python3", "-c", send, slow.ip), check=True, timeout=60)
+        received = int(server.communicate(timeout=60)[0])
+        took, after = time.monotonic() - started, net.sent()
+        namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert slow.namespace in namespaces and net.router in namespaces
+    assert received == 1_000_000
+    assert took >= 0.8 * 1_000_000 * 8 / 4e6  # the slow region's downlink bounds it
+    assert after["fast"][0] - before["fast"][0] >= 1_000_000  # out of fast's uplink
+    assert after["slow"][1] - before["slow"][1] >= 1_000_000  # into slow's downlink
+    assert after["slow"][0] - before["slow"][0] < 200_000  # only acknowledgements go back
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert slow.namespace not in left and net.router not in left
+
+
+@pytest.mark.slow
+@NEEDS_ROOT
+def test_one_synchronizer_against_the_full_scheduler_over_the_wan() -> None:
+    from ddctl.bench.wan import measure_wan
+
+    result = measure_wan(WanCase(seconds=16.0), ["N", "W"])
+    n, w = result["rows"]
+    assert (n["layout"], w["layout"]) == ("N", "W")
+    for row in (n, w):
+        ledger = row["ledger"]
+        assert row["balanced"]
+        assert row["efficiency"] == pytest.approx((ledger["merged"] + ledger["late_merged"]) / row["trained_tokens"], abs=1e-4)
+        assert 0 < row["efficiency"] <= 1
+        for region, site in row["sites"].items():
+            up_mbit, down_mbit = result["case"]["links_mbit"][region]
+            busier = max(site["bytes_up"] * 8 / up_mbit, site["bytes_down"] * 8 / down_mbit) / row["window_s"] / 1e6
+            assert site["measured"] == pytest.approx(busier, rel=0.01)
+            assert site["bytes_down"] > 0
+    assert w["efficiency"] > n["efficiency"]  # the site a synchronizer alone overloads (measured 2x here)
+    assert w["x_first"] == pytest.approx(w["efficiency"] / n["efficiency"], rel=1e-3)
