@@ -44,3 +44,11 @@ def test_a_run_its_preset_cannot_make_is_reported_and_the_others_still_run(monke
         "dp_m4@0": "ConfigError: layer fragmentation needs fragments <= 4 (layer groups), got 6",
         "dp_m4@1": "ConfigError: layer fragmentation needs fragments <= 4 (layer groups), got 6",
     }
+
+
+def test_the_h_arms_change_only_the_period_and_the_fragments_that_fill_it() -> None:
+    base, h12, h48 = (quality.RUNS[name](1_000_000) for name in ("decoupled_m4", "h12", "h48"))
+    assert (base.sync.inner_steps, base.sync.fragments) == (24, 24)
+    assert (h12.sync.inner_steps, h12.sync.fragments, h12.syncer.inner_steps) == (12, 12, 12)
+    assert (h48.sync.inner_steps, h48.sync.fragments, h48.syncer.inner_steps) == (48, 24, 48)
+    assert h12.syncer.outer == base.syncer.outer and h48.inner == base.inner and h48.budget == base.budget

@@ -130,7 +130,10 @@ def test_the_emulated_wan_carries_traffic_between_regions_at_the_slower_links_ra
 def test_one_synchronizer_against_the_full_scheduler_over_the_wan() -> None:
     from ddctl.bench.wan import measure_wan
 
-    result = measure_wan(WanCase(seconds=16.0), ["N", "W"])
+    said: list[str] = []
+    result = measure_wan(WanCase(seconds=16.0), ["N", "W"], said.append)
+    assert said[0].startswith("building the WAN: 5 regions") and said[-2].startswith("layout W (2 of 2): 3 shard(s)")
+    assert said[-1].startswith("layout W: efficiency ") and said[-1].endswith("books balanced: True")
     n, w = result["rows"]
     assert (n["layout"], w["layout"]) == ("N", "W")
     for row in (n, w):

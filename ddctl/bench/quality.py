@@ -54,6 +54,8 @@ RUNS: dict[str, Callable[[int], TrainConfig]] = {
     "outer_warmup5": lambda t: job_config(t, outer_warmup=5),
     "outer_warmup10": lambda t: job_config(t, outer_warmup=10),
     "hetero_k1_grace_push": lambda t: job_config(t, speeds=HETEROGENEOUS, grace=True, push_before_overwrite=True),
+    "h12": lambda t: job_config(t, inner_steps=12, fragments=12),  # H against scale: a fragment per step of the period
+    "h48": lambda t: job_config(t, inner_steps=48),
 }
 """Name -> config. Unnamed knobs are the defaults: M=4, P=H=24, tau=2, K=1, grace, int4, RDA, balanced."""
 

@@ -7,11 +7,12 @@ fresh job of the same budget. Per layout:
 
 - ``efficiency``: merged + late-merged over trained fragment-tokens, from the shards'
   ledgers (summed: each counts its own fragments) and the learners' summaries; per
-  region, the share of its learners' trained tokens the shards accepted (their acks);
-- ``sites``: each site's measured utilisation (the tbf counters' bytes over the window
-  in which every learner trained, against the link rate, the busier direction) beside
-  the link model's prediction for the layout;
-- ``books``: whether every shard's ledger balances.
+  region, the share of its learners' trained tokens the shards accepted (their acks)
+  and its send-to-adoption round trips (``agent/roundtrip.py``);
+- ``sites``: each site's measured utilisation (the tbf counters' bytes over the steady
+  window, against the link rate, the busier direction) beside the link model's
+  prediction for the layout, from the plan's priors and from what the learners measured;
+- ``balanced``: whether every shard's ledger balances.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +42,18 @@ ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 ACCEPTED = ("accepted", "late")
 
 
-def measure_wan(case: WanCase, names: Sequence[str] = LAYOUTS) -> dict[str, Any]:
-    """Every named layout of ``case``, each a fresh job over the same emulated WAN."""
+def measure_wan(case: WanCase, names: Sequence[str] = LAYOUTS, say: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """Every named layout of ``case``, each a fresh job over the same emulated WAN; ``say`` hears each stage."""
     chosen = layouts(case, names)
     rows = []
+    say(f"building the WAN: {len(case.links)} regions behind a router, links shaped with tc tbf")
     with wan(f"ddwan{os.getpid() % 100000}", case.links) as net:
-        for layout in chosen:
+        for i, layout in enumerate(chosen, 1):
+            say(
+                f"layout {layout.name} ({i} of {len(chosen)}): {len(layout.shard_sites)} shard(s), {case.seconds:g} s of training"
+            )
             rows.append(_run_layout(net, case, layout))
+            say(f"layout {layout.name}: efficiency {rows[-1]['efficiency']:.3f}, books balanced: {rows[-1]['balanced']}")
     first = rows[0]
     for row in rows:
         row["x_first"] = round(row["efficiency"] / first["efficiency"], 4) if first["efficiency"] else None
@@ -60,7 +66,7 @@ def measure_wan(case: WanCase, names: Sequence[str] = LAYOUTS) -> dict[str, Any]
             "preset": case.preset,
             "fragments": case.fragments,
             "inner_steps": case.inner_steps,
-        },  # fmt: skip
+        },
         "rows": rows,
     }
 

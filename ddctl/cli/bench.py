@@ -232,10 +232,13 @@ def wan(
     from ddctl.bench.report import wan_table
     from ddctl.bench.wan import measure_wan
     from ddctl.bench.wan_layouts import WanCase
+    from ddctl.cli.output import progress_lines
 
     def run() -> dict[str, object]:
         names = [n.strip() for n in layouts.split(",") if n.strip()]
-        return measure_wan(WanCase(fast_mbit=fast_mbit, step_s=step, seconds=seconds, inner_steps=inner_steps), names)
+        case = WanCase(fast_mbit=fast_mbit, step_s=step, seconds=seconds, inner_steps=inner_steps)
+        with progress_lines("ddctl bench wan") as say:
+            return measure_wan(case, names, say)
 
     result = run_guarded(run)
     if json_out:
