@@ -65,3 +65,19 @@ def test_noise_of_twenty_percent_causes_no_replan() -> None:
 def test_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="0 < gain < 1"):
         ReplanSettings(gain=1.5)
+
+
+def test_a_replan_moves_only_fragments_that_relieve_a_site_never_a_relabelling() -> None:
+    """The new plan may number the same split differently (fragments 1 and 3 at a, 2 at b is the same load as 1 at
+    a): the moves stop where the next one would not lower the busiest sites' loads."""
+    sites = [
+        Site(name="a", learners=1, up_bytes_s=1.25e6, down_bytes_s=1.25e6, step_s=0.1),
+        Site(name="b", learners=1, up_bytes_s=0.625e6, down_bytes_s=0.625e6, step_s=0.1),
+        Site(name="c", learners=2, up_bytes_s=1.25e6, down_bytes_s=1.25e6, step_s=0.1, candidate=False),
+    ]
+    flow = dataclasses.replace(model(), up=(20_000,) * 4, down=(80_000,) * 4, inner_steps=8)
+    settings = PlanSettings(shards=2, relays=False, cadence=dict.fromkeys("abc", 1))
+    replan = Replanner(ReplanSettings(dwell_s=0, confirmations=1)).consider(0.0, sites, flow, ["a", "b", "a", "b"], settings)
+    assert replan is not None and [(m.source, m.target) for m in replan.moves] == [("b", "a")]
+    assert replan.after == pytest.approx(plan_shards(sites, flow, settings).utilisation)  # one move reaches the plan's load
+    assert replan.after < replan.before * 0.8

@@ -189,3 +189,20 @@ def wan_table(result: dict[str, Any]) -> Table:
             f"{site['predicted_at_pace']:.2f}",
         )
     return table
+
+
+def replan_table(result: dict[str, Any]) -> Table:
+    case, knobs = result["case"], result["replan"]
+    title = f"Shards at {', '.join(result['plan']['shards'])}; re-plan past a {knobs['gain']:.0%} gain seen "
+    title += f"{knobs['confirmations']} times, {knobs['dwell_s']:g} s apart; {case['seconds']:g} s per scenario"
+    table = Table(title=title)
+    for col in ("scenario", "link changes", "looks", "re-plans", "moves", "peak gain seen", "efficiency", "balanced"):
+        table.add_column(col, justify="right")
+    for row in result["rows"]:
+        moves = "; ".join(
+            f"{r['t']:.0f}s: " + ", ".join(f"{m['fragment']} {m['from']}->{m['to']}" for m in r["moves"]) for r in row["replans"]
+        )
+        peak = row["peak_gain_seen"]
+        table.add_row(row["scenario"], str(len(row["changes"])), str(row["looks"]), str(len(row["replans"])), moves or "-",
+                      "-" if peak is None else f"{peak:.0%}", f"{row['efficiency']:.3f}", str(row["balanced"]))  # fmt: skip
+    return table

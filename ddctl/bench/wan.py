@@ -74,24 +74,24 @@ def measure_wan(case: WanCase, names: Sequence[str] = LAYOUTS, say: Callable[[st
 def _run_layout(net: Wan, case: WanCase, layout: Layout) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ddctl-wan-") as tmp:
         root = Path(tmp)
-        shards = _start_shards(root, net, case, layout)
+        shards = start_shards(root, net, case, layout)
         try:
-            learners = _start_learners(root, net, case, layout, shards)
+            learners = start_learners(root, net, case, layout, shards)
             try:
-                window = _window(net, case, shards, learners, root)
+                window = steady_window(net, case, shards, learners, root)
             finally:
                 for proc in learners.values():
                     if proc.poll() is None:
                         proc.kill()
-            statuses = [_finished(s) for s in shards]
+            statuses = [finished_status(s) for s in shards]
         finally:
             for shard in shards:
                 shard.stop()
         summaries = {name: json.loads((root / f"{name}.summary.json").read_text()) for name in learners}
-    return _row(net, case, layout, window, statuses, summaries)
+    return layout_row(net, case, layout, window, statuses, summaries)
 
 
-def _start_shards(root: Path, net: Wan, case: WanCase, layout: Layout) -> list[LocalSyncer]:
+def start_shards(root: Path, net: Wan, case: WanCase, layout: Layout) -> list[LocalSyncer]:
     """One synchronizer process per shard, in its site's namespace; a single one is not sharded."""
     ips = [net.regions[site].ip for site in layout.shard_sites]
     sites = [net.regions[site] for site in layout.shard_sites]
@@ -117,7 +117,7 @@ def _start_shards(root: Path, net: Wan, case: WanCase, layout: Layout) -> list[L
     return started
 
 
-def _start_learners(
+def start_learners(
     root: Path, net: Wan, case: WanCase, layout: Layout, shards: list[LocalSyncer]
 ) -> dict[str, subprocess.Popen[bytes]]:
     urls = [arg for shard in shards for arg in ("--syncer", shard.url)]
@@ -136,7 +136,7 @@ def _start_learners(
     return procs
 
 
-def _window(
+def steady_window(
     net: Wan, case: WanCase, shards: list[LocalSyncer], learners: dict[str, subprocess.Popen[bytes]], root: Path
 ) -> dict[str, Any]:
     """The links' counters over the steady part of the run: from the moment every learner has stepped to the moment
@@ -173,7 +173,7 @@ def _exited_or_raise(learners: dict[str, subprocess.Popen[bytes]], root: Path) -
             raise DdctlError(f"learner {name} exited {proc.returncode}: {(root / f'{name}.log').read_text()[-2000:]}")
 
 
-def _finished(shard: LocalSyncer) -> dict[str, Any]:
+def finished_status(shard: LocalSyncer) -> dict[str, Any]:
     """A shard's status once its job has finished (every learner's last updates merged)."""
     client: SyncerClient = shard.client()
     try:
@@ -184,7 +184,7 @@ def _finished(shard: LocalSyncer) -> dict[str, Any]:
         client.close()
 
 
-def _row(
+def layout_row(
     net: Wan,
     case: WanCase,
     layout: Layout,

@@ -29,9 +29,9 @@ from ddctl_agents.train.config import DataConfig, InnerConfig, RunBudget, SyncSe
 from ddctl_agents.train.job import JobConfig
 
 LAYOUTS = ("N", "N-rr", "P2", "W")
-RATIOS = (1000.0, 1000.0, 1000.0, 200.0, 50.0)
-LEARNERS = (2, 2, 2, 1, 1)
-REGIONS = ("a", "b", "c", "d", "e")
+FIVE_REGIONS = (("a", 1.0, 2), ("b", 1.0, 2), ("c", 1.0, 2), ("d", 0.2, 1), ("e", 0.05, 1))
+"""The issue's case: (region, its link as a share of the fast sites', learners), links in the ratio 1000/1000/1000/200/50."""
+REGIONS = tuple(name for name, _, _ in FIVE_REGIONS)
 PACED, UNPACED = 1, 3
 """Uploads in flight: one for the paced layouts, the learner's default otherwise."""
 
@@ -41,7 +41,7 @@ class WanCase:
     """The regions, their links and learners, and the job they run."""
 
     fast_mbit: float = 10.0
-    """The fast sites' link each way; the others follow ``RATIOS``."""
+    """The fast sites' link each way; the others follow ``regions``."""
     step_s: float = 0.1
     """One synthetic inner step."""
     seconds: float = 60.0
@@ -49,8 +49,17 @@ class WanCase:
     preset: str = "micro"
     fragments: int = 6
     inner_steps: int = 8
+    regions: tuple[tuple[str, float, int], ...] = FIVE_REGIONS
+    """(name, link as a share of ``fast_mbit``, learners) per region; a region without learners may host shards."""
 
     def __post_init__(self) -> None:
+        names = [name for name, _, _ in self.regions]
+        if not 1 <= len(names) == len(set(names)) <= 16 or not all(isinstance(n, str) and n.isalnum() for n in names):
+            raise DdctlError(f"regions need 1..16 distinct alphanumeric names, got {names}")
+        if not all(0.001 <= share <= 1 and 0 <= learners <= 8 for _, share, learners in self.regions):
+            raise DdctlError("each region's link share must be in [0.001, 1] and its learners in 0..8")
+        if not sum(self.learners.values()):
+            raise DdctlError("at least one region needs learners")
         if not 0.1 <= self.fast_mbit <= 1000:
             raise DdctlError(f"fast_mbit must be in [0.1, 1000] Mbit/s, got {self.fast_mbit}")
         if not 0.01 <= self.step_s <= 60:
@@ -67,11 +76,11 @@ class WanCase:
     @property
     def links(self) -> dict[str, tuple[float, float]]:
         """Each region's (up, down) Mbit/s."""
-        return {r: (self.fast_mbit * x / RATIOS[0],) * 2 for r, x in zip(REGIONS, RATIOS, strict=True)}
+        return {name: (self.fast_mbit * share,) * 2 for name, share, _ in self.regions}
 
     @property
     def learners(self) -> dict[str, int]:
-        return dict(zip(REGIONS, LEARNERS, strict=True))
+        return {name: learners for name, _, learners in self.regions}
 
     @property
     def steps(self) -> int:
@@ -84,7 +93,7 @@ class WanCase:
         return JobConfig(
             inner=InnerConfig(preset=self.preset, batch_size=batch),
             data=DataConfig(max_bytes=1 << 21, eval_windows=8),
-            budget=RunBudget(tokens=steps * batch * seq_len * sum(LEARNERS), learners=sum(LEARNERS)),
+            budget=RunBudget(tokens=steps * batch * seq_len * sum(self.learners.values()), learners=sum(self.learners.values())),
             sync=SyncSettings(fragments=self.fragments, inner_steps=self.inner_steps),
             syncer=SyncerConfig(quorum=QuorumConfig(quorum=1), outer=OuterConfig(), inner_steps=self.inner_steps),
         )
@@ -92,7 +101,7 @@ class WanCase:
     def sites(self) -> list[Site]:
         return [
             Site(name=r, learners=n, up_bytes_s=up * 1e6 / 8, down_bytes_s=down * 1e6 / 8, step_s=self.step_s)
-            for (r, (up, down)), n in zip(self.links.items(), LEARNERS, strict=True)
+            for (r, (up, down)), n in zip(self.links.items(), self.learners.values(), strict=True)
         ]
 
 
@@ -119,6 +128,8 @@ def layouts(case: WanCase, names: Sequence[str] = LAYOUTS) -> list[Layout]:
     unknown = [n for n in names if n not in LAYOUTS]
     if unknown or not names:
         raise DdctlError(f"layouts must be some of {', '.join(LAYOUTS)}, got {list(names)}")
+    if case.regions != FIVE_REGIONS:
+        raise DdctlError("the four layouts are laid out on the five-region case (FIVE_REGIONS)")
     sites, flow = case.sites(), traffic(case.job())
     home, fast = REGIONS[0], REGIONS[:3]
     every = dict.fromkeys(REGIONS, 1)

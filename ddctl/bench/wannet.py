@@ -59,6 +59,15 @@ class Wan:
         }
 
 
+def reshape(wan: Wan, region: str, up_mbit: float, down_mbit: float) -> None:
+    """Change a region's link rates mid-run (``tc qdisc change``: the queue and its counters stay)."""
+    if not (up_mbit > 0 and down_mbit > 0):
+        raise DdctlError(f"link rates must be > 0 Mbit/s, got {up_mbit}, {down_mbit}")
+    r = wan.regions[region]
+    _run(*r.command("tc", "qdisc", "change", "dev", r.uplink, "root", *tbf_args(up_mbit)))
+    _run("ip", "netns", "exec", wan.router, "tc", "qdisc", "change", "dev", r.downlink, "root", *tbf_args(down_mbit))
+
+
 def _run(*argv: str) -> None:
     done = subprocess.run(argv, capture_output=True, text=True)
     if done.returncode != 0:

@@ -247,6 +247,33 @@ def wan(
         stdout().print(wan_table(result))
 
 
+@app.command("replan")
+def replan(
+    scenarios: Annotated[
+        str, typer.Option(help="Scenarios to run, in order: halve (h1's link halved), noise (every link +-20%).")
+    ] = ("halve,noise"),
+    seconds: Annotated[float, typer.Option(help="How long the learners train in each scenario.")] = 120.0,
+    every: Annotated[float, typer.Option(help="Seconds between the re-planner's looks at the shards.", min=0.5, max=60)] = 2.0,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
+) -> None:
+    """The running re-planner over an emulated WAN whose shards sit in two hub regions: a halved link should cause one
+    re-plan, links jittered by +-20% none (real processes, synthetic steps; needs root)."""
+    from ddctl.bench.report import replan_table
+    from ddctl.bench.wan_replan import hub_case, measure_replan
+    from ddctl.cli.output import progress_lines
+
+    def run() -> dict[str, object]:
+        names = [n.strip() for n in scenarios.split(",") if n.strip()]
+        with progress_lines("ddctl bench replan") as say:
+            return measure_replan(hub_case(seconds=seconds), names, every_s=every, say=say)
+
+    result = run_guarded(run)
+    if json_out:
+        print_json(result)
+    else:
+        stdout().print(replan_table(result))
+
+
 @app.command("learner")
 def learner(
     preset: Annotated[str, typer.Option(help="Model preset to train (base: ~128M, for a GPU).")] = "tiny",

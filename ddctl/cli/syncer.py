@@ -173,6 +173,48 @@ def move(
         typer.echo(result["reason"])
 
 
+@syncer_app.command("replan")
+def replan(
+    job_dir: Annotated[Path, typer.Argument(help="The job directory (admin token, CA, job.json).")],
+    regions: Annotated[Path, typer.Option("--regions", help="The regions file: priors, relays and re-plan settings.")],
+    syncer: Annotated[list[str], typer.Option("--syncer", help="A shard's URL; repeat for every shard.")],
+    site: Annotated[list[str], typer.Option("--site", help="SHARD=REGION: where a shard runs; repeat for every shard.")],
+    every: Annotated[float, typer.Option(help="Seconds between looks at the shards.", min=0.5, max=3600)] = 10.0,
+    for_s: Annotated[float, typer.Option("--for", help="Stop after this many seconds (0: until interrupted).", min=0)] = 0.0,
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON object per look (JSON Lines).")] = False,
+) -> None:
+    """Move fragments between the running shards when the measured links call for it (re-plan settings: the
+    regions file's synchronizer.replan); prints each re-plan with its cause."""
+    import time
+
+    from ddctl.config.regions import load_regions
+    from ddctl.control.credentials import token_for
+    from ddctl.control.replanning import for_job, parse_sites, watch
+    from ddctl_agents.agent.client import SyncerClient
+    from ddctl_agents.service.server import load_job_dir
+
+    def show(event: dict[str, Any]) -> None:
+        if json_out:
+            typer.echo(json.dumps(event, sort_keys=True))
+        elif "error" in event:
+            typer.echo(f"look failed (trying again): {event['error']}", err=True)
+        elif event.get("replan") is not None:
+            r = event["replan"]
+            moves = ", ".join(f"fragment {m['fragment']} {m['from']} -> {m['to']} ({m['shard']})" for m in r["moves"])
+            typer.echo(f"re-plan: {moves}: {r['cause']}")
+
+    def body() -> int:
+        token, ca = token_for(job_dir, "admin"), job_dir / "tls" / "ca.pem"
+        connect = lambda url: SyncerClient(url, token, ca if url.startswith("https://") else None)  # noqa: E731
+        loop = for_job(load_regions(regions), load_job_dir(job_dir).job, syncer, connect, parse_sites(site))
+        deadline = time.monotonic() + for_s if for_s else float("inf")
+        return watch(loop, every, until=lambda: time.monotonic() >= deadline, on_event=show)
+
+    made = run_guarded(body)
+    if not json_out:
+        typer.echo(f"{made} re-plan(s)")
+
+
 @syncer_app.command("status")
 def shard_status(
     job_dir: Annotated[Path, typer.Argument(help="The job directory (admin token, CA).")],

@@ -6,7 +6,8 @@ syncer re-plans from every fresh link matrix but moves fragments only when the n
 plan's busiest placement-dependent site is at least ``gain`` better than the current
 assignment's, under the same measurements, ``confirmations`` times in a row, no sooner
 than ``dwell_s`` after the last move, and at most ``max_moves`` fragments at once
-(the ones that help most, one at a time).
+(the ones that help most, one at a time, and none that does not help: the new plan
+may number the same split differently).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ddctl_agents.core.shardplan import (
     PlanSettings,
     ShardPlan,
     Traffic,
+    placement_dependent,
     placement_loads,
     placement_utilisation,
     plan_shards,
@@ -60,6 +62,10 @@ class Replanner:
     settings: ReplanSettings = ReplanSettings()
     streak: int = 0
     last_move: float = -math.inf
+    current: float = math.nan
+    """The last consideration's busiest placement-dependent site under today's assignment (what ``before`` would be)."""
+    best: float = math.nan
+    """...and under the plan the measurements call for."""
 
     def consider(
         self, now: float, sites: Sequence[Site], traffic: Traffic, site_of: Sequence[str], plan: PlanSettings
@@ -68,6 +74,7 @@ class Replanner:
         candidate = plan_shards(sites, traffic, plan)
         current = self._utilisation(sites, traffic, candidate, site_of)
         best = self._utilisation(sites, traffic, candidate, [candidate.site_of(f) for f in range(len(site_of))])
+        self.current, self.best = current, best
         if current <= 0 or best > current * (1 - self.settings.gain):
             self.streak = 0
             return None
@@ -77,14 +84,14 @@ class Replanner:
         moves, owned = [], list(site_of)
         for _ in range(self.settings.max_moves):
             options = [f for f in range(len(owned)) if owned[f] != candidate.site_of(f)]
-            if not options:
-                break
 
-            def after(fragment: int) -> float:
+            def after(fragment: int) -> tuple[float, ...]:
                 trial = [*owned[:fragment], candidate.site_of(fragment), *owned[fragment + 1 :]]
-                return self._utilisation(sites, traffic, candidate, trial)
+                return self._profile(sites, traffic, candidate, trial)
 
-            chosen = min(options, key=lambda f: (after(f), f))
+            chosen = min(options, key=lambda f: (after(f), f), default=None)
+            if chosen is None or after(chosen) >= self._profile(sites, traffic, candidate, owned):
+                break  # the rest of the new plan's assignment is relabelling, not relief: no handoff for it
             moves.append(Move(fragment=chosen, source=owned[chosen], target=candidate.site_of(chosen)))
             owned[chosen] = candidate.site_of(chosen)
         reached = self._utilisation(sites, traffic, candidate, owned)
@@ -94,6 +101,13 @@ class Replanner:
             f"(seen {self.settings.confirmations} times); {len(moves)} fragment(s) moved, {reached:.0%} after"
         )
         return Replan(moves=tuple(moves), before=current, after=reached, cause=cause)
+
+    @staticmethod
+    def _profile(sites: Sequence[Site], traffic: Traffic, plan: ShardPlan, site_of: Sequence[str]) -> tuple[float, ...]:
+        """The placement-dependent sites' utilisations, busiest first: a move that leaves the busiest as it is but
+        relieves the next one still helps (ties are common among equal links)."""
+        found = placement_loads(sites, traffic, plan.cadence, plan.relay, site_of)
+        return tuple(sorted(placement_dependent(found, plan.floor), reverse=True))
 
     @staticmethod
     def _utilisation(sites: Sequence[Site], traffic: Traffic, plan: ShardPlan, site_of: Sequence[str]) -> float:

@@ -269,5 +269,12 @@ def _demands(sites: Sequence[Site], traffic: Traffic, cadence: dict[str, int], r
 
 
 def placement_utilisation(found: Sequence[SiteLoad], floor: dict[str, float]) -> float:
-    """The worst site the placement can change: sites loaded by their own learners alone (at their floor) left out."""
-    return max((x.utilisation for x in found if x.utilisation > floor[x.site] * (1 + 1e-9)), default=0.0)
+    """The worst site the placement can change (``placement_dependent``)."""
+    return max(placement_dependent(found, floor), default=0.0)
+
+
+def placement_dependent(found: Sequence[SiteLoad], floor: dict[str, float]) -> list[float]:
+    """The utilisations of the sites whose load the placement sets: a site hosting no fragment carries exactly its
+    own learners' traffic (its floor), whatever the placement; a host carries more (it serves other regions) or less
+    (its own learners' traffic stays inside), never the floor but by coincidence."""
+    return [x.utilisation for x in found if abs(x.utilisation - floor[x.site]) > 1e-9 * max(floor[x.site], 1e-12)]
