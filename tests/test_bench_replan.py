@@ -53,7 +53,7 @@ def test_why_hubs_halving_a_shard_site_that_its_own_learners_fill_calls_for_no_m
 
 def test_the_scenarios_change_the_links_as_they_say() -> None:
     case = hub_case(seconds=90)
-    assert changes("halve", case, 5.0) == [(30.0, {"h1": (30.0, 30.0)})]
+    assert changes("halve", case, 5.0) == changes("kill", case, 5.0) == [(30.0, {"h1": (30.0, 30.0)})]
     noise = changes("noise", case, 5.0, seed=3)
     assert [t for t, _ in noise] == [5.0 * i for i in range(1, 18)] and noise == changes("noise", case, 5.0, seed=3)
     factors = [new / case.links[r][k] for _, rates in noise for r, pair in rates.items() for k, new in enumerate(pair)]
@@ -62,7 +62,7 @@ def test_the_scenarios_change_the_links_as_they_say() -> None:
 
 
 def test_bad_scenarios_and_cases_are_refused_before_any_namespace_is_made() -> None:
-    with pytest.raises(DdctlError, match="scenarios must be some of halve, noise, got 'drop'"):
+    with pytest.raises(DdctlError, match="scenarios must be some of halve, noise, kill, got 'drop'"):
         measure_replan(hub_case(), ["halve", "drop"])
     with pytest.raises(DdctlError, match="give at least one scenario"):
         measure_replan(hub_case(), [])

@@ -66,6 +66,7 @@ BAD = [
     ({"seconds": 1.0}, "seconds must be in [8, 3600] (10 periods at least), got 1.0"),
     ({"seconds": math.inf}, "seconds must be in [8, 3600]"),
     ({"fragments": 2}, "fragments must be in [3, 64]"),
+    ({"train_tokens": 99_999}, "train_tokens must be 0 (synthetic steps) or in [100000, 100000000], got 99999"),
 ]
 
 
@@ -73,6 +74,14 @@ BAD = [
 def test_a_bad_case_is_refused_with_what_is_allowed(change: dict[str, float], message: str) -> None:
     with pytest.raises(DdctlError, match=re.escape(message)):
         WanCase(**change)  # type: ignore[arg-type]  # a float for each field named
+
+
+def test_a_trained_case_takes_its_steps_from_the_token_budget_and_evaluates_on_the_full_corpus() -> None:
+    synthetic, trained = WanCase(preset="tiny"), WanCase(preset="tiny", train_tokens=1_000_000)
+    assert synthetic.steps == 600 and synthetic.job().data.eval_windows == 8  # seconds / step
+    assert trained.steps == 1_000_000 // (8 * 128 * 8) == 122  # tokens over 8 learners' batches of 8 x 128 bytes
+    job = trained.job()
+    assert job.budget.tokens == 122 * 8 * 128 * 8 and job.data.eval_windows == 64 and job.data.max_bytes == 24 * 2**20
 
 
 def test_unknown_layouts_are_refused_before_any_namespace_is_made() -> None:
@@ -99,6 +108,10 @@ def test_the_wan_table_shows_the_rows_figures() -> None:
     text = console.export_text()
     for cell in ("W", "a,b", "1/8", "0.654", "2.06", "0.71", "0.66", "10/0.5 Mbit/s", "learners 2/1"):
         assert cell in text, cell
+    assert "val_bpb" not in text
+    console = Console(width=220, record=True)
+    console.print(wan_table({"case": case | {"train_tokens": 10**6}, "rows": [row | {"val_bpb": 3.41234}]}))
+    assert "val_bpb" in (trained := console.export_text()) and "3.4123" in trained
 
 
 @NEEDS_ROOT

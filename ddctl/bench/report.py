@@ -172,7 +172,9 @@ def wan_table(result: dict[str, Any]) -> Table:
     links = "/".join(f"{up:g}" for up, _ in case["links_mbit"].values())
     table = Table(title=f"Links {links} Mbit/s, learners {'/'.join(map(str, case['learners'].values()))}, {case['preset']}, "
                   f"{case['fragments']} fragments, H = {case['inner_steps']}, synthetic step {case['step_s']:g} s")  # fmt: skip
-    for col in ("layout", "shards at", "cadence", "in flight", "efficiency", "x first", "worst site", "measured", "predicted"):
+    trained = bool(case.get("train_tokens"))
+    columns = ("layout", "shards at", "cadence", "in flight", "efficiency", "x first", "worst site", "measured", "predicted")
+    for col in (*columns, "val_bpb") if trained else columns:
         table.add_column(col, justify="right")
     for row in result["rows"]:
         worst = max(row["sites"], key=lambda r: row["sites"][r]["measured"])
@@ -187,6 +189,7 @@ def wan_table(result: dict[str, Any]) -> Table:
             worst,
             f"{site['measured']:.2f}",
             f"{site['predicted_at_pace']:.2f}",
+            *([f"{row['val_bpb']:.4f}"] if trained else []),
         )
     return table
 

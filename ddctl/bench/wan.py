@@ -49,11 +49,13 @@ def measure_wan(case: WanCase, names: Sequence[str] = LAYOUTS, say: Callable[[st
     say(f"building the WAN: {len(case.links)} regions behind a router, links shaped with tc tbf")
     with wan(f"ddwan{os.getpid() % 100000}", case.links) as net:
         for i, layout in enumerate(chosen, 1):
-            say(
-                f"layout {layout.name} ({i} of {len(chosen)}): {len(layout.shard_sites)} shard(s), {case.seconds:g} s of training"
+            budget = (
+                f"{case.train_tokens:,} tokens of training" if case.train_tokens else f"{case.seconds:g} s of synthetic steps"
             )
+            say(f"layout {layout.name} ({i} of {len(chosen)}): {len(layout.shard_sites)} shard(s), {budget}")
             rows.append(_run_layout(net, case, layout))
-            say(f"layout {layout.name}: efficiency {rows[-1]['efficiency']:.3f}, books balanced: {rows[-1]['balanced']}")
+            bpb = f", val_bpb {rows[-1]['val_bpb']:.4f}" if case.train_tokens else ""
+            say(f"layout {layout.name}: efficiency {rows[-1]['efficiency']:.3f}{bpb}, books balanced: {rows[-1]['balanced']}")
     first = rows[0]
     for row in rows:
         row["x_first"] = round(row["efficiency"] / first["efficiency"], 4) if first["efficiency"] else None
@@ -66,6 +68,7 @@ def measure_wan(case: WanCase, names: Sequence[str] = LAYOUTS, say: Callable[[st
             "preset": case.preset,
             "fragments": case.fragments,
             "inner_steps": case.inner_steps,
+            "train_tokens": case.train_tokens,
         },
         "rows": rows,
     }
@@ -84,11 +87,33 @@ def _run_layout(net: Wan, case: WanCase, layout: Layout) -> dict[str, Any]:
                     if proc.poll() is None:
                         proc.kill()
             statuses = [finished_status(s) for s in shards]
+            val_bpb = _evaluate(root, case, shards) if case.train_tokens else None
         finally:
             for shard in shards:
                 shard.stop()
         summaries = {name: json.loads((root / f"{name}.summary.json").read_text()) for name in learners}
-    return layout_row(net, case, layout, window, statuses, summaries)
+    return layout_row(net, case, layout, window, statuses, summaries) | ({"val_bpb": val_bpb} if case.train_tokens else {})
+
+
+def _evaluate(root: Path, case: WanCase, shards: list[LocalSyncer]) -> float:
+    """The trained model's val_bpb: the shards' final parts joined by a global checkpoint, evaluated here."""
+    from ddctl.control.global_checkpoint import take
+    from ddctl_agents.train.assembly import Assembly
+
+    assembly = Assembly.build(case.job())
+    connect = lambda url: SyncerClient(url, shards[0].token("admin"), shards[0].ca)  # noqa: E731
+    result = take([s.url for s in shards], connect, root / "final", evaluate=assembly.evaluate)
+    return round(float(result["val_bpb"]), 4)
+
+
+COMMON = ("--snapshot-every", "3600", "--linger", "120")
+"""Every synchronizer's flags: no snapshots in a run this short, and time after the job for its figures to be read."""
+
+
+def shard_flags(shards: list[LocalSyncer], i: int) -> tuple[str, ...]:
+    """Shard i's flags, to start it or, after ``kill``, to start it again on its own state directory."""
+    return (*COMMON, "--shard-map", str(shards[0].job_dir / "shards.json"), "--shard", f"S{i}", "--state-dir",
+            str(shards[i].root / "state"))  # fmt: skip
 
 
 def start_shards(root: Path, net: Wan, case: WanCase, layout: Layout) -> list[LocalSyncer]:
@@ -101,15 +126,13 @@ def start_shards(root: Path, net: Wan, case: WanCase, layout: Layout) -> list[Lo
         (root / f"S{i}").mkdir()
         (root / f"S{i}" / "job").symlink_to(first.job_dir)
         started.append(LocalSyncer(root / f"S{i}", host=ips[i], prefix=sites[i].command()))
-    common = ("--snapshot-every", "3600", "--linger", "120")
     try:
-        if len(started) == 1:
-            first.start(*common, "--eval-every", "3600")
+        if len(started) == 1 and not case.train_tokens:  # trained: one shard, so the result is read like the others'
+            first.start(*COMMON, "--eval-every", "3600")
             return started
-        shard_map = first.job_dir / "shards.json"
-        shard_map.write_text(json.dumps(shardmap.from_assignment(layout.owner).to_json()))
+        (first.job_dir / "shards.json").write_text(json.dumps(shardmap.from_assignment(layout.owner).to_json()))
         for i, shard in enumerate(started):
-            shard.start(*common, "--shard-map", str(shard_map), "--shard", f"S{i}", "--state-dir", str(shard.root / "state"))
+            shard.start(*shard_flags(started, i))
     except BaseException:
         for shard in started:
             shard.kill()
@@ -129,7 +152,8 @@ def start_learners(
             index += 1
             argv = [sys.executable, "-m", "ddctl_agents.agent", *urls, "--name", name, "--token", shards[0].token(name)]
             argv += ["--ca", str(shards[0].ca), "--summary", str(root / f"{name}.summary.json"), "--region", region]
-            argv += ["--synthetic-step", str(case.step_s), "--cadence", str(layout.cadence[region])]
+            argv += ["--synthetic-step", str(case.step_s)] if not case.train_tokens else []
+            argv += ["--cadence", str(layout.cadence[region])]
             argv += ["--parallel-uploads", str(layout.in_flight)]
             with (root / f"{name}.log").open("ab") as log:
                 procs[name] = subprocess.Popen(net.regions[region].command(*argv), stdout=log, stderr=log, env=ENV)
@@ -156,7 +180,8 @@ def steady_window(
         wait_until(lambda: min(steps() or [0]) >= 1, timeout_s=300, every_s=0.2, what="every learner to take its first step")
         start, began = net.sent(), time.monotonic()
         wait_until(lambda: max(steps() or [0]) >= 0.9 * case.steps or all(p.poll() is not None for p in learners.values()),
-                   timeout_s=case.seconds * 20, every_s=1.0, what="a learner 90% through its steps")  # fmt: skip
+                   timeout_s=7200 if case.train_tokens else case.seconds * 20, every_s=1.0,
+                   what="a learner 90% through its steps")  # fmt: skip
         end, seconds = net.sent(), time.monotonic() - began
     finally:
         client.close()

@@ -25,6 +25,7 @@ from ddctl_agents.core.config import OuterConfig, SyncerConfig
 from ddctl_agents.core.quorum import QuorumConfig
 from ddctl_agents.core.shardplan import PlanSettings, Traffic, placement_loads, plan_shards
 from ddctl_agents.core.siteload import Site, SiteLoad
+from ddctl_agents.train import presets
 from ddctl_agents.train.config import DataConfig, InnerConfig, RunBudget, SyncSettings
 from ddctl_agents.train.job import JobConfig
 
@@ -32,6 +33,8 @@ LAYOUTS = ("N", "N-rr", "P2", "W")
 FIVE_REGIONS = (("a", 1.0, 2), ("b", 1.0, 2), ("c", 1.0, 2), ("d", 0.2, 1), ("e", 0.05, 1))
 """The issue's case: (region, its link as a share of the fast sites', learners), links in the ratio 1000/1000/1000/200/50."""
 REGIONS = tuple(name for name, _, _ in FIVE_REGIONS)
+BATCH = 8
+"""Sequences in a learner's batch."""
 PACED, UNPACED = 1, 3
 """Uploads in flight: one for the paced layouts, the learner's default otherwise."""
 
@@ -51,6 +54,8 @@ class WanCase:
     inner_steps: int = 8
     regions: tuple[tuple[str, float, int], ...] = FIVE_REGIONS
     """(name, link as a share of ``fast_mbit``, learners) per region; a region without learners may host shards."""
+    train_tokens: int = 0
+    """> 0: the learners train for real, this many tokens in all (``seconds`` and ``step_s`` then only bound the wait)."""
 
     def __post_init__(self) -> None:
         names = [name for name, _, _ in self.regions]
@@ -60,6 +65,8 @@ class WanCase:
             raise DdctlError("each region's link share must be in [0.001, 1] and its learners in 0..8")
         if not sum(self.learners.values()):
             raise DdctlError("at least one region needs learners")
+        if self.train_tokens and not 100_000 <= self.train_tokens <= 100_000_000:
+            raise DdctlError(f"train_tokens must be 0 (synthetic steps) or in [100000, 100000000], got {self.train_tokens}")
         if not 0.1 <= self.fast_mbit <= 1000:
             raise DdctlError(f"fast_mbit must be in [0.1, 1000] Mbit/s, got {self.fast_mbit}")
         if not 0.01 <= self.step_s <= 60:
@@ -83,17 +90,22 @@ class WanCase:
         return {name: learners for name, _, learners in self.regions}
 
     @property
+    def seq_len(self) -> int:
+        return presets.model_config(InnerConfig(preset=self.preset)).seq_len
+
+    @property
     def steps(self) -> int:
         """Each learner's steps: the job's budget is every learner taking this many."""
+        if self.train_tokens:
+            return self.train_tokens // (BATCH * self.seq_len * sum(self.learners.values()))
         return int(self.seconds / self.step_s)
 
     def job(self) -> JobConfig:
-        steps = self.steps
-        batch, seq_len = 8, 128
+        learners = sum(self.learners.values())
         return JobConfig(
-            inner=InnerConfig(preset=self.preset, batch_size=batch),
-            data=DataConfig(max_bytes=1 << 21, eval_windows=8),
-            budget=RunBudget(tokens=steps * batch * seq_len * sum(self.learners.values()), learners=sum(self.learners.values())),
+            inner=InnerConfig(preset=self.preset, batch_size=BATCH),
+            data=DataConfig() if self.train_tokens else DataConfig(max_bytes=1 << 21, eval_windows=8),
+            budget=RunBudget(tokens=self.steps * BATCH * self.seq_len * learners, learners=learners),
             sync=SyncSettings(fragments=self.fragments, inner_steps=self.inner_steps),
             syncer=SyncerConfig(quorum=QuorumConfig(quorum=1), outer=OuterConfig(), inner_steps=self.inner_steps),
         )

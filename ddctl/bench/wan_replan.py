@@ -17,7 +17,12 @@ the management link) run while the links change:
 - ``halve``: h1's link is halved both ways a third of the way through; the target is
   one re-plan, moving fragments from h1 to h2, and none after it;
 - ``noise``: every region's link is set to its rate times a factor drawn uniformly
-  from [0.8, 1.2] every ``noise_every_s`` (seeded); the target is no re-plan.
+  from [0.8, 1.2] every ``noise_every_s`` (seeded); the target is no re-plan;
+- ``kill``: as ``halve``, and the shard the first move hands a fragment to is killed
+  (``kill -9``) just before it takes the fragment in, then started again on its state
+  directory after ``DOWN_S``; the target is the move finished by a later look (the
+  old owner's log holds the hand-out), every ledger balanced and every acknowledged
+  update in one shard's books.
 """
 
 from __future__ import annotations
@@ -29,24 +34,27 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ddctl.bench.wan import finished_status, layout_row, start_learners, start_shards, steady_window
+from ddctl.bench.wan import finished_status, layout_row, shard_flags, start_learners, start_shards, steady_window
 from ddctl.bench.wan_layouts import PACED, Layout, WanCase, predict
 from ddctl.bench.wannet import Wan, reshape, wan
 from ddctl.config.synchronizer import traffic
 from ddctl.control.replanning import Replanning, watch
 from ddctl.errors import DdctlError
+from ddctl.local.service import LocalSyncer
 from ddctl_agents.agent.client import SyncerClient
 from ddctl_agents.core.replan import Replanner, ReplanSettings
 from ddctl_agents.core.shardplan import PlanSettings, plan_shards
 
-SCENARIOS = ("halve", "noise")
+SCENARIOS = ("halve", "noise", "kill")
 HUB_REGIONS = (("a", 1.0, 2), ("b", 1.0, 2), ("c", 0.2, 1), ("h1", 1.0, 0), ("h2", 1.0, 0))
 HUBS = ("h1", "h2")
 NOISE = 0.2
+DOWN_S = 3.0
+"""How long the killed shard stays down."""
 BENCH_REPLAN = ReplanSettings(dwell_s=30.0)
 """The product's gain and confirmations; a dwell of 30 s, not 300, to fit a two-minute run."""
 
@@ -73,7 +81,7 @@ Changes = list[tuple[float, dict[str, tuple[float, float]]]]
 
 def changes(scenario: str, case: WanCase, noise_every_s: float, seed: int = 0) -> Changes:
     """What ``scenario`` does to the links."""
-    if scenario == "halve":
+    if scenario in ("halve", "kill"):
         up, down = case.links["h1"]
         return [(case.seconds / 3, {"h1": (up / 2, down / 2)})]
     if scenario == "noise":
@@ -137,9 +145,9 @@ def _run_scenario(net: Wan, case: WanCase, layout: Layout, scenario: str, settin
     with tempfile.TemporaryDirectory(prefix="ddctl-replan-") as tmp:
         root = Path(tmp)
         shards = start_shards(root, net, case, layout)
+        saboteur = Saboteur(shards, armed=scenario == "kill")
         try:
-            connect = lambda url: SyncerClient(url, shards[0].token("admin"), shards[0].ca)  # noqa: E731
-            loop = Replanning(urls=[s.url for s in shards], connect=connect,
+            loop = Replanning(urls=[s.url for s in shards], connect=saboteur.connect,
                               sites_of_shards={f"S{i}": site for i, site in enumerate(layout.shard_sites)},
                               priors=case.sites(), traffic=traffic(case.job()), relays=False,
                               planner=Replanner(settings))  # fmt: skip
@@ -168,7 +176,46 @@ def _run_scenario(net: Wan, case: WanCase, layout: Layout, scenario: str, settin
                 shard.stop()
         summaries = {name: json.loads((root / f"{name}.summary.json").read_text()) for name in learners}
     row = layout_row(net, case, layout, window, statuses, summaries)
-    return _scenario_row(scenario, row, events, applied, started, statuses)
+    acked = sum(sum(s["acked_tokens"].values()) - s["acked_tokens"].get("duplicate", 0) for s in summaries.values())
+    return _scenario_row(scenario, row, events, applied, started, statuses) | {
+        "killed": [{**k, "t": round(k["t"] - started, 2)} for k in saboteur.fired],
+        "acked_tokens": acked,  # every update a learner saw acknowledged (a duplicate's first copy counts once)
+    }
+
+
+@dataclass
+class Saboteur:
+    """The re-planner's clients; when ``armed``, the first ``hand_in`` kills its shard (``kill -9``) first and starts
+    it again ``DOWN_S`` later on its own state directory, so the handoff breaks between its two halves."""
+
+    shards: list[LocalSyncer]
+    armed: bool
+    fired: list[dict[str, Any]] = field(default_factory=list)
+
+    def connect(self, url: str) -> SyncerClient:
+        saboteur = self
+
+        class Client(SyncerClient):
+            def hand_in(self, data: bytes) -> dict[str, Any]:
+                saboteur.strike(self.url)
+                return super().hand_in(data)
+
+        return Client(url, self.shards[0].token("admin"), self.shards[0].ca)
+
+    def strike(self, url: str) -> None:
+        if not self.armed or self.fired:
+            return
+        i = [s.url for s in self.shards].index(url)
+        self.shards[i].kill()
+        self.fired.append({"shard": f"S{i}", "t": time.monotonic()})
+        threading.Timer(DOWN_S, self._restart, args=(i,)).start()
+
+    def _restart(self, i: int) -> None:
+        try:
+            self.shards[i].start(*shard_flags(self.shards, i))
+            self.fired[-1]["restarted_after_s"] = round(time.monotonic() - self.fired[-1]["t"], 2)
+        except Exception as exc:  # noqa: BLE001 (reported in the row: the books will show what it cost)
+            self.fired[-1]["restart_error"] = str(exc)[:300]
 
 
 def _change_links(net: Wan, planned: Changes, started: float,
@@ -198,6 +245,8 @@ def _scenario_row(scenario: str, row: dict[str, Any], events: list[dict[str, Any
         ),  # fmt: skip
         "measured_last": looks[-1]["sites"] if looks else None,
         "owned_at_end": [s["shard"]["owned"] for s in statuses],
+        "finished_by_a_later_look": sorted({p for e in events for p in e.get("finished", [])}),
+        "received_tokens": row["ledger"]["received"],
         "efficiency": row["efficiency"],
         "balanced": row["balanced"],
         "ledger": row["ledger"],
