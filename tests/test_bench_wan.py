@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 import subprocess
 import time
@@ -13,9 +14,11 @@ from typer.testing import CliRunner
 from ddctl.bench.wan_layouts import LAYOUTS, Layout, WanCase, at_pace, layouts, predict
 from ddctl.bench.wannet import wan
 from ddctl.cli.app import app
-from ddctl.config.synchronizer import traffic
+from ddctl.config.synchronizer import CPU_FLOPS_PRIOR, traffic
 from ddctl.errors import DdctlError
 from ddctl.providers.linkshape import available
+from ddctl_agents.train import flops, presets
+from ddctl_agents.train.config import InnerConfig
 
 NEEDS_ROOT = pytest.mark.skipif(available() is not None, reason=f"{available()}")
 
@@ -82,6 +85,18 @@ def test_a_trained_case_takes_its_steps_from_the_token_budget_and_evaluates_on_t
     assert trained.steps == 1_000_000 // (8 * 128 * 8) == 122  # tokens over 8 learners' batches of 8 x 128 bytes
     job = trained.job()
     assert job.budget.tokens == 122 * 8 * 128 * 8 and job.data.eval_windows == 64 and job.data.max_bytes == 24 * 2**20
+
+
+def test_a_trained_case_is_planned_at_the_models_step_not_the_synthetic_one() -> None:
+    """Planned at the synthetic 0.1 s step, a trained job's traffic read eight times too high and every region got
+    cadence 8 (found by the first training run: W and P2 trained far worse than N)."""
+    trained = WanCase(preset="tiny", train_tokens=1_000_000)
+    assert trained.prior_step_s == pytest.approx(8 * 128 * flops.flops_per_token(presets.model_config(InnerConfig(preset="tiny")))
+                                                 / CPU_FLOPS_PRIOR * max(1.0, 8 / (os.cpu_count() or 1)))  # fmt: skip
+    assert WanCase(preset="tiny").prior_step_s == 0.1
+    w = layouts(trained, ["W"])[0]
+    assert [w.cadence[r] for r in "abc"] == [1, 1, 1] and w.cadence["e"] > 1
+    assert set(layouts(WanCase(preset="tiny"), ["W"])[0].cadence.values()) == {8}  # the synthetic step's plan
 
 
 def test_unknown_layouts_are_refused_before_any_namespace_is_made() -> None:

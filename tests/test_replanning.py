@@ -16,7 +16,8 @@ from ddctl.control.replanning import Crossing, Replanning, link_bounds, measured
 from ddctl.errors import DdctlError
 from ddctl.local.service import LocalSyncer
 from ddctl_agents.agent.client import SyncerClient
-from ddctl_agents.core.replan import Replanner, ReplanSettings
+from ddctl_agents.core.replan import Move, Replan, Replanner, ReplanSettings
+from ddctl_agents.core.shardmap import ShardMap
 from ddctl_agents.core.shardplan import Traffic
 from ddctl_agents.core.siteload import Site
 from tests.shard_harness import shards, status
@@ -47,13 +48,17 @@ def test_a_crossing_bounds_both_sites_links_in_its_direction_and_the_best_bound_
     assert down == {"a": 3e5, "b": 5e5, "c": 9e5}
 
 
-def test_measured_sites_replace_only_what_was_measured_and_only_shard_sites_are_candidates() -> None:
-    sites = measured_sites(priors(), ({"c": 5e5}, {"a": 3e5}), {"c": [0.3, 0.1, 0.2], "b": []}, hosts={"a", "b"})
+def test_measured_sites_replace_what_was_measured_and_scale_the_rest_as_the_measurements_read() -> None:
+    sites = measured_sites(priors(), ({"c": 5e5, "a": 2.5e5}, {"a": 3e5}), {"c": [0.3, 0.1, 0.2], "b": []}, hosts={"a", "b"})
     by = {s.name: s for s in sites}
-    assert (by["c"].up_bytes_s, by["c"].down_bytes_s, by["c"].step_s) == (5e5, 10 * MBIT, 0.2)  # the median step
-    assert (by["a"].up_bytes_s, by["a"].down_bytes_s, by["a"].step_s) == (10 * MBIT, 3e5, 0.1)
-    assert by["b"] == priors()[1]  # nothing measured: the prior, candidate as before
+    # measured up: c at 0.4 of its prior, a at 0.2; b's unmeasured uplink reads as the median, 0.3 of its prior
+    # measured down: a at 0.24; b's and c's unmeasured downlinks read at 0.24 of theirs
+    assert (by["c"].up_bytes_s, by["c"].down_bytes_s, by["c"].step_s) == (5e5, pytest.approx(3e5), 0.2)  # the median step
+    assert (by["a"].up_bytes_s, by["a"].down_bytes_s, by["a"].step_s) == (2.5e5, 3e5, 0.1)
+    assert (by["b"].up_bytes_s, by["b"].down_bytes_s) == (pytest.approx(3.75e5), pytest.approx(3e5)) and by["b"].step_s == 0.1
     assert [s.candidate for s in sites] == [True, True, False]
+    untouched = measured_sites(priors(), ({}, {}), {}, hosts={"a", "b"})
+    assert [(s.up_bytes_s, s.down_bytes_s) for s in untouched] == [(s.up_bytes_s, s.down_bytes_s) for s in priors()]
 
 
 HOSTILE: list[Any] = [
@@ -187,3 +192,21 @@ def test_the_command_looks_at_real_shards_and_refuses_bad_sites(tmp_path: Path, 
     assert bad.exit_code == 2 and "--site takes SHARD=REGION (S0=us-east-1, ...), got 'S0'" in bad.output
     nowhere = runner.invoke(app, [*base, "--site", "S0=a", "--site", "S1=z", "--for", "1"])
     assert nowhere.exit_code == 2 and "shards placed at z, which is not a region of the job; allowed: a, b, c" in nowhere.output
+
+
+def test_a_move_that_fails_ends_the_replan_there_and_is_reported_with_it() -> None:
+    class Gone:
+        def shards(self) -> dict[str, Any]:
+            raise DdctlError("shard S1 is gone")
+
+        def close(self) -> None:
+            pass
+
+    loop = Replanning(urls=["https://s0", "https://s1"], connect=lambda url: Gone(),  # type: ignore[arg-type,return-value]
+                      sites_of_shards={"S0": "a", "S1": "b"}, priors=priors(),
+                      traffic=Traffic(up=(1,) * 4, down=(1,) * 4, inner_steps=8), relays=False, planner=Replanner())  # fmt: skip
+    decision = Replan(moves=(Move(fragment=1, source="b", target="a"), Move(fragment=3, source="b", target="a")),
+                      before=1.0, after=0.7, cause="b halved")  # fmt: skip
+    done = loop._carry_out(decision, ShardMap(epoch=1, shards=("S0", "S1"), owners=(0, 1, 0, 1)))
+    assert done["cause"] == "b halved" and done["before"] == 1.0 and done["after"] == 0.7
+    assert done["moves"] == [{"fragment": 1, "from": "b", "to": "a", "shard": "S0", "error": "shard S1 is gone"}]

@@ -201,10 +201,12 @@ def replan_table(result: dict[str, Any]) -> Table:
     table = Table(title=title)
     for col in ("scenario", "link changes", "looks", "re-plans", "moves", "peak gain seen", "efficiency", "balanced"):
         table.add_column(col, justify="right")
+
+    def shown(m: dict[str, Any]) -> str:
+        return f"{m['fragment']} {m['from']}->{m['to']}" + (" (broken)" if "error" in m else "")
+
     for row in result["rows"]:
-        moves = "; ".join(
-            f"{r['t']:.0f}s: " + ", ".join(f"{m['fragment']} {m['from']}->{m['to']}" for m in r["moves"]) for r in row["replans"]
-        )
+        moves = "; ".join(f"{r['t']:.0f}s: " + ", ".join(map(shown, r["moves"])) for r in row["replans"])
         peak = row["peak_gain_seen"]
         table.add_row(row["scenario"], str(len(row["changes"])), str(row["looks"]), str(len(row["replans"])), moves or "-",
                       "-" if peak is None else f"{peak:.0%}", f"{row['efficiency']:.3f}", str(row["balanced"]))  # fmt: skip

@@ -16,16 +16,17 @@ Relays are not run by the learners yet, so every layout is planned without them
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ddctl.config.synchronizer import traffic
+from ddctl.config.synchronizer import CPU_FLOPS_PRIOR, traffic
 from ddctl.errors import DdctlError
 from ddctl_agents.core.config import OuterConfig, SyncerConfig
 from ddctl_agents.core.quorum import QuorumConfig
 from ddctl_agents.core.shardplan import PlanSettings, Traffic, placement_loads, plan_shards
 from ddctl_agents.core.siteload import Site, SiteLoad
-from ddctl_agents.train import presets
+from ddctl_agents.train import flops, presets
 from ddctl_agents.train.config import DataConfig, InnerConfig, RunBudget, SyncSettings
 from ddctl_agents.train.job import JobConfig
 
@@ -100,6 +101,17 @@ class WanCase:
             return self.train_tokens // (BATCH * self.seq_len * sum(self.learners.values()))
         return int(self.seconds / self.step_s)
 
+    @property
+    def prior_step_s(self) -> float:
+        """The step the plan assumes: the synthetic step; when training, the model's FLOPs at the CPU prior
+        (``config/synchronizer.py``), slowed by the learners sharing this machine's cores. (The synthetic step
+        planned a trained job as if each step took 0.1 s: eight times the traffic, every region at cadence 8.)"""
+        if not self.train_tokens:
+            return self.step_s
+        model = presets.model_config(InnerConfig(preset=self.preset))
+        one = BATCH * model.seq_len * flops.flops_per_token(model) / CPU_FLOPS_PRIOR
+        return one * max(1.0, sum(self.learners.values()) / (os.cpu_count() or 1))
+
     def job(self) -> JobConfig:
         learners = sum(self.learners.values())
         return JobConfig(
@@ -112,7 +124,7 @@ class WanCase:
 
     def sites(self) -> list[Site]:
         return [
-            Site(name=r, learners=n, up_bytes_s=up * 1e6 / 8, down_bytes_s=down * 1e6 / 8, step_s=self.step_s)
+            Site(name=r, learners=n, up_bytes_s=up * 1e6 / 8, down_bytes_s=down * 1e6 / 8, step_s=self.prior_step_s)
             for (r, (up, down)), n in zip(self.links.items(), self.learners.values(), strict=True)
         ]
 

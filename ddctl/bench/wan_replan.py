@@ -177,7 +177,7 @@ def _run_scenario(net: Wan, case: WanCase, layout: Layout, scenario: str, settin
         summaries = {name: json.loads((root / f"{name}.summary.json").read_text()) for name in learners}
     row = layout_row(net, case, layout, window, statuses, summaries)
     acked = sum(sum(s["acked_tokens"].values()) - s["acked_tokens"].get("duplicate", 0) for s in summaries.values())
-    return _scenario_row(scenario, row, events, applied, started, statuses) | {
+    return _scenario_row(scenario, row, events, applied, started, statuses, settings.gain) | {
         "killed": [{**k, "t": round(k["t"] - started, 2)} for k in saboteur.fired],
         "acked_tokens": acked,  # every update a learner saw acknowledged (a duplicate's first copy counts once)
     }
@@ -231,7 +231,7 @@ def _change_links(net: Wan, planned: Changes, started: float,
 
 
 def _scenario_row(scenario: str, row: dict[str, Any], events: list[dict[str, Any]], applied: list[dict[str, Any]],
-                  started: float, statuses: list[dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
+                  started: float, statuses: list[dict[str, Any]], gain: float) -> dict[str, Any]:  # fmt: skip
     replans = [{"t": round(e["t"] - started, 2), **e["replan"]} for e in events if e.get("replan") is not None]
     looks = [e for e in events if "error" not in e and "skipped" not in e]
     return {
@@ -240,6 +240,10 @@ def _scenario_row(scenario: str, row: dict[str, Any], events: list[dict[str, Any
         "looks": len(looks),
         "failed_looks": [e["error"] for e in events if "error" in e][:5],
         "replans": replans,
+        "looks_past_the_gain": sum(
+            1 for e in looks if e.get("utilisation") and e.get("best") and 1 - e["best"] / e["utilisation"] >= gain
+        ),  # fmt: skip
+        "longest_streak": max((e.get("streak", 0) for e in looks), default=0),
         "peak_gain_seen": max(
             (1 - e["best"] / e["utilisation"] for e in looks if e.get("utilisation") and e.get("best")), default=None
         ),  # fmt: skip

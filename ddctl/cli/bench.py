@@ -253,14 +253,19 @@ def wan(
 @app.command("replan")
 def replan(
     scenarios: Annotated[
-        str, typer.Option(help="Scenarios to run, in order: halve (h1's link halved), noise (every link +-20%).")
-    ] = ("halve,noise"),
+        str,
+        typer.Option(
+            help="Scenarios, in order: halve (h1's link halved), noise (every link +-20%), kill (halve, and kill -9 of "
+            "the shard a move goes to, mid-handoff)."
+        ),
+    ] = "halve,noise,kill",
     seconds: Annotated[float, typer.Option(help="How long the learners train in each scenario.")] = 120.0,
     every: Annotated[float, typer.Option(help="Seconds between the re-planner's looks at the shards.", min=0.5, max=60)] = 2.0,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
 ) -> None:
     """The running re-planner over an emulated WAN whose shards sit in two hub regions: a halved link should cause one
-    re-plan, links jittered by +-20% none (real processes, synthetic steps; needs root)."""
+    re-plan, links jittered by +-20% none, a handoff broken by kill -9 be finished (real processes, synthetic steps;
+    needs root)."""
     from ddctl.bench.report import replan_table
     from ddctl.bench.wan_replan import hub_case, measure_replan
     from ddctl.cli.output import progress_lines

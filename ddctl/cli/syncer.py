@@ -200,7 +200,11 @@ def replan(
             typer.echo(f"look failed (trying again): {event['error']}", err=True)
         elif event.get("replan") is not None:
             r = event["replan"]
-            moves = ", ".join(f"fragment {m['fragment']} {m['from']} -> {m['to']} ({m['shard']})" for m in r["moves"])
+            moves = ", ".join(
+                f"fragment {m['fragment']} {m['from']} -> {m['to']} ({m['shard']}"
+                + (f"; failed, a later look finishes it: {m['error']})" if "error" in m else ")")
+                for m in r["moves"]
+            )
             typer.echo(f"re-plan: {moves}: {r['cause']}")
 
     def body() -> int:

@@ -133,18 +133,30 @@ def measured_sites(
     hosts: set[str],
 ) -> list[Site]:
     """The priors with each link measured replaced by its bound, each step by its learners' median, and only
-    ``hosts`` (the sites running a shard) as candidates."""
+    ``hosts`` (the sites running a shard) as candidates.
+
+    A site nothing has crossed yet (a shard just restarted has no measurements) keeps its prior scaled the way the
+    measured sites' bounds read against theirs (the median ratio, per direction): the bounds read low where a
+    version fans out to several learners at once, and a bare prior beside them would look several times faster
+    than it is, drawing every fragment to it."""
     up, down = bounds
+    up_ratio, down_ratio = _bias(priors, up, "up_bytes_s"), _bias(priors, down, "down_bytes_s")
     return [
         replace(
             site,
-            up_bytes_s=up.get(site.name, site.up_bytes_s),
-            down_bytes_s=down.get(site.name, site.down_bytes_s),
+            up_bytes_s=up.get(site.name, site.up_bytes_s * up_ratio),
+            down_bytes_s=down.get(site.name, site.down_bytes_s * down_ratio),
             step_s=statistics.median(steps[site.name]) if steps.get(site.name) else site.step_s,
             candidate=site.name in hosts,
         )
         for site in priors
     ]
+
+
+def _bias(priors: Sequence[Site], measured: Mapping[str, float], direction: str) -> float:
+    """How the measured links read against their priors: the median ratio (1 when nothing is measured)."""
+    ratios = [measured[s.name] / getattr(s, direction) for s in priors if s.name in measured]
+    return statistics.median(ratios) if ratios else 1.0
 
 
 @dataclass(slots=True)
@@ -233,13 +245,20 @@ class Replanning:
         return stranded
 
     def _carry_out(self, decision: Replan, newest: shardmap.ShardMap) -> dict[str, Any]:
+        """The moves, one handoff each; one that fails ends the re-plan there (reported with it): a hand-out that was
+        made is finished by a later look, and the rest wait for the next decision."""
         owned = {s: len(newest.owned(s)) for s in newest.shards}
-        moves = []
+        moves: list[dict[str, Any]] = []
         for m in decision.moves:
             to = min((s for s, site in self.sites_of_shards.items() if site == m.target), key=lambda s: (owned[s], s))
-            done = move(self.urls, self.connect, m.fragment, to)
+            made: dict[str, Any] = {"fragment": m.fragment, "from": m.source, "to": m.target, "shard": to}
+            moves.append(made)
+            try:
+                made["seconds"] = move(self.urls, self.connect, m.fragment, to).get("seconds")
+            except DdctlError as exc:
+                made["error"] = str(exc)[:300]
+                break
             owned[to] += 1
-            moves.append({"fragment": m.fragment, "from": m.source, "to": m.target, "shard": to, "seconds": done.get("seconds")})
         return {"cause": decision.cause, "before": _rounded(decision.before), "after": _rounded(decision.after), "moves": moves}
 
 
