@@ -10,9 +10,9 @@ kernel-timed, the second best of the recent samples). A transfer between a shard
 at site S and a learner in region R crosses both sites' links, so its rate is a
 lower bound of R's link and of S's, each in its direction: a learner's upload
 bounds R's uplink and S's downlink, a version sent to it bounds S's uplink and
-R's downlink. A site's link is the best of its bounds, or the prior (the declared
-link) where no transfer crossed it. Traffic inside one site crosses no link and
-says nothing. The learners' cadences are what runs (a learner's is fixed for its
+R's downlink. A site's link is the best of its bounds; where no transfer crossed it,
+its prior (the declared link) scaled the way the measured sites read against theirs.
+Traffic inside one site crosses no link and says nothing. The learners' cadences are what runs (a learner's is fixed for its
 life), so the re-planner moves fragments between the running shards and nothing else.
 """
 
