@@ -238,6 +238,7 @@ def _scenario_row(scenario: str, row: dict[str, Any], events: list[dict[str, Any
         "scenario": scenario,
         "changes": applied,
         "looks": len(looks),
+        "last_look_t": round(max(e["t"] for e in events) - started, 2) if events else None,
         "failed_looks": [e["error"] for e in events if "error" in e][:5],
         "replans": replans,
         "looks_past_the_gain": sum(
