@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from rich.console import Console
 
+from ddctl.bench import wan_replan
 from ddctl.bench.report import replan_table
 from ddctl.bench.wan_layouts import WanCase, layouts
-from ddctl.bench.wan_replan import HUB_REGIONS, changes, hub_case, hub_layout, measure_replan
+from ddctl.bench.wan_replan import HUB_REGIONS, Saboteur, changes, hub_case, hub_layout, measure_replan
 from ddctl.config.synchronizer import traffic
 from ddctl.errors import DdctlError
+from ddctl_agents.agent.client import SyncerClient
 from ddctl_agents.core.replan import Replanner, ReplanSettings
 from ddctl_agents.core.shardplan import PlanSettings
 from ddctl_agents.core.siteload import Site
+from ddctl_agents.waiting import wait_until
 from tests.test_bench_wan import NEEDS_ROOT
 
 
@@ -106,3 +111,48 @@ def test_a_halved_hub_link_is_replanned_once_over_the_emulated_wan() -> None:
     assert row["balanced"] and row["ledger"]["pending"] == 0 and not row["failed_looks"]
     last = row["measured_last"]
     assert last["h1"]["up_mbps"] < last["h2"]["up_mbps"]  # what the re-planner saw: h1's uplink the slower
+
+
+class StubShard:
+    """What the saboteur touches of a shard: its address, directories, kill and start."""
+
+    def __init__(self, root: Path, i: int, fail: bool = False) -> None:
+        self.url, self.root, self.job_dir, self.fail = f"https://10.0.0.{i}:443", root / f"S{i}", root / "S0" / "job", fail
+        self.killed, self.started = 0, []
+
+    def kill(self) -> None:
+        self.killed += 1
+
+    def start(self, *flags: str) -> None:
+        if self.fail:
+            raise RuntimeError("port taken")
+        self.started.append(flags)
+
+    def connector(self, kind: type[SyncerClient]) -> Callable[[str], SyncerClient]:
+        return lambda url: kind(url, "token", None)
+
+
+def test_the_saboteur_kills_the_hand_in_target_once_and_starts_it_again_on_its_own_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(wan_replan, "DOWN_S", 0.01)
+    shards = [StubShard(tmp_path, 0), StubShard(tmp_path, 1)]
+    handed: list[str] = []
+    monkeypatch.setattr(SyncerClient, "hand_in", lambda self, data: handed.append(self.url) or {"ok": True})
+    quiet = Saboteur(shards, armed=False)  # type: ignore[arg-type]
+    assert quiet.connect(shards[1].url).hand_in(b"x") == {"ok": True} and quiet.fired == [] and shards[1].killed == 0
+
+    saboteur = Saboteur(shards, armed=True)  # type: ignore[arg-type]
+    client = saboteur.connect(shards[1].url)
+    client.hand_in(b"x")
+    client.hand_in(b"y")  # a second hand-in is not struck again
+    assert [s.killed for s in shards] == [0, 1] and handed == [shards[1].url] * 3
+    wait_until(lambda: "restarted_after_s" in saboteur.fired[0], timeout_s=5, what="the restart")
+    (flags,) = shards[1].started
+    assert flags[flags.index("--shard") + 1] == "S1" and flags[flags.index("--state-dir") + 1] == str(tmp_path / "S1" / "state")
+
+    broken = [StubShard(tmp_path, 0), StubShard(tmp_path, 1, fail=True)]
+    failing = Saboteur(broken, armed=True)  # type: ignore[arg-type]
+    failing.strike(broken[1].url)
+    wait_until(lambda: "restart_error" in failing.fired[0], timeout_s=5, what="the failed restart")
+    assert failing.fired[0]["shard"] == "S1" and "port taken" in failing.fired[0]["restart_error"]

@@ -132,13 +132,10 @@ class Measuring(SyncerClient):
 def test_a_halved_shard_link_moves_one_fragment_once_and_a_broken_handoff_is_finished(shards: list[LocalSyncer]) -> None:
     s0, s1 = shards
     rows = Measuring.rows = {s0.url: [], s1.url: []}
-
-    def connect(url: str) -> SyncerClient:
-        return Measuring(url, s0.token("admin"), s0.ca)
-
     traffic = Traffic(up=(20_000,) * 4, down=(80_000,) * 4, inner_steps=8)
-    loop = Replanning(urls=[s0.url, s1.url], connect=connect, sites_of_shards={"S0": "a", "S1": "b"}, priors=priors(),
-                      traffic=traffic, relays=False, planner=Replanner(ReplanSettings(confirmations=2, dwell_s=0)))  # fmt: skip
+    loop = Replanning(urls=[s0.url, s1.url], connect=s0.connector(Measuring), sites_of_shards={"S0": "a", "S1": "b"},
+                      priors=priors(), traffic=traffic, relays=False,
+                      planner=Replanner(ReplanSettings(confirmations=2, dwell_s=0)))  # fmt: skip
     quiet = loop.tick()  # the priors: both shard sites alike, nothing to gain
     assert quiet["replan"] is None and quiet["streak"] == 0 and quiet["epoch"] == 1
     assert quiet["sites"]["b"] == {"up_mbps": 10.0, "down_mbps": 10.0, "measured": [False, False], "step_s": 0.1}

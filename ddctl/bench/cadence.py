@@ -30,7 +30,6 @@ from typing import Any
 from ddctl.errors import DdctlError
 from ddctl.local.service import LocalSyncer, tiny_job
 from ddctl.providers.linkshape import ShapedLink, shaped_link
-from ddctl_agents.agent.client import SyncerClient
 from ddctl_agents.core.schedule import CADENCES
 from ddctl_agents.waiting import wait_until
 
@@ -96,7 +95,7 @@ def _learner(syncer: LocalSyncer, root: Path, name: str, extra: Sequence[str], w
 
 def _finished(syncer: LocalSyncer) -> dict[str, Any]:
     """The syncer's status once the job has finished (its last rounds merged, its final model evaluated)."""
-    client = SyncerClient(syncer.url, syncer.token("admin"), syncer.ca)
+    client = syncer.client()
     try:
         return dict(wait_until(lambda: (s := client.status())["job"]["phase"] == "finished" and s, timeout_s=120, what="the end"))
     finally:

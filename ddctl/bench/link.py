@@ -55,7 +55,7 @@ def measure_link(rate_mbit: float = 80.0, uploads: int = 6, preset: str = "small
             log = syncer.log_path.read_text(errors="replace")[-3000:]
             raise DdctlError(f"the upload client failed: {done.stderr[-2000:]}\nsyncer log:\n{log}")
         client_result = json.loads(done.stdout.strip().splitlines()[-1])
-        admin = SyncerClient(url, syncer.token("admin"), syncer.ca)
+        admin = syncer.client()
         try:
             tracked = next(entry for entry in admin.status()["learners"] if entry["id"] == "L0")["up_mbps"]
         finally:

@@ -101,8 +101,7 @@ def _evaluate(root: Path, case: WanCase, shards: list[LocalSyncer]) -> float:
     from ddctl_agents.train.assembly import Assembly
 
     assembly = Assembly.build(case.job())
-    connect = lambda url: SyncerClient(url, shards[0].token("admin"), shards[0].ca)  # noqa: E731
-    result = take([s.url for s in shards], connect, root / "final", evaluate=assembly.evaluate)
+    result = take([s.url for s in shards], shards[0].connector(), root / "final", evaluate=assembly.evaluate)
     return round(float(result["val_bpb"]), 4)
 
 

@@ -200,7 +200,7 @@ class Saboteur:
                 saboteur.strike(self.url)
                 return super().hand_in(data)
 
-        return Client(url, self.shards[0].token("admin"), self.shards[0].ca)
+        return self.shards[0].connector(Client)(url)
 
     def strike(self, url: str) -> None:
         if not self.armed or self.fired:

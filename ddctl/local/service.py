@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ddctl.control.credentials import init_job_dir, token_for
@@ -77,6 +77,10 @@ class LocalSyncer:
 
     def client(self, identity: str = "admin", token: str | None = None, http2: bool = True) -> SyncerClient:
         return SyncerClient(self.url, token if token is not None else self.token(identity), self.ca, http2=http2)
+
+    def connector(self, kind: type[SyncerClient] = SyncerClient) -> Callable[[str], SyncerClient]:
+        """Admin clients for any shard of this job by URL: the shards share the job directory's token and CA."""
+        return lambda url: kind(url, self.token("admin"), self.ca)
 
     def start(self, *extra: str, timeout_s: float = 120.0) -> LocalSyncer:
         """Start (or restart) the service and return once it answers its health probe."""

@@ -22,7 +22,6 @@ from ddctl_agents.core.shardplan import (
     Traffic,
     placement_dependent,
     placement_loads,
-    placement_utilisation,
     plan_shards,
 )
 from ddctl_agents.core.siteload import Site
@@ -72,8 +71,9 @@ class Replanner:
     ) -> Replan | None:
         """The moves to make now, given fresh measurements in ``sites`` and fragment f owned at ``site_of[f]``."""
         candidate = plan_shards(sites, traffic, plan)
-        current = self._utilisation(sites, traffic, candidate, site_of)
-        best = self._utilisation(sites, traffic, candidate, [candidate.site_of(f) for f in range(len(site_of))])
+        target = [candidate.site_of(f) for f in range(len(site_of))]
+        now_profile = self._profile(sites, traffic, candidate, site_of)
+        current, best = _busiest(now_profile), _busiest(self._profile(sites, traffic, candidate, target))
         self.current, self.best = current, best
         if current <= 0 or best > current * (1 - self.settings.gain):
             self.streak = 0
@@ -81,20 +81,19 @@ class Replanner:
         self.streak += 1
         if self.streak < self.settings.confirmations or now - self.last_move < self.settings.dwell_s:
             return None
-        moves, owned = [], list(site_of)
+        moves, owned, profile = [], list(site_of), now_profile
         for _ in range(self.settings.max_moves):
-            options = [f for f in range(len(owned)) if owned[f] != candidate.site_of(f)]
-
-            def after(fragment: int) -> tuple[float, ...]:
-                trial = [*owned[:fragment], candidate.site_of(fragment), *owned[fragment + 1 :]]
-                return self._profile(sites, traffic, candidate, trial)
-
-            chosen = min(options, key=lambda f: (after(f), f), default=None)
-            if chosen is None or after(chosen) >= self._profile(sites, traffic, candidate, owned):
+            trials = {
+                f: self._profile(sites, traffic, candidate, [*owned[:f], target[f], *owned[f + 1 :]])
+                for f in range(len(owned))
+                if owned[f] != target[f]
+            }
+            chosen = min(trials, key=lambda f: (trials[f], f), default=None)
+            if chosen is None or trials[chosen] >= profile:
                 break  # the rest of the new plan's assignment is relabelling, not relief: no handoff for it
-            moves.append(Move(fragment=chosen, source=owned[chosen], target=candidate.site_of(chosen)))
-            owned[chosen] = candidate.site_of(chosen)
-        reached = self._utilisation(sites, traffic, candidate, owned)
+            moves.append(Move(fragment=chosen, source=owned[chosen], target=target[chosen]))
+            owned[chosen], profile = target[chosen], trials[chosen]
+        reached = _busiest(profile)
         self.streak, self.last_move = 0, now
         cause = (
             f"busiest shard site predicted at {current:.0%} of its link, {best:.0%} with the new plan "
@@ -109,7 +108,7 @@ class Replanner:
         found = placement_loads(sites, traffic, plan.cadence, plan.relay, site_of)
         return tuple(sorted(placement_dependent(found, plan.floor), reverse=True))
 
-    @staticmethod
-    def _utilisation(sites: Sequence[Site], traffic: Traffic, plan: ShardPlan, site_of: Sequence[str]) -> float:
-        found = placement_loads(sites, traffic, plan.cadence, plan.relay, site_of)
-        return placement_utilisation(found, plan.floor)
+
+def _busiest(profile: tuple[float, ...]) -> float:
+    """The busiest placement-dependent site of a profile (``placement_utilisation``), 0 when none depends on it."""
+    return profile[0] if profile else 0.0
