@@ -88,6 +88,11 @@ def test_reasons_and_regions_are_printable_and_short() -> None:
         parse_body(LeaveBody, json.dumps({"learner": "L1", "reason": "a\r\nfake log line"}).encode())
     with pytest.raises(BadRequest, match="'region'"):
         parse_body(RegisterBody, json.dumps({"learner": "L1", "incarnation": 1, "region": "x" * 65}).encode())
+    beat = {"learner": "L1", "step": 1, "step_time": 0.5, "tokens": 1, "tokens_per_s": 1.0}
+    assert parse_body(HeartbeatBody, json.dumps({**beat, "region": "eu-west-1"}).encode()).region == "eu-west-1"
+    for bad in ("x" * 65, "eu\nwest", 7):
+        with pytest.raises(BadRequest, match="'region'"):
+            parse_body(HeartbeatBody, json.dumps({**beat, "region": bad}).encode())
 
 
 @pytest.mark.parametrize("text", ["²", "١٢", "+1", "1_000", " 1", "1.0", "", "9" * 20, "-2", None])

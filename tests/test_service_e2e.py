@@ -170,3 +170,28 @@ def test_the_dead_man_switch_ends_a_learner_whose_syncer_is_gone(tmp_path: Path,
     assert learner.wait(timeout=60) == 6  # the dead-man switch ends as "unreachable", as ddctl's exit code 6
     summary = job.summary("L0")
     assert summary["reason"] == "syncer_gone" and summary["step"] < summary["start_step"] + 10_000
+
+
+def test_a_restarted_syncer_still_files_each_learners_links_under_its_region(tmp_path: Path, job_factory: list[Job]) -> None:
+    """The region a learner registered with survives a ``kill -9`` of the syncer: the learner does not register again
+    (the log says it is live), and its later links must still count for its region (the re-planner reads them)."""
+    job = Job.create(tmp_path, small_job(learners=1, tokens=300_000))
+    job_factory.append(job)
+    job.start_syncer()
+    learner = job.client("L0")
+    learner.register("L0", 1, "europe-west4")
+    beat = {"learner": "L0", "step": 3, "step_time": 0.5, "tokens": 3072, "tokens_per_s": 2048.0}
+    learner.heartbeat({**beat, "up_bytes": 1_000_000, "up_seconds": 0.2})
+    learner.close()
+    job.local.kill()
+    job.start_syncer()
+    learner = job.client("L0")
+    try:
+        learner.heartbeat({**beat, "step": 4, "up_bytes": 2_000_000, "up_seconds": 0.2, "region": "europe-west4"})
+        learner.heartbeat({**beat, "step": 5, "region": "us-east1"})  # registration's region stands: no moving
+    finally:
+        learner.close()
+    status = job.status()
+    assert learner_view(status, "L0")["region"] == "europe-west4"
+    (row,) = status["regions"]
+    assert row["name"] == "europe-west4" and row["up_mbps"] == pytest.approx(80.0)  # 2 MB in 0.2 s, after the restart

@@ -331,7 +331,8 @@ class Comms:
                     up_bytes, up_seconds = self._up.pop(url, (0, 0.0)) if report else (0, 0.0)
                 if not report:
                     continue
-                report.update(learner=self.me.name, rtt_s=self._rtt, up_bytes=up_bytes, up_seconds=up_seconds)
+                report.update(learner=self.me.name, region=self.me.region, rtt_s=self._rtt)
+                report.update(up_bytes=up_bytes, up_seconds=up_seconds)
                 started = time.perf_counter()
                 try:
                     if client.heartbeat(report).get("stop") is True:

@@ -107,6 +107,9 @@ class HeartbeatBody(_Body):
     """Ranks this one learner trains on; ``tokens_per_s`` is all of them together."""
     memory_gb: Annotated[float, Field(ge=0.0, le=65_536.0, allow_inf_nan=False)] = 0.0
     """Memory of one device in GB as reported (0: unknown)."""
+    region: Region = ""
+    """The region it registered with, again: a syncer restarted from its log knows the learner is live but not where
+    it is, and the learner does not register again (``roster.heard`` fills it in; registration's answer wins)."""
 
 
 Body = TypeVar("Body", bound=_Body)

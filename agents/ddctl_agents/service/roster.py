@@ -112,8 +112,12 @@ class Roster:
         self.event(now, "join", learner=name, region=region, incarnation=incarnation, start_step=start_step)
 
     def heard(self, now: float, report: HeartbeatBody, links: LearnerLinks) -> tuple[LearnerLinks, LearnerLinks]:
-        """A heartbeat: progress for the page; returns (learner's, region's) links for the measured figures."""
+        """A heartbeat: progress for the page; returns (learner's, region's) links for the measured figures. Its region
+        counts only where the roster has none (a learner recovered from the log), never to move a registered one."""
         info = self.learner(report.learner)
+        if not info.region and report.region:
+            self.check_region(report.region)
+            info.region = report.region
         info.step, info.tokens, info.tokens_per_s = report.step, report.tokens, report.tokens_per_s
         info.loss, info.staleness, info.last_seen, info.state = report.loss, report.staleness, now, "training"
         info.accelerator, info.devices, info.memory_gb = report.accelerator, report.devices, report.memory_gb
