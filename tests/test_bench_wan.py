@@ -70,6 +70,7 @@ BAD = [
     ({"seconds": math.inf}, "seconds must be in [8, 3600]"),
     ({"fragments": 2}, "fragments must be in [3, 64]"),
     ({"train_tokens": 99_999}, "train_tokens must be 0 (synthetic steps) or in [100000, 100000000], got 99999"),
+    ({"max_behind": -1}, "max_behind must be in 0..8 rounds, got -1"),
 ]
 
 
@@ -82,6 +83,7 @@ def test_a_bad_case_is_refused_with_what_is_allowed(change: dict[str, float], me
 def test_a_trained_case_takes_its_steps_from_the_token_budget_and_evaluates_on_the_full_corpus() -> None:
     synthetic, trained = WanCase(preset="tiny"), WanCase(preset="tiny", train_tokens=1_000_000)
     assert synthetic.steps == 600 and synthetic.job().data.eval_windows == 8  # seconds / step
+    assert synthetic.job().syncer.max_behind == 1 and WanCase(max_behind=0).job().syncer.max_behind == 0
     assert trained.steps == 1_000_000 // (8 * 128 * 8) == 122  # tokens over 8 learners' batches of 8 x 128 bytes
     job = trained.job()
     assert job.budget.tokens == 122 * 8 * 128 * 8 and job.data.eval_windows == 64 and job.data.max_bytes == 24 * 2**20

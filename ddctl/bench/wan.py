@@ -69,6 +69,7 @@ def measure_wan(case: WanCase, names: Sequence[str] = LAYOUTS, say: Callable[[st
             "fragments": case.fragments,
             "inner_steps": case.inner_steps,
             "train_tokens": case.train_tokens,
+            "max_behind": case.max_behind,
         },
         "rows": rows,
     }

@@ -57,6 +57,8 @@ class WanCase:
     """(name, link as a share of ``fast_mbit``, learners) per region; a region without learners may host shards."""
     train_tokens: int = 0
     """> 0: the learners train for real, this many tokens in all (``seconds`` and ``step_s`` then only bound the wait)."""
+    max_behind: int = 1
+    """Rounds an update's base may lag beyond its cadence and still be merged (late); 0 drops every late one."""
 
     def __post_init__(self) -> None:
         names = [name for name, _, _ in self.regions]
@@ -78,6 +80,8 @@ class WanCase:
             )
         if not 1 <= self.inner_steps <= 1000:
             raise DdctlError(f"inner_steps must be in [1, 1000], got {self.inner_steps}")
+        if not 0 <= self.max_behind <= 8:
+            raise DdctlError(f"max_behind must be in 0..8 rounds, got {self.max_behind}")
         if not 3 <= self.fragments <= 64:
             raise DdctlError(f"fragments must be in [3, 64] (three shards own one each at least), got {self.fragments}")
 
@@ -119,7 +123,9 @@ class WanCase:
             data=DataConfig() if self.train_tokens else DataConfig(max_bytes=1 << 21, eval_windows=8),
             budget=RunBudget(tokens=self.steps * BATCH * self.seq_len * learners, learners=learners),
             sync=SyncSettings(fragments=self.fragments, inner_steps=self.inner_steps),
-            syncer=SyncerConfig(quorum=QuorumConfig(quorum=1), outer=OuterConfig(), inner_steps=self.inner_steps),
+            syncer=SyncerConfig(
+                quorum=QuorumConfig(quorum=1), outer=OuterConfig(), inner_steps=self.inner_steps, max_behind=self.max_behind
+            ),
         )
 
     def sites(self) -> list[Site]:

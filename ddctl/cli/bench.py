@@ -227,6 +227,9 @@ def wan(
     inner_steps: Annotated[int, typer.Option(help="H: inner steps per outer period (the links' load falls as it grows).")] = 8,
     train: Annotated[int, typer.Option(help="Train for real, this many tokens in all, and report val_bpb (0: synthetic).")] = 0,
     preset: Annotated[str, typer.Option(help="Model preset (micro for synthetic steps; tiny to train).")] = "micro",
+    max_behind: Annotated[
+        int, typer.Option(help="Rounds an update may lag beyond its cadence and still merge (late); 0 drops late ones.")
+    ] = 1,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
 ) -> None:
     """One synchronizer against shards, cadence and pacing over an emulated 5-region WAN: the learners' work merged
@@ -239,7 +242,7 @@ def wan(
     def run() -> dict[str, object]:
         names = [n.strip() for n in layouts.split(",") if n.strip()]
         case = WanCase(fast_mbit=fast_mbit, step_s=step, seconds=seconds, inner_steps=inner_steps, train_tokens=train,
-                       preset=preset)  # fmt: skip
+                       preset=preset, max_behind=max_behind)  # fmt: skip
         with progress_lines("ddctl bench wan") as say:
             return measure_wan(case, names, say)
 
