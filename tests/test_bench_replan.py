@@ -139,10 +139,10 @@ def test_the_saboteur_kills_the_hand_in_target_once_and_starts_it_again_on_its_o
     shards = [StubShard(tmp_path, 0), StubShard(tmp_path, 1)]
     handed: list[str] = []
     monkeypatch.setattr(SyncerClient, "hand_in", lambda self, data: handed.append(self.url) or {"ok": True})
-    quiet = Saboteur(shards, armed=False)  # type: ignore[arg-type]
+    quiet = Saboteur(shards, ("h1", "h2"), armed=False)  # type: ignore[arg-type]
     assert quiet.connect(shards[1].url).hand_in(b"x") == {"ok": True} and quiet.fired == [] and shards[1].killed == 0
 
-    saboteur = Saboteur(shards, armed=True)  # type: ignore[arg-type]
+    saboteur = Saboteur(shards, ("h1", "h2"), armed=True)  # type: ignore[arg-type]
     client = saboteur.connect(shards[1].url)
     client.hand_in(b"x")
     client.hand_in(b"y")  # a second hand-in is not struck again
@@ -150,9 +150,10 @@ def test_the_saboteur_kills_the_hand_in_target_once_and_starts_it_again_on_its_o
     wait_until(lambda: "restarted_after_s" in saboteur.fired[0], timeout_s=5, what="the restart")
     (flags,) = shards[1].started
     assert flags[flags.index("--shard") + 1] == "S1" and flags[flags.index("--state-dir") + 1] == str(tmp_path / "S1" / "state")
+    assert flags[flags.index("--site") + 1] == "h2"
 
     broken = [StubShard(tmp_path, 0), StubShard(tmp_path, 1, fail=True)]
-    failing = Saboteur(broken, armed=True)  # type: ignore[arg-type]
+    failing = Saboteur(broken, ("h1", "h2"), armed=True)  # type: ignore[arg-type]
     failing.strike(broken[1].url)
     wait_until(lambda: "restart_error" in failing.fired[0], timeout_s=5, what="the failed restart")
     assert failing.fired[0]["shard"] == "S1" and "port taken" in failing.fired[0]["restart_error"]

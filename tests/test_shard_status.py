@@ -38,3 +38,16 @@ def test_an_older_claim_loses_to_a_newer_epoch() -> None:
     stale = status("S1", 1, [1, 3], [0, 9, 0, 7], received=100, trained=10)  # S1 before it handed 1 out
     fresh = status("S0", 2, [0, 1, 2], [5, 4, 6, 0], received=400, trained=10)
     assert summarize([("a", stale, ""), ("b", fresh, "")])["job"]["versions"] == [5, 4, 6, 7]
+
+
+def test_each_shard_shows_its_own_site_reading_and_a_malformed_one_reads_as_not_measured() -> None:
+    good = status("S0", 1, [0, 1], [1, 1, 0, 0], received=10, trained=10) | {
+        "site": {"name": "h1", "up_mbps": 58.2, "down_mbps": 49.0}
+    }
+    odd = status("S1", 1, [2, 3], [0, 0, 1, 1], received=10, trained=10) | {
+        "site": {"name": 7, "up_mbps": "fast", "down_mbps": True}
+    }
+    old = status("S2", 1, [], [0, 0, 0, 0], received=0, trained=10)  # a shard from before the site meter
+    rows = summarize([("a", good, ""), ("b", odd, ""), ("c", old, "")])["shards"]
+    assert rows[0]["site"] == {"name": "h1", "up_mbps": 58.2, "down_mbps": 49.0}
+    assert rows[1]["site"] == rows[2]["site"] == {"name": "", "up_mbps": None, "down_mbps": None}

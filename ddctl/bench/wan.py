@@ -110,10 +110,10 @@ COMMON = ("--snapshot-every", "3600", "--linger", "120")
 """Every synchronizer's flags: no snapshots in a run this short, and time after the job for its figures to be read."""
 
 
-def shard_flags(shards: list[LocalSyncer], i: int) -> tuple[str, ...]:
-    """Shard i's flags, to start it or, after ``kill``, to start it again on its own state directory."""
+def shard_flags(shards: list[LocalSyncer], i: int, site: str) -> tuple[str, ...]:
+    """Shard i's flags, at ``site``, to start it or, after ``kill``, to start it again on its own state directory."""
     return (*COMMON, "--shard-map", str(shards[0].job_dir / "shards.json"), "--shard", f"S{i}", "--state-dir",
-            str(shards[i].root / "state"))  # fmt: skip
+            str(shards[i].root / "state"), "--site", site)  # fmt: skip
 
 
 def start_shards(root: Path, net: Wan, case: WanCase, layout: Layout) -> list[LocalSyncer]:
@@ -128,11 +128,11 @@ def start_shards(root: Path, net: Wan, case: WanCase, layout: Layout) -> list[Lo
         started.append(LocalSyncer(root / f"S{i}", host=ips[i], prefix=sites[i].command()))
     try:
         if len(started) == 1 and not case.train_tokens:  # trained: one shard, so the result is read like the others'
-            first.start(*COMMON, "--eval-every", "3600")
+            first.start(*COMMON, "--eval-every", "3600", "--site", layout.shard_sites[0])
             return started
         (first.job_dir / "shards.json").write_text(json.dumps(shardmap.from_assignment(layout.owner).to_json()))
         for i, shard in enumerate(started):
-            shard.start(*shard_flags(started, i))
+            shard.start(*shard_flags(started, i, layout.shard_sites[i]))
     except BaseException:
         for shard in started:
             shard.kill()
@@ -234,6 +234,10 @@ def layout_row(
         "efficiency": round((ledger["merged"] + ledger["late_merged"]) / trained, 4) if trained else 0.0,
         "regions": regions,
         "sites": {r: _site(net.regions[r], window, predicted[r], at_measured[r]) for r in case.links},
+        "site_meters": {
+            site: _site_meter(status, site, case.links[site][0])
+            for site, status in zip(layout.shard_sites, statuses, strict=True)
+        },
         "step_s": pace,
         "predicted_worst": round(layout.predicted, 4),
         "window_s": round(window["seconds"], 2),
@@ -242,6 +246,14 @@ def layout_row(
         "ledger": ledger,
         "balanced": bool(job["balanced"]),
     }
+
+
+def _site_meter(status: dict[str, Any], site: str, shaped_mbps: float) -> dict[str, Any]:
+    """A shard's own reading of its site's link (``core/sitemeter.py``) against the link as shaped, and beside it what
+    its crossings with each region read (the best of one learner's transfers: a share of a shared link)."""
+    own = status.get("site", {})
+    crossings = {r["name"]: [r.get("up_mbps"), r.get("down_mbps")] for r in status.get("regions", []) if r["name"] != site}
+    return {"up_mbps": own.get("up_mbps"), "down_mbps": own.get("down_mbps"), "shaped_mbps": shaped_mbps, "regions": crossings}
 
 
 def _regions(case: WanCase, summaries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -145,7 +145,7 @@ def _run_scenario(net: Wan, case: WanCase, layout: Layout, scenario: str, settin
     with tempfile.TemporaryDirectory(prefix="ddctl-replan-") as tmp:
         root = Path(tmp)
         shards = start_shards(root, net, case, layout)
-        saboteur = Saboteur(shards, armed=scenario == "kill")
+        saboteur = Saboteur(shards, layout.shard_sites, armed=scenario == "kill")
         try:
             loop = Replanning(urls=[s.url for s in shards], connect=saboteur.connect,
                               sites_of_shards={f"S{i}": site for i, site in enumerate(layout.shard_sites)},
@@ -189,6 +189,8 @@ class Saboteur:
     it again ``DOWN_S`` later on its own state directory, so the handoff breaks between its two halves."""
 
     shards: list[LocalSyncer]
+    sites: tuple[str, ...]
+    """Where each shard runs (its ``--site``)."""
     armed: bool
     fired: list[dict[str, Any]] = field(default_factory=list)
 
@@ -212,7 +214,7 @@ class Saboteur:
 
     def _restart(self, i: int) -> None:
         try:
-            self.shards[i].start(*shard_flags(self.shards, i))
+            self.shards[i].start(*shard_flags(self.shards, i, self.sites[i]))
             self.fired[-1]["restarted_after_s"] = round(time.monotonic() - self.fired[-1]["t"], 2)
         except Exception as exc:  # noqa: BLE001 (reported in the row: the books will show what it cost)
             self.fired[-1]["restart_error"] = str(exc)[:300]

@@ -248,18 +248,21 @@ def _print_shards(result: dict[str, Any]) -> None:
 
     from ddctl.cli.output import stdout
 
-    table = Table("shard", "url", "epoch", "fragments", "rounds", "live", "received", "merged", "pending", "balanced")
+    table = Table("shard", "url", "site: up / down Mbit/s", "epoch", "fragments", "rounds", "live", "received", "merged",
+                  "pending", "balanced")  # fmt: skip
     for row in result["shards"]:
         if not row["reachable"]:
-            table.add_row("?", row["url"], *[""] * 7, f"unreachable: {row['error'][:60]}")
+            table.add_row("?", row["url"], *[""] * 8, f"unreachable: {row['error'][:60]}")
             continue
         books, owned = row["ledger"], ",".join(map(str, row["owned"] or []))
-        cells = [row["shard"], row["url"], row["epoch"], owned, row["rounds"], len(row["live"]), books["received"]]
-        table.add_row(*map(str, [*cells, books["merged"], books["pending"], row["balanced"]]))
+        site = row["site"]
+        link = " / ".join("-" if site[k] is None else f"{site[k]:.1f}" for k in ("up_mbps", "down_mbps"))
+        cells = [row["shard"], row["url"], f"{site['name'] or '?'}: {link}", row["epoch"], owned, row["rounds"], len(row["live"])]
+        table.add_row(*map(str, [*cells, books["received"], books["merged"], books["pending"], row["balanced"]]))
     job = result["job"]
     if "ledger" in job:
         books, partial = job["ledger"], " (partial)" if job["partial"] else ""
-        cells = ["job", "", job.get("epoch", ""), "", job["rounds"], len(job["live"]), books["received"], books["merged"]]
+        cells = ["job", "", "", job.get("epoch", ""), "", job["rounds"], len(job["live"]), books["received"], books["merged"]]
         table.add_row(*map(str, [*cells, books["pending"], f"{job['balanced']}{partial}"]))
     stdout().print(table)
 

@@ -10,7 +10,9 @@ kernel-timed, the second best of the recent samples). A transfer between a shard
 at site S and a learner in region R crosses both sites' links, so its rate is a
 lower bound of R's link and of S's, each in its direction: a learner's upload
 bounds R's uplink and S's downlink, a version sent to it bounds S's uplink and
-R's downlink. A site's link is the best of its bounds; where no transfer crossed it,
+R's downlink. Each such transfer gets a share of a link it shares, so a shard also
+measures its own site's link from all its transfers at once (``core/sitemeter.py``),
+which reads the link itself where they overlap. A site's link is the best of its bounds; where no transfer crossed it,
 its prior (the declared link) scaled the way the measured sites read against theirs.
 Traffic inside one site crosses no link and says nothing. The learners' cadences are what runs (a learner's is fixed for its
 life), so the re-planner moves fragments between the running shards and nothing else.
@@ -65,6 +67,9 @@ class Seen:
     """Region -> its live learners' measured step times."""
     cadence: dict[str, int]
     """Region -> the cadence its live learners run at."""
+    own: tuple[float | None, float | None] = (None, None)
+    """The shard's own site link (up, down), bytes per second, as every transfer across it measured it together
+    (``core/sitemeter.py``): only from a shard that says it runs at ``site``, so its own learners were left out."""
 
 
 def read_status(status: Any, site: str, regions: set[str]) -> Seen:
@@ -88,7 +93,10 @@ def read_status(status: Any, site: str, regions: set[str]) -> Seen:
             steps.setdefault(region, []).append(float(step))
         if (k := row.get("cadence")) in CADENCES and isinstance(k, int) and not isinstance(k, bool):
             cadence[region] = max(cadence.get(region, 1), k)
-    return Seen(site=site, crossings=tuple(crossings), steps=steps, cadence=cadence)
+    mine = status.get("site") if isinstance(status, dict) else None
+    here = isinstance(mine, dict) and mine.get("name") == site
+    own = (_rate(mine.get("up_mbps")), _rate(mine.get("down_mbps"))) if here and isinstance(mine, dict) else (None, None)
+    return Seen(site=site, crossings=tuple(crossings), steps=steps, cadence=cadence, own=own)
 
 
 def _number(value: object) -> TypeGuard[float]:
@@ -106,23 +114,27 @@ Bounds = tuple[dict[str, float], dict[str, float]]
 """Each site's best lower bound of its uplink, and of its downlink, bytes per second."""
 
 
-def link_bounds(crossings: Sequence[Crossing]) -> Bounds:
-    """Each site's best lower bound of its uplink and of its downlink, bytes per second (see the module docstring)."""
+def link_bounds(crossings: Sequence[Crossing], own: Sequence[tuple[str, float | None, float | None]] = ()) -> Bounds:
+    """Each site's best lower bound of its uplink and of its downlink, bytes per second (see the module docstring);
+    ``own``: (site, up, down) as a shard measured its own site's link, all its transfers together."""
     up: dict[str, float] = {}
     down: dict[str, float] = {}
 
-    def bound(into: dict[str, float], site: str, rate: float) -> None:
-        into[site] = max(into.get(site, 0.0), rate)
+    def bound(into: dict[str, float], site: str, rate: float | None) -> None:
+        if rate is not None:
+            into[site] = max(into.get(site, 0.0), rate)
+
+    for site, site_up, site_down in own:
+        bound(up, site, site_up)
+        bound(down, site, site_down)
 
     for c in crossings:
         if c.region == c.shard_site:
             continue  # inside one site: no link crossed
-        if c.up is not None:
-            bound(up, c.region, c.up)
-            bound(down, c.shard_site, c.up)
-        if c.down is not None:
-            bound(down, c.region, c.down)
-            bound(up, c.shard_site, c.down)
+        bound(up, c.region, c.up)
+        bound(down, c.shard_site, c.up)
+        bound(down, c.region, c.down)
+        bound(up, c.shard_site, c.down)
     return up, down
 
 
@@ -200,7 +212,7 @@ class Replanning:
         regions = {s.name for s in self.priors}
         seen = [read_status(status, site_of_url[url], regions) for url, status, _ in answers]
         hosts = set(self.sites_of_shards.values())
-        bounds = link_bounds([c for s in seen for c in s.crossings])
+        bounds = link_bounds([c for s in seen for c in s.crossings], [(s.site, *s.own) for s in seen])
         sites = measured_sites(self.priors, bounds, _merged_steps(seen), hosts)
         cadence = {s.name: 1 for s in self.priors} | {r: k for s in seen for r, k in s.cadence.items()}
         plan = PlanSettings(shards=len(routes), relays=self.relays, cadence=cadence)

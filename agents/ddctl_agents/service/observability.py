@@ -41,6 +41,11 @@ def _link_view(links: LearnerLinks) -> dict[str, Any]:
     }
 
 
+def _site_view(up: LinkEstimate, down: LinkEstimate) -> dict[str, Any]:
+    """The site's link as every transfer across it measured it: ``up`` what left it, ``down`` what arrived."""
+    return {"up_mbps": _mbps(up), "down_mbps": _mbps(down), "up_bytes": up.total_bytes, "down_bytes": down.total_bytes}
+
+
 def _timed_by(link: LinkEstimate) -> str | None:
     """Who timed the rate shown: the sender's "kernel" (TCP_INFO), the syncer's "app" reads (a fallback), or nobody."""
     return None if link.bytes_per_s is None else "kernel" if link.kernel else "app"
@@ -87,6 +92,8 @@ def status(rt: SyncerRuntime) -> dict[str, Any]:
         {"name": name, "learners": sum(1 for i in rt.roster.info.values() if i.region == name), **_link_view(links)}
         for name, links in sorted(rt.roster.regions.items())
     ]
+    rt.roster.site_links.read(now)
+    site = rt.roster.site_links
     ledger = s.ledger
     view: dict[str, Any] = finite(
         {
@@ -106,6 +113,7 @@ def status(rt: SyncerRuntime) -> dict[str, Any]:
             "finished": sorted(s.finished),
             "learners": learners,
             "regions": regions,
+            "site": {"name": rt.roster.site, **_site_view(site.up.estimate, site.down.estimate)},
             "ledger": {**ledger.as_dict(), "balanced": ledger.balanced()},
             "degraded": [{"fragment": p, "reason": reason} for p, reason in sorted(rt.degraded().items())],
             "faults": list(s.faults),

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddctl_agents.core.links import LearnerLinks
+from ddctl_agents.core.sitemeter import SiteLinks
 from ddctl_agents.errors import BadRequest
 from ddctl_agents.service.requests import HeartbeatBody
 
@@ -54,9 +55,11 @@ class LearnerInfo:
 
 
 class Roster:
-    def __init__(self) -> None:
+    def __init__(self, site: str = "") -> None:
         self.info: dict[str, LearnerInfo] = {}
         self.regions: dict[str, LearnerLinks] = {}
+        self.site, self.site_links = site, SiteLinks()
+        """The region this service runs in, and its link as every transfer across it measured it (``core/sitemeter``)."""
         self.events: deque[dict[str, Any]] = deque(maxlen=64)
         self.recent_rounds: deque[dict[str, Any]] = deque(maxlen=32)
         self._rounds: Counter[str] = Counter()
@@ -125,6 +128,12 @@ class Roster:
 
     def regional(self, name: str) -> LearnerLinks:
         return self.regions.setdefault(self.region_of(name), LearnerLinks())
+
+    def crossed(self, name: str, direction: str, at: float, seconds: float, nbytes: int) -> None:
+        """A sample of learner ``name``'s ``direction`` link, read at ``at``: the site's link carried it (the other way
+        round: a learner's downlink is what leaves the site) unless the learner is inside the site."""
+        if not self.site or self.region_of(name) != self.site:
+            (self.site_links.up if direction == "down" else self.site_links.down).add(at, seconds, nbytes)
 
     def set_state(self, name: str, state: str) -> None:
         if name in self.info:

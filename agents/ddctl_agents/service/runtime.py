@@ -62,7 +62,7 @@ class SyncerRuntime:
         self.max_update_bytes = settings.max_update_bytes or 8 * largest + (1 << 20)
         self.limits = WireLimits(max_payload=self.max_update_bytes, max_tensors=4 * len(assembly.initial) + 16)
         self.publisher = Publisher(assembly.fragmentation.count)
-        self.roster = Roster()
+        self.roster = Roster(settings.site)
         self.holds = Holds()  # what a learner sending every k-th period is sent of the versions
         self.meters: dict[str, TransferMeter] = {}
         """Uplink meters, touched only on the event loop's thread."""
@@ -84,8 +84,7 @@ class SyncerRuntime:
         self.flops_per_token = assembly.flops_per_token()
         """The job's model FLOPs per trained token, behind every learner's MFU on the status page."""
         self.tokens_per_learner = assembly.total_steps * assembly.config.inner.batch_size * assembly.model_config.seq_len
-        self.bytes_up = 0
-        self.bytes_down = 0
+        self.bytes_up = self.bytes_down = 0
         self._core = ThreadPoolExecutor(1, "ddctl-core")
         self.io = ThreadPoolExecutor(1, "ddctl-io")
         """Disk writes (fsyncs, snapshots) run here, one at a time, off the event loop and the core."""
@@ -206,7 +205,7 @@ class SyncerRuntime:
 
     def observe_link(self, learner: str, direction: str, nbytes: int, seconds: float, kernel: bool = False) -> None:
         """A throughput sample of a learner's "up" or "down" link from the HTTP layer (``kernel``: TCP_INFO-timed)."""
-        self._core.submit(self._observe_link, learner, direction, nbytes, seconds, kernel)
+        self._core.submit(self._observe_link, learner, direction, nbytes, seconds, kernel, self.clock())
 
     def inflight(self, learner: str, fragment: int, received: int, expected: int | None) -> None:
         """Progress of an upload, from the HTTP layer (runs on the core thread via the loop)."""
@@ -277,10 +276,11 @@ class SyncerRuntime:
         for up in (links.up, regional.up):  # as the learner's kernel timed it; LinkEstimate drops what cannot tell
             up.observe(report.up_bytes, report.up_seconds, report.rtt_s, kernel=True)
 
-    def _observe_link(self, learner: str, direction: str, nbytes: int, seconds: float, kernel: bool) -> None:
+    def _observe_link(self, learner: str, direction: str, nbytes: int, seconds: float, kernel: bool, at: float) -> None:
         if (links := self.syncer.links.get(learner)) is not None:
             for both in (links, self.roster.regional(learner)):
                 (both.up if direction == "up" else both.down).observe(nbytes, seconds, kernel=kernel)
+            self.roster.crossed(learner, direction, at, seconds, nbytes)
 
     def _receive(self, update: Update, body: bytes) -> tuple[Ack, int]:
         assert self.wal is not None

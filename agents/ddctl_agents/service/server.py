@@ -14,6 +14,7 @@ import asyncio
 import functools
 import ipaddress
 import json
+import re
 import signal
 import socket
 from dataclasses import dataclass
@@ -162,6 +163,13 @@ def shard_role(args: argparse.Namespace, files: JobFiles) -> ShardRole | None:
     return role
 
 
+def site_name(raw: str) -> str:
+    """``--site``: a region's name as learners give theirs (``requests.Region``)."""
+    if not re.fullmatch(r"[A-Za-z0-9_.:-]{0,64}", raw):
+        raise ConfigError(f"--site must be a region name of up to 64 letters, digits and _.:-, got {raw!r:.80}")
+    return raw
+
+
 def main(argv: list[str] | None = None) -> int:
     defaults = ServiceSettings(state_dir=Path())
     parser = Parser("ddctl syncer serve", "Run the Decoupled DiLoCo synchronizer service.")
@@ -209,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume-from", type=Path, help="A checkpoint directory a fresh state directory starts from.")
     parser.add_argument("--shard-map", type=Path, help="Serve one shard of a sharded synchronizer: the shard map (JSON).")
     parser.add_argument("--shard", default="", help="This process's shard in --shard-map (S0, S1, ...).")
+    parser.add_argument("--site", default="", help="The region this process runs in (its learners' transfers stay inside).")
     args = parser.parse_args(argv)
     configure_logging()
     try:
@@ -239,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             checkpoints=checkpoints,
             resume_from=args.resume_from,
             shard=shard,
+            site=site_name(args.site),
         )
         sock = bind_socket(args.bind)
     except AgentError as exc:

@@ -30,3 +30,5 @@ class ServiceSettings:
     """A checkpoint directory a fresh state directory starts from (a new run resuming an old one's model)."""
     shard: ShardRole | None = None
     """This process's shard of a sharded synchronizer (None: it owns every fragment)."""
+    site: str = ""
+    """The region this process runs in: its own learners' transfers never cross its site's link ("": none are)."""

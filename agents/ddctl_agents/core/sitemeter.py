@@ -1,0 +1,111 @@
+"""A site's own link, from every transfer that crossed it: the fan-out a per-learner rate cannot see (pure).
+
+A shard sends each new version to every learner at once, so each connection gets
+a share of the site's link and times a share: on a 60 Mbit/s site five learners'
+downlinks read 9-38 Mbit/s each, and every estimate built on them reads the site
+that much slower than it is. Summing the connections is no better unless they
+were busy at the same moments. So the meter keeps what each connection said it
+moved and over which seconds (its busy time, ending when it was read), lays them
+on one clock in bins of ``BIN_S``, and reads each bin once no report can still
+reach into it: the bytes every connection moved in the bin (each spread evenly
+over its own seconds) over the time any of them was busy. That is what the link
+carried while it was in use, a lower bound as each connection's own rate is,
+read up to the link when enough of them overlap. The rate is then the second
+best of the recent bins (``LinkEstimate``'s kernel samples), so one bin alone
+cannot make it.
+
+Transfers with learners inside the site (its own region: they never cross its
+link) are the caller's to leave out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ddctl_agents.core.links import LinkEstimate
+
+BIN_S = 1.0
+"""How much of the clock one reading covers: at least a connection's longest window (``links.MAX_WINDOW_S``)."""
+SETTLE_S = 2.0
+"""A bin is read this long after it ends: a connection reports its window when it ends, up to a window late."""
+MAX_PENDING = 4096
+"""Reports kept waiting for their bins to settle; past this the oldest go (a flood cannot grow the meter)."""
+
+
+@dataclass(slots=True)
+class SiteMeter:
+    """One direction of a site's link (see the module docstring)."""
+
+    estimate: LinkEstimate = field(default_factory=LinkEstimate)
+    pending: list[tuple[float, float, int]] = field(default_factory=list)
+    """(start, end, bytes) of each report whose last bin has not been read yet."""
+    read_to: float = -math.inf
+    """Every bin ending at or before this has been read."""
+
+    def add(self, now: float, seconds: float, nbytes: int) -> None:
+        """A connection moved ``nbytes`` in the ``seconds`` of busy time that ended ``now``; nonsense is ignored."""
+        if not (math.isfinite(now) and math.isfinite(seconds) and 0 < seconds <= 3600 and 0 < nbytes < 1 << 50):
+            return
+        start = max(now - seconds, self.read_to)  # what falls in bins already read is lost, not moved
+        if start < now:
+            self.pending.append((start, now, round(nbytes * (now - start) / seconds)))
+            del self.pending[:-MAX_PENDING]
+
+    def read(self, now: float) -> None:
+        """Read every bin that has settled into the estimate."""
+        if not self.pending:
+            self.read_to = max(self.read_to, _bin_start(now - SETTLE_S))
+            return
+        first = max(_bin_start(min(start for start, _, _ in self.pending)), self.read_to)  # a bin is read once
+        last = _bin_start(now - SETTLE_S)  # bins ending at or before this have settled
+        for left in _bins(first, last):
+            nbytes, busy = _in_bin(self.pending, left, left + BIN_S)
+            if busy > 0:
+                self.estimate.observe(round(nbytes), busy, kernel=True)
+        self.read_to = max(self.read_to, last)
+        self.pending = [p for p in self.pending if p[1] > self.read_to]
+
+    @property
+    def bytes_per_s(self) -> float | None:
+        return self.estimate.bytes_per_s
+
+
+@dataclass(slots=True)
+class SiteLinks:
+    """Both directions of a site's link: ``up`` what leaves it (versions sent), ``down`` what arrives (updates)."""
+
+    up: SiteMeter = field(default_factory=SiteMeter)
+    down: SiteMeter = field(default_factory=SiteMeter)
+
+    def read(self, now: float) -> None:
+        self.up.read(now)
+        self.down.read(now)
+
+
+def _bin_start(t: float) -> float:
+    return math.floor(t / BIN_S) * BIN_S
+
+
+def _bins(first: float, last: float) -> list[float]:
+    count = max(0, round((last - first) / BIN_S))
+    return [first + i * BIN_S for i in range(count)]
+
+
+def _in_bin(reports: list[tuple[float, float, int]], left: float, right: float) -> tuple[float, float]:
+    """(bytes moved in [left, right), seconds of it during which any report was busy)."""
+    nbytes, spans = 0.0, []
+    for start, end, n in reports:
+        lo, hi = max(start, left), min(end, right)
+        if hi > lo:
+            nbytes += n * (hi - lo) / (end - start)
+            spans.append((lo, hi))
+    busy, reach = 0.0, -math.inf
+    for lo, hi in sorted(spans):
+        if hi > reach:
+            busy += hi - max(lo, reach)
+            reach = hi
+    return nbytes, busy
+
+
+__all__ = ["BIN_S", "SETTLE_S", "SiteLinks", "SiteMeter"]

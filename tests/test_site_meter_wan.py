@@ -1,0 +1,37 @@
+"""The site meter against the truth: a shard behind a shaped link, four learners fetching every version at once.
+
+Each learner's own downlink reads a share of the shard's link (they split it);
+the shard's reading of its own site must read the link itself, as tc shaped it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from ddctl.bench.wan import _run_layout
+from ddctl.bench.wan_layouts import Layout, WanCase, predict
+from ddctl.bench.wannet import wan
+from ddctl.config.synchronizer import traffic
+from tests.test_bench_wan import NEEDS_ROOT
+
+SITE_MBIT = 16.0
+
+
+@pytest.mark.slow
+@NEEDS_ROOT
+def test_a_shard_reads_its_own_shaped_link_where_each_learner_reads_a_share() -> None:
+    case = WanCase(fast_mbit=64.0, step_s=0.05, seconds=20.0, preset="tiny", inner_steps=8,
+                   regions=(("h", SITE_MBIT / 64.0, 0), ("a", 1.0, 4)))  # fmt: skip
+    made = Layout(name="one", shard_sites=("h",), owner=(0,) * case.fragments, cadence={"h": 1, "a": 1}, in_flight=1, loads=())
+    layout = replace(made, loads=predict(made, case.sites(), traffic(case.job())))
+    with wan("ddsite", case.links) as net:
+        row = _run_layout(net, case, layout)
+    own = row["site_meters"]["h"]
+    assert own["shaped_mbps"] == SITE_MBIT
+    assert own["up_mbps"] == pytest.approx(SITE_MBIT, rel=0.15)  # versions out to four learners at once: the link
+    assert 0.7 * SITE_MBIT <= own["down_mbps"] <= 1.15 * SITE_MBIT  # their updates in: a lower bound, as tight as they overlap
+    up, down = own["regions"]["a"]  # the best of the four learners' own readings, all a shard knew before
+    assert down < 0.6 * own["up_mbps"] and up < own["down_mbps"]
+    assert row["balanced"] and row["regions"]["a"]["learners"] == 4
