@@ -63,6 +63,8 @@ def test_serve_refuses_a_shard_setup_that_cannot_work(tmp_path: Path) -> None:
         (["--shard-map", str(job / "nope.json"), "--shard", "S0"], "cannot read the shard map"),
         (["--shard-map", str(job / "shards.json"), "--shard", "S0", "--eval-every", "5"], "--eval-every needs the whole model"),
         (["--shard-map", str(job / "shards.json"), "--shard", "S0", "--checkpoint-every", "60"], "--checkpoint-every needs"),
+        (["--site", "us east"], "--site must be a region name of up to 64 letters, digits and _.:-, got 'us east'"),
+        (["--site", "x" * 65], "--site must be a region name"),
     ]
     for extra, message in cases:
         result = runner.invoke(app, [*serve, *extra])

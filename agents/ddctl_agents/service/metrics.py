@@ -89,6 +89,10 @@ def _families(rt: SyncerRuntime) -> Iterator[Metric]:
         for d, link in (("up", links.up), ("down", links.down))
     ]
     yield _family("gauge", "region_bytes_per_second", "Throughput per region, measured as per learner.", regional)
+    site = rt.roster.site_links
+    site.read(rt.clock())
+    own = [({"site": rt.roster.site, "direction": d}, m.bytes_per_s) for d, m in (("up", site.up), ("down", site.down))]
+    yield _family("gauge", "site_bytes_per_second", "This service's site link, all its transfers across it at once.", own)
     yield _family("counter", "bytes_received", "Update bytes accepted.", [({}, rt.bytes_up)])
     yield _family("counter", "bytes_sent", "Fragment bytes streamed to learners.", [({}, rt.bytes_down)])
     refused = [({"code": str(k)}, v) for k, v in sorted(rt.rejections.items())]
