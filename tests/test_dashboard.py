@@ -238,3 +238,16 @@ def test_each_learner_shows_how_often_it_sends_and_a_dash_before_the_syncer_says
     l0, l1, l2 = (next(line for line in wide if f" L{i} " in line) for i in range(3))
     assert "every 1H" in l0 and "every 4H" in l1 and "every" not in l2 and "—" in l2
     assert max(map(len, screen(s, 80, 24))) <= 80  # on a narrow terminal the column is among the first to go
+
+
+def test_the_syncers_own_site_link_is_on_the_screen_once_it_has_measured_it() -> None:
+    raw = json.loads((DATA / "running_3.json").read_text())
+    raw["syncer"]["status"]["site"] = {"name": "us-east", "up_mbps": 48.25, "down_mbps": None}
+    s = from_recording(raw)
+    assert s["site"] == {"name": "us-east", "up_mbps": 48.25, "down_mbps": None}
+    text = "\n".join(screen(s, 160, 40))
+    assert "syncer's site us-east: 48.2 / — Mbit/s out / in" in text
+    for unmeasured in ({"name": "us-east", "up_mbps": None, "down_mbps": None}, {"up_mbps": "fast"}, "x", None):
+        raw["syncer"]["status"]["site"] = unmeasured
+        quiet = from_recording(raw)
+        assert quiet["site"] is None and "syncer's site" not in "\n".join(screen(quiet, 160, 40))

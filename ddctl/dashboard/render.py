@@ -200,6 +200,9 @@ def global_lines(s: dict[str, Any], width: int) -> list[Text]:
     traffic, ledger, tokens = s["bytes"], s["ledger"], s.get("tokens") or {}
     ratio = "" if traffic["ratio"] is None else f" = {100 * traffic['ratio']:.2f}% of"
     sent = _line(f"sent {_bytes(traffic['sent'])}{ratio} what data-parallel would have: {_bytes(traffic['data_parallel'])}")
+    if site := s.get("site"):
+        link = " / ".join("—" if site[k] is None else f"{site[k]:.1f}" for k in ("up_mbps", "down_mbps"))
+        sent.append(f" · syncer's site{' ' + site['name'] if site['name'] else ''}: {link} Mbit/s out / in")
     books = _line(
         f"tokens trained {_short(tokens.get('trained'))} of {_short(tokens.get('budget'))}",
         f" · merged {_short(tokens.get('merged'))} · late {_short(tokens.get('late_merged'))}",

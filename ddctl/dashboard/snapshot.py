@@ -147,6 +147,7 @@ def build(records: RunRecords, syncer: SyncerView, now: float) -> dict[str, Any]
         "goodput": goodput(status),
         "uptime": _ratio(status.get("quorum_s"), status.get("uptime_s")),
         "bytes": traffic(status),
+        "site": site_link(status.get("site")),
         "ledger": status.get("ledger", {}),
         "tokens": status.get("tokens") or (records.summary or {}).get("tokens") or {},
         "job": job_phase(records, status),
@@ -185,6 +186,16 @@ def traffic(status: dict[str, Any]) -> dict[str, Any]:
     steps = sum(e.get("step", 0) for e in status.get("learners", []))
     dp = steps * status.get("parameters", 0) * DP_BYTES_PER_PARAM_STEP
     return {"sent": sent, "data_parallel": dp, "ratio": round(sent / dp, 6) if dp else None}
+
+
+def site_link(raw: Any) -> dict[str, Any] | None:
+    """The syncer's own reading of its site's link, Mbit/s each way (``core/sitemeter.py``); None until it has one."""
+    if not isinstance(raw, dict):
+        return None
+    mbps = {k: v if isinstance(v := raw.get(k), int | float) and not isinstance(v, bool) and v > 0 else None
+            for k in ("up_mbps", "down_mbps")}  # fmt: skip
+    name = raw.get("name") if isinstance(raw.get("name"), str) else ""
+    return {"name": name, **mbps} if any(v is not None for v in mbps.values()) else None
 
 
 def merged_events(syncer: list[dict[str, Any]], local: list[dict[str, Any]]) -> list[dict[str, Any]]:
