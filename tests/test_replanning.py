@@ -48,6 +48,15 @@ def test_a_crossing_bounds_both_sites_links_in_its_direction_and_the_best_bound_
     assert down == {"a": 3e5, "b": 5e5, "c": 9e5}
 
 
+def test_a_regions_crossing_is_the_better_of_its_best_learner_and_all_its_learners_at_once() -> None:
+    rows = [
+        {"name": "c", "up_mbps": 8.0, "down_mbps": 4.0, "together_up_mbps": 6.0, "together_down_mbps": 12.0},
+        {"name": "b", "up_mbps": None, "down_mbps": 4.0, "together_up_mbps": 16.0, "together_down_mbps": math.nan},
+    ]
+    by = {c.region: c for c in read_status({"regions": rows}, "a", REGIONS).crossings}
+    assert (by["c"].up, by["c"].down) == (1e6, 1.5e6) and (by["b"].up, by["b"].down) == (2e6, 5e5)
+
+
 def test_a_shards_own_site_reading_bounds_its_site_only_and_only_from_a_shard_that_says_it_runs_there() -> None:
     status = {
         "regions": [{"name": "c", "up_mbps": 8.0, "down_mbps": 4.0}],

@@ -19,12 +19,12 @@ from tests.builders import small_run
 
 def test_the_site_reads_what_crossed_it_together_and_leaves_its_own_learners_out(tmp_path: Path) -> None:
     now = [1000.25]
-    assembly = Assembly.build(small_run(learners=3))
+    assembly = Assembly.build(small_run(learners=4))
 
     async def scenario() -> tuple[dict, str]:
         rt = SyncerRuntime(assembly, ServiceSettings(state_dir=tmp_path, snapshot_every_s=3600, site="h"), clock=lambda: now[0])
         await rt.start()
-        for name, region in (("L0", "a"), ("L1", "b"), ("L2", "h")):
+        for name, region in (("L0", "a"), ("L1", "b"), ("L2", "h"), ("L3", "b")):
             await rt.register(name, 1, region)
         for _ in range(4):  # each second: L0 and L1 each get 1 MB out in the same 0.5 s; L2, inside the site, 50 MB
             now[0] += 1.0
@@ -32,6 +32,7 @@ def test_the_site_reads_what_crossed_it_together_and_leaves_its_own_learners_out
             rt.observe_link("L1", "down", 1_000_000, 0.5, kernel=True)
             rt.observe_link("L2", "down", 50_000_000, 0.5, kernel=True)
             rt.observe_link("L0", "up", 250_000, 0.5)
+            rt.observe_link("L3", "down", 1_000_000, 0.5, kernel=True)  # b's two learners at once: b reads both
         now[0] += SETTLE_S + 1.0
         page, text = await rt.view(status), await rt.view(metrics)
         await rt.stop()
@@ -40,11 +41,14 @@ def test_the_site_reads_what_crossed_it_together_and_leaves_its_own_learners_out
     page, text = asyncio.run(scenario())
     site = page["site"]
     assert site["name"] == "h"
-    assert site["up_mbps"] == pytest.approx(2_000_000 / 0.5 * 8 / 1e6)  # 32: both learners' shares together
+    assert site["up_mbps"] == pytest.approx(3_000_000 / 0.5 * 8 / 1e6)  # 48: three learners' shares together
     assert site["down_mbps"] == pytest.approx(250_000 / 0.5 * 8 / 1e6)  # 4: L0's uploads in
     rows = {r["name"]: r for r in page["regions"]}
     assert rows["a"]["down_mbps"] == pytest.approx(16.0)  # one learner alone reads its share
+    assert rows["a"]["together_down_mbps"] == pytest.approx(16.0) and rows["a"]["together_up_mbps"] == pytest.approx(4.0)
+    assert "together_down_mbps" not in rows["h"]  # inside the site: no link crossed
     families = {f.name: f for f in text_string_to_metric_families(text)}
     samples = {s.labels["direction"]: s.value for s in families["ddctl_site_bytes_per_second"].samples}
-    assert samples == {"up": pytest.approx(4e6), "down": pytest.approx(5e5)}
+    assert samples == {"up": pytest.approx(6e6), "down": pytest.approx(5e5)}
+    assert rows["b"]["down_mbps"] == pytest.approx(16.0) and rows["b"]["together_down_mbps"] == pytest.approx(32.0)
     assert {s.labels["site"] for s in families["ddctl_site_bytes_per_second"].samples} == {"h"}

@@ -250,9 +250,15 @@ def layout_row(
 
 def _site_meter(status: dict[str, Any], site: str, shaped_mbps: float) -> dict[str, Any]:
     """A shard's own reading of its site's link (``core/sitemeter.py``) against the link as shaped, and beside it what
-    its crossings with each region read (the best of one learner's transfers: a share of a shared link)."""
+    its crossings with each region read, [up, down]: the best one learner's transfers read (a share of a shared link),
+    and all the region's learners' at once."""
     own = status.get("site", {})
-    crossings = {r["name"]: [r.get("up_mbps"), r.get("down_mbps")] for r in status.get("regions", []) if r["name"] != site}
+    kinds = {"one": "", "together": "together_"}
+    crossings = {
+        r["name"]: {kind: [r.get(f"{prefix}{d}_mbps") for d in ("up", "down")] for kind, prefix in kinds.items()}
+        for r in status.get("regions", [])
+        if r["name"] != site
+    }
     return {"up_mbps": own.get("up_mbps"), "down_mbps": own.get("down_mbps"), "shaped_mbps": shaped_mbps, "regions": crossings}
 
 

@@ -8,7 +8,8 @@ dwell time) and carries the moves out as ordinary handoffs (``control/handoff.py
 What a shard measures is one learner's transfers to or from it (``core/links.py``:
 kernel-timed, the second best of the recent samples). A transfer between a shard
 at site S and a learner in region R crosses both sites' links, so its rate is a
-lower bound of R's link and of S's, each in its direction: a learner's upload
+lower bound of R's link and of S's, each in its direction (read as the better of its
+best learner's and all R's learners' transfers at once): a learner's upload
 bounds R's uplink and S's downlink, a version sent to it bounds S's uplink and
 R's downlink. Each such transfer gets a share of a link it shares, so a shard also
 measures its own site's link from all its transfers at once (``core/sitemeter.py``),
@@ -78,7 +79,7 @@ def read_status(status: Any, site: str, regions: set[str]) -> Seen:
     rows = status.get("regions") if isinstance(status, dict) else None
     learners = status.get("learners") if isinstance(status, dict) else None
     crossings = [
-        Crossing(shard_site=site, region=row["name"], up=_rate(row.get("up_mbps")), down=_rate(row.get("down_mbps")))
+        Crossing(shard_site=site, region=row["name"], up=_best(row, "up_mbps"), down=_best(row, "down_mbps"))
         for row in (rows if isinstance(rows, list) else [])
         if isinstance(row, dict) and isinstance(row.get("name"), str) and row["name"] in regions
     ]
@@ -101,6 +102,12 @@ def read_status(status: Any, site: str, regions: set[str]) -> Seen:
 
 def _number(value: object) -> TypeGuard[float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _best(row: dict[str, Any], key: str) -> float | None:
+    """A region's crossing with a shard: the better of its best single learner's reading and all its learners' at once."""
+    rates = [r for r in (_rate(row.get(key)), _rate(row.get(f"together_{key}"))) if r is not None]
+    return max(rates, default=None)
 
 
 def _rate(mbps: Any) -> float | None:

@@ -88,11 +88,14 @@ def status(rt: SyncerRuntime) -> dict[str, Any]:
                 **_link_view(links),
             }
         )
+    for meters in (rt.roster.site_links, *rt.roster.together.values()):
+        meters.read(now)
+    together = {name: _site_view(m.up.estimate, m.down.estimate) for name, m in rt.roster.together.items()}
     regions = [
-        {"name": name, "learners": sum(1 for i in rt.roster.info.values() if i.region == name), **_link_view(links)}
+        {"name": name, "learners": sum(1 for i in rt.roster.info.values() if i.region == name), **_link_view(links),
+         **{f"together_{k}": v for k, v in together.get(name, {}).items() if k.endswith("mbps")}}
         for name, links in sorted(rt.roster.regions.items())
-    ]
-    rt.roster.site_links.read(now)
+    ]  # fmt: skip
     site = rt.roster.site_links
     ledger = s.ledger
     view: dict[str, Any] = finite(

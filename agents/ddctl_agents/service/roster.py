@@ -60,6 +60,8 @@ class Roster:
         self.regions: dict[str, LearnerLinks] = {}
         self.site, self.site_links = site, SiteLinks()
         """The region this service runs in, and its link as every transfer across it measured it (``core/sitemeter``)."""
+        self.together: dict[str, SiteLinks] = {}
+        """Per region, its learners' transfers with this service all at once: ``up`` their uploads, ``down`` versions."""
         self.events: deque[dict[str, Any]] = deque(maxlen=64)
         self.recent_rounds: deque[dict[str, Any]] = deque(maxlen=32)
         self._rounds: Counter[str] = Counter()
@@ -131,9 +133,15 @@ class Roster:
 
     def crossed(self, name: str, direction: str, at: float, seconds: float, nbytes: int) -> None:
         """A sample of learner ``name``'s ``direction`` link, read at ``at``: the site's link carried it (the other way
-        round: a learner's downlink is what leaves the site) unless the learner is inside the site."""
-        if not self.site or self.region_of(name) != self.site:
-            (self.site_links.up if direction == "down" else self.site_links.down).add(at, seconds, nbytes)
+        round: a learner's downlink is what leaves the site), and so did its region's, unless the learner is inside the
+        site (then no link did)."""
+        region = self.region_of(name)
+        if self.site and region == self.site:
+            return
+        (self.site_links.up if direction == "down" else self.site_links.down).add(at, seconds, nbytes)
+        if region in self.regions:  # a region the roster tracks (capped), so this cannot grow without bound
+            together = self.together.setdefault(region, SiteLinks())
+            (together.up if direction == "up" else together.down).add(at, seconds, nbytes)
 
     def set_state(self, name: str, state: str) -> None:
         if name in self.info:
