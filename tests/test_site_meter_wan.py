@@ -1,7 +1,8 @@
 """The site meter against the truth: a shard behind a shaped link, four learners fetching every version at once.
 
-Each learner's own downlink reads a share of the shard's link (they split it);
-the shard's reading of its own site must read the link itself, as tc shaped it.
+Each learner's transfers get a share of the shard's link while they overlap, so
+what one learner reads is anywhere from a share to the link (when it happened to
+be alone); the shard's reading of its own site must read the link, as tc shaped it.
 """
 
 from __future__ import annotations
@@ -32,8 +33,6 @@ def test_a_shard_reads_its_own_shaped_link_where_each_learner_reads_a_share() ->
     assert own["shaped_mbps"] == SITE_MBIT
     assert own["up_mbps"] == pytest.approx(SITE_MBIT, rel=0.15)  # versions out to four learners at once: the link
     assert 0.7 * SITE_MBIT <= own["down_mbps"] <= 1.15 * SITE_MBIT  # their updates in: a lower bound, as tight as they overlap
-    up, down = own["regions"]["a"]["one"]  # the best of the four learners' own readings, all a shard knew before
-    assert down < 0.6 * own["up_mbps"] and up < own["down_mbps"]
     together_up, together_down = own["regions"]["a"]["together"]  # region a's side: all four at once, the same link
     assert together_down == pytest.approx(own["up_mbps"], rel=0.15) and together_up == pytest.approx(own["down_mbps"], rel=0.15)
     assert row["balanced"] and row["regions"]["a"]["learners"] == 4
