@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 
@@ -84,3 +85,15 @@ def test_a_late_report_for_a_bin_already_read_keeps_only_its_unread_part() -> No
     meter.read(10.0 + BIN_S + SETTLE_S)  # bin [10, 11) is read
     meter.add(11.5, 1.0, 2_000_000)  # [10.5, 11.5): half of it falls in the read bin
     assert meter.pending == [(11.0, 11.5, 1_000_000)]
+
+
+def test_a_meter_left_unread_for_long_reads_its_reports_once_and_fast() -> None:
+    meter = SiteMeter()
+    for i in range(MAX_PENDING):  # an hour of reports, one every 0.9 s, and nobody reading the page
+        meter.add(10.0 + 0.9 * i, 0.5, 500_000)
+    meter.add(90_000.5, 0.5, 500_000)  # and one much later, across a long idle gap
+    started = time.perf_counter()
+    meter.read(100_000.0)
+    assert time.perf_counter() - started < 0.5
+    assert meter.pending == [] and meter.estimate.total_bytes == pytest.approx(500_000 * MAX_PENDING, abs=4096)  # the oldest went at the cap
+    assert meter.bytes_per_s == pytest.approx(1e6)

@@ -53,16 +53,22 @@ class SiteMeter:
             del self.pending[:-MAX_PENDING]
 
     def read(self, now: float) -> None:
-        """Read every bin that has settled into the estimate."""
-        if not self.pending:
-            self.read_to = max(self.read_to, _bin_start(now - SETTLE_S))
-            return
-        first = max(_bin_start(min(start for start, _, _ in self.pending)), self.read_to)  # a bin is read once
+        """Read every bin that has settled into the estimate: one sweep over the reports in time order, so a meter
+        left unread for long costs its reports and bins once, not their product."""
         last = _bin_start(now - SETTLE_S)  # bins ending at or before this have settled
-        for left in _bins(first, last):
-            nbytes, busy = _in_bin(self.pending, left, left + BIN_S)
+        reports = sorted(self.pending)
+        active: list[tuple[float, float, int]] = []
+        i, left = 0, max(_bin_start(reports[0][0]), self.read_to) if reports else last  # a bin is read once
+        while left < last and (i < len(reports) or active):
+            right = left + BIN_S
+            while i < len(reports) and reports[i][0] < right:
+                active.append(reports[i])
+                i += 1
+            active = [r for r in active if r[1] > left]
+            nbytes, busy = _in_bin(active, left, right)
             if busy > 0:
                 self.estimate.observe(round(nbytes), busy, kernel=True)
+            left = right if active else max(right, _bin_start(reports[i][0]) if i < len(reports) else last)
         self.read_to = max(self.read_to, last)
         self.pending = [p for p in self.pending if p[1] > self.read_to]
 
@@ -85,11 +91,6 @@ class SiteLinks:
 
 def _bin_start(t: float) -> float:
     return math.floor(t / BIN_S) * BIN_S
-
-
-def _bins(first: float, last: float) -> list[float]:
-    count = max(0, round((last - first) / BIN_S))
-    return [first + i * BIN_S for i in range(count)]
 
 
 def _in_bin(reports: list[tuple[float, float, int]], left: float, right: float) -> tuple[float, float]:
