@@ -251,6 +251,12 @@ def _scenario_row(scenario: str, row: dict[str, Any], events: list[dict[str, Any
             (1 - e["best"] / e["utilisation"] for e in looks if e.get("utilisation") and e.get("best")), default=None
         ),  # fmt: skip
         "measured_last": looks[-1]["sites"] if looks else None,
+        "gain_by_look": [  # [t, predicted gain, streak]: how the decision built up
+            [round(e["t"] - started, 1), round(1 - e["best"] / e["utilisation"], 3), e.get("streak", 0)]
+            for e in looks
+            if e.get("utilisation") and e.get("best") is not None
+        ],
+        "site_meters": row["site_meters"],
         "owned_at_end": [s["shard"]["owned"] for s in statuses],
         "finished_by_a_later_look": sorted({p for e in events for p in e.get("finished", [])}),
         "received_tokens": row["ledger"]["received"],
