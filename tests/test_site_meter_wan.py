@@ -7,6 +7,7 @@ be alone); the shard's reading of its own site must read the link, as tc shaped 
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -30,6 +31,8 @@ def test_a_shard_reads_its_own_shaped_link_where_each_learner_reads_a_share() ->
     with wan("ddsite", case.links) as net:
         row = _run_layout(net, case, layout)
     own = row["site_meters"]["h"]
+    tc = {d: round(row["sites"]["h"][f"bytes_{d}"] * 8 / row["window_s"] / 1e6, 2) for d in ("up", "down")}
+    print(json.dumps({"site_meter": own, "tc_mbps": tc}))  # the figures of docs/benchmarks.md (pytest -s)
     assert own["shaped_mbps"] == SITE_MBIT
     assert own["up_mbps"] == pytest.approx(SITE_MBIT, rel=0.15)  # versions out to four learners at once: the link
     assert 0.7 * SITE_MBIT <= own["down_mbps"] <= 1.15 * SITE_MBIT  # their updates in: a lower bound, as tight as they overlap

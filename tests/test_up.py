@@ -107,6 +107,10 @@ def test_dry_run_trains_and_down_leaves_nothing(regions_file: Path) -> None:
         assert {e["id"]: e["cadence"] for r in status["regions"] for e in r["learners"]} == {"L0": 1, "L1": 2, "L2": 2}
         assert status["run"] == run and status["rounds"] >= 1
         assert {r["name"]: len(r["learners"]) for r in status["regions"]} == {"east": 1, "west": 2}
+        syncer_region = REGIONS["syncer"]
+        site = wait_until(lambda: json.loads(runner.invoke(app, ["status", "--json"]).stdout)["site"], timeout_s=60,
+                          what="the syncer to read its own site's link")  # fmt: skip
+        assert site["name"] == syncer_region and (site["up_mbps"] or 0) > 0  # west's learners crossed it
         for region in status["regions"]:
             for learner in region["learners"]:
                 assert {"id", "state", "step", "tokens_per_s", "up_mbps", "down_mbps"} <= set(learner)

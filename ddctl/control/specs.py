@@ -51,6 +51,7 @@ def syncer_spec(
     state_dir = f"{REMOTE_ROOT}/state" if info.remote else str(rundir.job / "state")
     state = ("--state-dir", state_dir) if info.remote else ()
     argv = (info.python, "-m", "ddctl_agents.service", "--job-dir", job, *state, "--bind", f"{info.syncer_bind}:{port}")
+    argv += ("--site", info.region)  # its own region's learners never cross its site's link
     policy = checkpoints or Checkpoints()
     argv += ("--checkpoint-every-rounds", str(policy.every_rounds), "--checkpoint-every", f"{policy.every_minutes * 60:g}")
     argv += ("--keep-last", str(policy.keep_last), "--keep-every", str(policy.keep_every))
