@@ -87,3 +87,16 @@ def test_the_warmup_is_a_job_knob() -> None:
     assert build_job({"outer_warmup": 5}).syncer.outer.warmup == 5
     with pytest.raises(ConfigError, match="outer warmup must be an integer in 0..1000000"):
         build_job({"outer_warmup": -2})
+
+
+def test_max_behind_is_a_job_knob_and_the_cli_refuses_a_negative_one() -> None:
+    from typer.testing import CliRunner
+
+    from ddctl.cli.app import app
+    from ddctl.config.job import build_job
+
+    assert build_job({}).syncer.max_behind == 1 and build_job({"max_behind": 0}).syncer.max_behind == 0
+    with pytest.raises(ConfigError, match="max_behind must be >= 0, got -1"):
+        build_job({"max_behind": -1})
+    refused = CliRunner().invoke(app, ["train", "--tokens", "1000", "--max-behind", "-1"])
+    assert refused.exit_code == 2 and "max_behind must be >= 0, got -1" in refused.output

@@ -82,6 +82,10 @@ def train(
             help=f"Outer steps per fragment over which the outer lr ramps up (0: none) [default: {default('outer_warmup')}]."
         ),
     ] = None,
+    max_behind: Annotated[
+        int | None,
+        typer.Option(help=f"Periods an update may lag and still merge late (0: dropped) [default: {default('max_behind')}]."),
+    ] = None,
     speeds: Annotated[str, typer.Option(help="Relative learner speeds, comma-separated (e.g. 1,1,0.5,0.5).")] = "",
     cadences: Annotated[
         str, typer.Option(help="Per learner, send every k periods (1, 2, 4 or 8), comma-separated (e.g. 1,1,1,4).")
@@ -125,7 +129,8 @@ def train(
         "grace": grace, "codec": codec, "down_codec": down_codec, "merge": merge, "fragmentation": fragmentation,
         "error_feedback": error_feedback, "push_before_overwrite": push_before_overwrite, "preset": preset, "model": model,
         "tokens": tokens, "batch_size": batch_size, "lr": lr, "outer_lr": outer_lr, "outer_momentum": outer_momentum,
-        "outer_warmup": outer_warmup, "data": data or None, "max_bytes": max_bytes, "seed": seed, "threads": threads,
+        "outer_warmup": outer_warmup, "max_behind": max_behind,
+        "data": data or None, "max_bytes": max_bytes, "seed": seed, "threads": threads,
     }  # fmt: skip
     cluster = {"speeds": speeds, "cadences": cadences, "outages": outage, "failures": failures, "link_mbps": link_mbps,
                "latency_ms": latency_ms}  # fmt: skip

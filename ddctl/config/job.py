@@ -49,6 +49,7 @@ KNOBS: dict[str, tuple[str, ...]] = {
     "outer_momentum": ("syncer.outer.momentum",),
     "outer_warmup": ("syncer.outer.warmup",),
     "merge": ("syncer.merge",),
+    "max_behind": ("syncer.max_behind",),
     "max_rejections": ("syncer.trust.max_rejections",),
     "fragmentation": ("fragmentation",),
     "down_codec": ("down_codec",),
