@@ -48,31 +48,6 @@ def test_a_crossing_bounds_both_sites_links_in_its_direction_and_the_best_bound_
     assert down == {"a": 3e5, "b": 5e5, "c": 9e5}
 
 
-def test_a_regions_crossing_is_the_better_of_its_best_learner_and_all_its_learners_at_once() -> None:
-    rows = [
-        {"name": "c", "up_mbps": 8.0, "down_mbps": 4.0, "together_up_mbps": 6.0, "together_down_mbps": 12.0},
-        {"name": "b", "up_mbps": None, "down_mbps": 4.0, "together_up_mbps": 16.0, "together_down_mbps": math.nan},
-    ]
-    by = {c.region: c for c in read_status({"regions": rows}, "a", REGIONS).crossings}
-    assert (by["c"].up, by["c"].down) == (1e6, 1.5e6) and (by["b"].up, by["b"].down) == (2e6, 5e5)
-
-
-def test_a_shards_own_site_reading_bounds_its_site_only_and_only_from_a_shard_that_says_it_runs_there() -> None:
-    status = {
-        "regions": [{"name": "c", "up_mbps": 8.0, "down_mbps": 4.0}],
-        "site": {"name": "a", "up_mbps": 48.0, "down_mbps": 40.0},
-    }
-    seen = read_status(status, "a", REGIONS)
-    assert seen.own == (6e6, 5e6)
-    up, down = link_bounds(list(seen.crossings), [(seen.site, *seen.own)])
-    assert up == {"c": 1e6, "a": 6e6} and down == {"a": 5e6, "c": 5e5}  # the site's own reading beats its crossings
-    elsewhere = read_status({**status, "site": {"name": "b", "up_mbps": 48.0, "down_mbps": 40.0}}, "a", REGIONS)
-    unnamed = read_status({**status, "site": {"name": "", "up_mbps": 48.0, "down_mbps": 40.0}}, "a", REGIONS)
-    assert elsewhere.own == unnamed.own == (None, None)  # its own learners' transfers may be in it: not a bound
-    for bad in ({"name": "a", "up_mbps": math.inf, "down_mbps": "40"}, {"name": "a"}, "fast", None, [48.0]):
-        assert read_status({**status, "site": bad}, "a", REGIONS).own == (None, None)
-
-
 def test_measured_sites_replace_what_was_measured_and_scale_the_rest_as_the_measurements_read() -> None:
     sites = measured_sites(priors(), ({"c": 5e5, "a": 2.5e5}, {"a": 3e5}), {"c": [0.3, 0.1, 0.2], "b": []}, hosts={"a", "b"})
     by = {s.name: s for s in sites}

@@ -8,12 +8,9 @@ dwell time) and carries the moves out as ordinary handoffs (``control/handoff.py
 What a shard measures is one learner's transfers to or from it (``core/links.py``:
 kernel-timed, the second best of the recent samples). A transfer between a shard
 at site S and a learner in region R crosses both sites' links, so its rate is a
-lower bound of R's link and of S's, each in its direction (read as the better of its
-best learner's and all R's learners' transfers at once): a learner's upload
+lower bound of R's link and of S's, each in its direction: a learner's upload
 bounds R's uplink and S's downlink, a version sent to it bounds S's uplink and
-R's downlink. Each such transfer gets a share of a link it shares, so a shard also
-measures its own site's link from all its transfers at once (``core/sitemeter.py``),
-which reads the link itself where they overlap. A site's link is the best of its bounds; where no transfer crossed it,
+R's downlink. A site's link is the best of its bounds; where no transfer crossed it,
 its prior (the declared link) scaled the way the measured sites read against theirs.
 Traffic inside one site crosses no link and says nothing. The learners' cadences are what runs (a learner's is fixed for its
 life), so the re-planner moves fragments between the running shards and nothing else.
@@ -68,9 +65,6 @@ class Seen:
     """Region -> its live learners' measured step times."""
     cadence: dict[str, int]
     """Region -> the cadence its live learners run at."""
-    own: tuple[float | None, float | None] = (None, None)
-    """The shard's own site link (up, down), bytes per second, as every transfer across it measured it together
-    (``core/sitemeter.py``): only from a shard that says it runs at ``site``, so its own learners were left out."""
 
 
 def read_status(status: Any, site: str, regions: set[str]) -> Seen:
@@ -79,7 +73,7 @@ def read_status(status: Any, site: str, regions: set[str]) -> Seen:
     rows = status.get("regions") if isinstance(status, dict) else None
     learners = status.get("learners") if isinstance(status, dict) else None
     crossings = [
-        Crossing(shard_site=site, region=row["name"], up=_best(row, "up_mbps"), down=_best(row, "down_mbps"))
+        Crossing(shard_site=site, region=row["name"], up=_rate(row.get("up_mbps")), down=_rate(row.get("down_mbps")))
         for row in (rows if isinstance(rows, list) else [])
         if isinstance(row, dict) and isinstance(row.get("name"), str) and row["name"] in regions
     ]
@@ -94,20 +88,11 @@ def read_status(status: Any, site: str, regions: set[str]) -> Seen:
             steps.setdefault(region, []).append(float(step))
         if (k := row.get("cadence")) in CADENCES and isinstance(k, int) and not isinstance(k, bool):
             cadence[region] = max(cadence.get(region, 1), k)
-    mine = status.get("site") if isinstance(status, dict) else None
-    here = isinstance(mine, dict) and mine.get("name") == site
-    own = (_rate(mine.get("up_mbps")), _rate(mine.get("down_mbps"))) if here and isinstance(mine, dict) else (None, None)
-    return Seen(site=site, crossings=tuple(crossings), steps=steps, cadence=cadence, own=own)
+    return Seen(site=site, crossings=tuple(crossings), steps=steps, cadence=cadence)
 
 
 def _number(value: object) -> TypeGuard[float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _best(row: dict[str, Any], key: str) -> float | None:
-    """A region's crossing with a shard: the better of its best single learner's reading and all its learners' at once."""
-    rates = [r for r in (_rate(row.get(key)), _rate(row.get(f"together_{key}"))) if r is not None]
-    return max(rates, default=None)
 
 
 def _rate(mbps: Any) -> float | None:
@@ -121,27 +106,23 @@ Bounds = tuple[dict[str, float], dict[str, float]]
 """Each site's best lower bound of its uplink, and of its downlink, bytes per second."""
 
 
-def link_bounds(crossings: Sequence[Crossing], own: Sequence[tuple[str, float | None, float | None]] = ()) -> Bounds:
-    """Each site's best lower bound of its uplink and of its downlink, bytes per second (see the module docstring);
-    ``own``: (site, up, down) as a shard measured its own site's link, all its transfers together."""
+def link_bounds(crossings: Sequence[Crossing]) -> Bounds:
+    """Each site's best lower bound of its uplink and of its downlink, bytes per second (see the module docstring)."""
     up: dict[str, float] = {}
     down: dict[str, float] = {}
 
-    def bound(into: dict[str, float], site: str, rate: float | None) -> None:
-        if rate is not None:
-            into[site] = max(into.get(site, 0.0), rate)
-
-    for site, site_up, site_down in own:
-        bound(up, site, site_up)
-        bound(down, site, site_down)
+    def bound(into: dict[str, float], site: str, rate: float) -> None:
+        into[site] = max(into.get(site, 0.0), rate)
 
     for c in crossings:
         if c.region == c.shard_site:
             continue  # inside one site: no link crossed
-        bound(up, c.region, c.up)
-        bound(down, c.shard_site, c.up)
-        bound(down, c.region, c.down)
-        bound(up, c.shard_site, c.down)
+        if c.up is not None:
+            bound(up, c.region, c.up)
+            bound(down, c.shard_site, c.up)
+        if c.down is not None:
+            bound(down, c.region, c.down)
+            bound(up, c.shard_site, c.down)
     return up, down
 
 
@@ -219,7 +200,7 @@ class Replanning:
         regions = {s.name for s in self.priors}
         seen = [read_status(status, site_of_url[url], regions) for url, status, _ in answers]
         hosts = set(self.sites_of_shards.values())
-        bounds = link_bounds([c for s in seen for c in s.crossings], [(s.site, *s.own) for s in seen])
+        bounds = link_bounds([c for s in seen for c in s.crossings])
         sites = measured_sites(self.priors, bounds, _merged_steps(seen), hosts)
         cadence = {s.name: 1 for s in self.priors} | {r: k for s in seen for r, k in s.cadence.items()}
         plan = PlanSettings(shards=len(routes), relays=self.relays, cadence=cadence)
