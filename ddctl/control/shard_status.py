@@ -36,10 +36,11 @@ def gather(urls: Sequence[str], connect: Callable[[str], SyncerClient]) -> list[
     return out
 
 
-def _site(raw: Any) -> dict[str, Any]:
-    """Where the shard says it runs and its own reading of that site's link, Mbit/s (None: not measured yet)."""
+def site_reading(raw: Any) -> dict[str, Any]:
+    """A status's ``site``: where the service says it runs and its own reading of that site's link, Mbit/s each way
+    (None: not measured yet, or not a positive number)."""
     raw = raw if isinstance(raw, dict) else {}
-    mbps = {k: raw.get(k) if isinstance(raw.get(k), int | float) and not isinstance(raw.get(k), bool) else None
+    mbps = {k: v if isinstance(v := raw.get(k), int | float) and not isinstance(v, bool) and v > 0 else None
             for k in ("up_mbps", "down_mbps")}  # fmt: skip
     return {"name": raw.get("name") if isinstance(raw.get("name"), str) else "", **mbps}
 
@@ -59,7 +60,7 @@ def summarize(answers: Sequence[tuple[str, dict[str, Any] | None, str]]) -> dict
             "owned": shard.get("owned"), "rounds": status["rounds"], "live": status["live"],
             "versions": {p: status["versions"][p] for p in shard.get("owned", range(status["fragments"]))},
             "ledger": {k: status["ledger"][k] for k in BOOKS}, "balanced": status["ledger"]["balanced"],
-            "phase": status["job"]["phase"], "site": _site(status.get("site")),
+            "phase": status["job"]["phase"], "site": site_reading(status.get("site")),
         })  # fmt: skip
     reached = [s for _, s, _ in answers if s is not None]
     job: dict[str, Any] = {"shards": len(answers), "reachable": len(reached), "partial": len(reached) < len(answers)}

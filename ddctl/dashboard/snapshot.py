@@ -12,6 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddctl.control.shard_status import site_reading
 from ddctl.control.state import InstanceRecord
 from ddctl_agents.service.ending import goodput as learner_goodput
 
@@ -190,12 +191,8 @@ def traffic(status: dict[str, Any]) -> dict[str, Any]:
 
 def site_link(raw: Any) -> dict[str, Any] | None:
     """The syncer's own reading of its site's link, Mbit/s each way (``core/sitemeter.py``); None until it has one."""
-    if not isinstance(raw, dict):
-        return None
-    mbps = {k: v if isinstance(v := raw.get(k), int | float) and not isinstance(v, bool) and v > 0 else None
-            for k in ("up_mbps", "down_mbps")}  # fmt: skip
-    name = raw.get("name") if isinstance(raw.get("name"), str) else ""
-    return {"name": name, **mbps} if any(v is not None for v in mbps.values()) else None
+    site = site_reading(raw)
+    return site if site["up_mbps"] is not None or site["down_mbps"] is not None else None
 
 
 def merged_events(syncer: list[dict[str, Any]], local: list[dict[str, Any]]) -> list[dict[str, Any]]:
