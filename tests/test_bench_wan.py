@@ -175,6 +175,11 @@ def test_one_synchronizer_against_the_full_scheduler_over_the_wan() -> None:
             up_mbit, down_mbit = result["case"]["links_mbit"][region]
             busier = max(site["bytes_up"] * 8 / up_mbit, site["bytes_down"] * 8 / down_mbit) / row["window_s"] / 1e6
             assert site["measured"] == pytest.approx(busier, rel=0.01)
-            assert site["bytes_down"] > 0
+        # A region due to send twice in the window carried traffic; a slow one at cadence 8 sends every 64 steps
+        # (6.4 s and more), which a 6-9 s window can miss entirely (CI saw 0 bytes there once).
+        period = {r: row["cadence"][r] * result["case"]["inner_steps"] * row["step_s"][r] for r in row["sites"]}
+        due = [r for r in row["sites"] if 2 * period[r] <= row["window_s"]]
+        assert {"a", "b", "c"} <= set(due), (row["layout"], row["window_s"], period)
+        assert all(row["sites"][r]["bytes_down"] > 0 < row["sites"][r]["bytes_up"] for r in due), (row["layout"], row["sites"])
     assert w["efficiency"] > n["efficiency"]  # the site a synchronizer alone overloads (measured 2x here)
     assert w["x_first"] == pytest.approx(w["efficiency"] / n["efficiency"], rel=1e-3)
