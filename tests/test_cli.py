@@ -58,6 +58,8 @@ def test_plain_output_has_no_colour_codes_when_not_a_terminal() -> None:
         (["--data", "/nonexistent/corpus"], "/nonexistent/corpus"),
         (["--down-codec", "int4"], "Invalid value for '--down-codec'"),
         (["--preset", "huge"], "huge"),
+        (["--shards", "5"], "shards (5) must not outnumber fragments (4): a shard owns whole fragments"),
+        (["--shards", "0"], "Invalid value for '--shards'"),
     ],
 )
 def test_bad_input_exits_2_with_a_message_naming_what_is_allowed(args: list[str], message: str) -> None:

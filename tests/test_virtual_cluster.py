@@ -39,12 +39,12 @@ def test_a_learner_killed_mid_upload_is_not_merged_and_the_rest_keep_merging() -
     assert stats.lost_in_flight > 0
     rounds_after = [t for t, _ in stats.round_times if t > 55.0 + 3.0]
     assert rounds_after, "rounds kept closing after the learner died"
-    assert "L1" not in cluster.syncer.live
+    assert "L1" not in cluster.shards.cores[0].live
 
 
 def test_heartbeats_and_transfers_feed_the_link_estimates() -> None:
     cluster = run(tokens=8_000, learners=2, cluster=ClusterConfig(link_mbps=8.0, latency_ms=20.0))
-    links = cluster.syncer.links["L0"]
+    links = cluster.shards.cores[0].links["L0"]
     assert links.up.bytes_per_s is not None and 0.5e6 < links.up.bytes_per_s <= 1e6  # 8 Mbit/s = 1 MB/s
     step_time = links.pace.step_time
     assert step_time is not None and step_time != 1.0  # measured from jittered steps, not the nominal value
@@ -72,7 +72,7 @@ class Observed:
 
 def observed_run(**kw: object) -> tuple[VirtualCluster, Observed]:
     cluster = VirtualCluster(Assembly.build(small_run(**kw)))  # type: ignore[arg-type]
-    seen, syncer = Observed(), cluster.syncer
+    seen, syncer = Observed(), cluster.shards.cores[0]
     timing, receive, apply, drain = syncer._timing, syncer.receive, cluster._apply, cluster._drain
 
     def spy_timing(now: float, p: int) -> Timing:
@@ -84,9 +84,9 @@ def observed_run(**kw: object) -> tuple[VirtualCluster, Observed]:
         seen.arrivals.append((now, update.fragment, update.learner))
         return receive(now, update, nbytes)
 
-    def spy_apply(effects: list[Effect]) -> None:
+    def spy_apply(effects: list[Effect], shard: int) -> None:
         seen.rounds += [(cluster.now, e.entry) for e in effects if isinstance(e, Record) and e.entry["type"] == "round"]
-        apply(effects)
+        apply(effects, shard)
 
     def spy_drain() -> None:
         seen.drained_at = cluster.now

@@ -1,4 +1,5 @@
-"""``ddctl replay TAPE``: reproduce a recorded run and check its parameters' hash."""
+"""``ddctl replay TAPE...``: reproduce a recorded run (one tape, or one per synchronizer shard) and check its
+parameters' hash."""
 
 from __future__ import annotations
 
@@ -12,16 +13,18 @@ from ddctl.cli.output import print_json, print_table
 
 
 def replay(
-    tape: Annotated[Path, typer.Argument(help="Tape written by ddctl train --tape.")],
+    tapes: Annotated[
+        list[Path], typer.Argument(help="Tape written by ddctl train --tape; a sharded run's: every shard's, in any order.")
+    ],
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
 ) -> None:
-    """Replay a run from its event tape; exits 4 if the final parameters differ."""
-    from ddctl.local.replay import replay_tape
+    """Replay a run from its event tapes (merged in a causal order); exits 4 if the final parameters differ."""
+    from ddctl.local.replay import replay_tapes
 
-    result = run_guarded(lambda: replay_tape(tape))
+    result = run_guarded(lambda: replay_tapes(tapes))
     if json_out:
         print_json(result)
     else:
-        print_table(f"ddctl replay {tape}", result)
+        print_table(f"ddctl replay {' '.join(str(t) for t in tapes)}", result)
     if not result["match"]:
         raise typer.Exit(EXIT_DIVERGED)

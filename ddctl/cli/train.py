@@ -13,6 +13,7 @@ from ddctl.cli.errors import run_guarded
 from ddctl.cli.output import print_json, print_table, progress_bar
 from ddctl.config.job import default
 from ddctl.config.train import ClusterConfig
+from ddctl_agents.core.shardmap import MAX_SHARDS
 
 CLUSTER = ClusterConfig()
 
@@ -114,7 +115,15 @@ def train(
     threads: Annotated[
         int | None, typer.Option(help=f"torch threads (fixed so runs replay bit for bit) [default: {default('threads')}].")
     ] = None,
-    tape: Annotated[Path | None, typer.Option(help="Write the event tape (JSON lines) to this new file.")] = None,
+    shards: Annotated[
+        int,
+        typer.Option(
+            min=1, max=MAX_SHARDS, help="Synchronizer shards owning whole fragments (round robin); each writes its own tape."
+        ),
+    ] = 1,
+    tape: Annotated[
+        Path | None, typer.Option(help="Write the event tape (JSON lines) to this new file (RUN.S0.jsonl, ... for shards).")
+    ] = None,
     baseline: Annotated[
         Baseline | None, typer.Option(help="Run the synchronous data-parallel baseline instead (torch.distributed, gloo).")
     ] = None,
@@ -133,7 +142,7 @@ def train(
         "data": data or None, "max_bytes": max_bytes, "seed": seed, "threads": threads,
     }  # fmt: skip
     cluster = {"speeds": speeds, "cadences": cadences, "outages": outage, "failures": failures, "link_mbps": link_mbps,
-               "latency_ms": latency_ms}  # fmt: skip
+               "latency_ms": latency_ms, "shards": shards}  # fmt: skip
 
     def body() -> dict[str, Any]:
         from ddctl.cli.train_options import build_config
@@ -158,4 +167,7 @@ def train(
         print_json(result)
     else:
         keys = ("val_bpb", "tokens", "bytes_up", "bytes_down", "rounds", "wall_s", "params_sha256")
-        print_table("ddctl train", {k: result[k] for k in keys if k in result})
+        rows = {k: result[k] for k in keys if k in result}
+        if "tapes" in result:  # where they went: one per shard
+            rows["tapes"] = ", ".join(result["tapes"])
+        print_table("ddctl train", rows)

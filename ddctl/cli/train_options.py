@@ -39,7 +39,8 @@ def build_config(knobs: dict[str, Any], cluster: dict[str, Any]) -> TrainConfig:
     outages = (*(parse_outage(t) for t in cluster["outages"]), *_tape_outages(cluster["failures"], learners))
     links = {k: cluster[k] for k in ("link_mbps", "latency_ms") if cluster[k] is not None}
     speeds, cadences = parse_speeds(cluster["speeds"]), parse_cadences(cluster.get("cadences", ""))
-    return dataclasses.replace(config, cluster=ClusterConfig(speeds=speeds, cadences=cadences, outages=outages, **links))
+    layout = {"speeds": speeds, "cadences": cadences, "outages": outages, "shards": cluster.get("shards", 1)}
+    return dataclasses.replace(config, cluster=ClusterConfig(**layout, **links))
 
 
 def _tape_outages(path: Path | None, learners: int) -> tuple[Outage, ...]:

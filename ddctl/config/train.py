@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from ddctl_agents.core.schedule import CADENCES
+from ddctl_agents.core.shardmap import MAX_SHARDS
 from ddctl_agents.jsonable import from_json, to_json
 from ddctl_agents.train.config import ConfigError, require
 from ddctl_agents.train.job import JobConfig
@@ -63,6 +64,8 @@ class ClusterConfig:
     """One-way latency learner <-> syncer."""
     detect_after_steps: float = 3.0
     """Heartbeat timeout, in nominal steps, before the syncer declares a learner gone."""
+    shards: int = 1
+    """Synchronizer shards, each owning whole fragments (dealt round robin); each writes its own tape."""
 
     def __post_init__(self) -> None:
         require(all(s > 0 for s in self.speeds), f"speeds must all be > 0, got {self.speeds}")
@@ -72,6 +75,10 @@ class ClusterConfig:
         require(self.link_mbps > 0, f"link_mbps must be > 0, got {self.link_mbps}")
         require(self.latency_ms >= 0, f"latency_ms must be >= 0, got {self.latency_ms}")
         require(self.detect_after_steps > 0, f"detect_after_steps must be > 0, got {self.detect_after_steps}")
+        require(
+            not isinstance(self.shards, bool) and isinstance(self.shards, int) and 1 <= self.shards <= MAX_SHARDS,
+            f"shards must be an integer in [1, {MAX_SHARDS}], got {self.shards!r}",
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,6 +99,10 @@ class TrainConfig(JobConfig):
             f"give one cadence per learner ({m}), got {len(self.cluster.cadences)}",
         )
         require(all(o.learner < m for o in self.cluster.outages), f"outage learners must be < learners ({m})")
+        require(
+            self.cluster.shards <= self.sync.fragments,
+            f"shards ({self.cluster.shards}) must not outnumber fragments ({self.sync.fragments}): a shard owns whole fragments",
+        )
 
     def speeds(self) -> tuple[float, ...]:
         return self.cluster.speeds or (1.0,) * self.budget.learners

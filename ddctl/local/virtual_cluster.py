@@ -5,7 +5,8 @@ through the wire format, but time is simulated: each learner's step takes
 ``step_time_s / speed`` virtual seconds (with seeded jitter) and each transfer
 ``latency + bytes / bandwidth`` on a per-learner link that carries one message
 at a time. Events run in (time, sequence) order, so a run is deterministic for
-its config and its tape replays bit for bit.
+its config and its tape replays bit for bit. With ``cluster.shards`` > 1 the
+synchronizer is that many shards (``local/shards.py``), each writing its own tape.
 """
 
 from __future__ import annotations
@@ -14,15 +15,15 @@ import heapq
 import itertools
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ddctl.config.train import TrainConfig
+from ddctl.local.shards import Shards
 from ddctl_agents.core.effects import Effect, Fault, Record, Send
 from ddctl_agents.core.holds import Holds
 from ddctl_agents.core.messages import FragmentVersion, Update, decode_fragment, decode_update, encode_fragment, encode_update
-from ddctl_agents.core.syncer import Synchronizer
 from ddctl_agents.core.tape import TapeWriter
 from ddctl_agents.errors import ConfigError
 from ddctl_agents.train.assembly import Assembly, learner_index, learner_name
@@ -40,6 +41,17 @@ def heartbeat_bytes(name: str, step: int, due: tuple[int, ...]) -> int:
 LOSS_EVERY = 10
 
 
+@dataclass(frozen=True, slots=True)
+class Upload:
+    """One upload as its sender timed it: it left the link at ``ends`` after ``busy_s`` seconds on it."""
+
+    ends: float
+    nbytes: int
+    busy_s: float
+    shard: int
+    """The shard it went to (which timed it itself on arrival)."""
+
+
 @dataclass(slots=True)
 class _Slot:
     """One learner position; a replacement after a failure is a new incarnation."""
@@ -55,6 +67,8 @@ class _Slot:
     down_free_at: float = 0.0
     step_started: float = 0.0
     inbox: list[tuple[float, int, FragmentVersion]] = field(default_factory=list)
+    uploads: list[Upload] = field(default_factory=list)
+    """Uploads whose timing no heartbeat has reported yet, oldest first."""
 
     @property
     def name(self) -> str:
@@ -79,23 +93,18 @@ class ClusterStats:
     virtual_time_s: float = 0.0
 
 
-def cluster_syncer(assembly: Assembly) -> Synchronizer:
-    """The job's synchronizer as the virtual cluster (and its replay) runs it. Its learners share one token budget,
-    so a fast one trains past its share (up to the whole budget): a learner at cadence k may send all of that drift
-    in one update, which the job's per-learner step bound would refuse."""
-    whole = assembly.config.budget.tokens // (assembly.config.inner.batch_size * assembly.model_config.seq_len) + 1
-    return assembly.new_syncer(max_steps=whole)
-
-
 class VirtualCluster:
     """Runs a TrainConfig's Decoupled DiLoCo job to its token budget."""
 
-    def __init__(self, assembly: Assembly, tape: TapeWriter | None = None, progress: Progress | None = None) -> None:
+    def __init__(self, assembly: Assembly, tapes: Sequence[TapeWriter] = (), progress: Progress | None = None) -> None:
+        """``tapes``: none, or one per shard."""
         if not isinstance(assembly.config, TrainConfig):
             raise ConfigError("the virtual cluster needs a TrainConfig: a job plus its cluster")
         self.cfg: TrainConfig = assembly.config
-        self.a, self.tape, self.progress = assembly, tape, progress
-        self.syncer = cluster_syncer(assembly)
+        self.a, self.tapes, self.progress = assembly, tuple(tapes), progress
+        self.shards = Shards(assembly, self.cfg.cluster.shards)
+        if self.tapes and len(self.tapes) != len(self.shards.cores):
+            raise ConfigError(f"give one tape per shard ({len(self.shards.cores)}), got {len(self.tapes)}")
         self.holds = Holds()
         self.stats = ClusterStats()
         self.events: list[tuple[float, int, str, Any]] = []
@@ -133,7 +142,8 @@ class VirtualCluster:
         cadence = self.cfg.cadences()[index]
         slot.learner = self.a.new_learner(index, slot.incarnation, start_step, cadence=cadence)
         self.holds.joined(slot.name, cadence)
-        self._apply(self.syncer.register(self.now, slot.name, slot.incarnation, start_step, cadence))
+        for shard, core in enumerate(self.shards.cores):
+            self._apply(core.register(self.now, slot.name, slot.incarnation, start_step, cadence), shard)
         ready_at = max((t for t, _, _ in slot.inbox), default=self.now)
         self._start_step(slot, slot.incarnation, at=ready_at)
 
@@ -150,7 +160,8 @@ class VirtualCluster:
         if learner.step % LOSS_EVERY == 0:
             self.stats.loss_curve.append([self.stats.tokens, round(float(loss), 5)])
         due = learner.due_steps()
-        self._push(self.now + self.latency, "heartbeat", (slot.name, learner.step, self.now - slot.step_started, due))
+        beat = (slot.name, learner.step, self.now - slot.step_started, due, self._latest_upload(slot))
+        self._push(self.now + self.latency, "heartbeat", beat)
         self.stats.bytes_up += heartbeat_bytes(slot.name, learner.step, due)
         for p in learner.due():
             if learner.has_drift(p):
@@ -163,8 +174,14 @@ class VirtualCluster:
         else:
             self._start_step(slot, incarnation)
 
-    def _on_heartbeat(self, name: str, step: int, step_time: float, due: tuple[int, ...]) -> None:
-        self.syncer.heartbeat(self.now, name, step, step_time, due)
+    def _on_heartbeat(self, name: str, step: int, step_time: float, due: tuple[int, ...], upload: Upload | None) -> None:
+        """Every shard hears the learner's progress; the shards its latest upload did not go to also hear how that
+        upload went (an agent's heartbeat carries its kernel-timed uplink sample to every shard, ``agent/comm.py``),
+        so a shard forecasts a learner's arrival before that learner has sent it anything."""
+        for shard, core in enumerate(self.shards.cores):
+            core.heartbeat(self.now, name, step, step_time, due)
+            if upload is not None and shard != upload.shard:
+                core.observe_link(name, "up", upload.nbytes, upload.busy_s, rtt_s=2 * self.latency)
 
     def _on_arrive(self, index: int, incarnation: int, frame: bytes, busy_s: float) -> None:
         slot = self.slots[index]
@@ -173,13 +190,14 @@ class VirtualCluster:
         if died is not None and died < self.now:
             self.stats.lost_in_flight += update.c_tokens  # the sender died mid-upload: nothing of it lands
             return
-        if update.learner not in self.syncer.live:
+        core = self.shards.owner(update.fragment)
+        if update.learner not in core.live:
             self.stats.lost_in_flight += update.c_tokens
             return
-        self.syncer.observe_link(update.learner, "up", len(frame), busy_s, rtt_s=2 * self.latency)
-        ack, effects = self.syncer.receive(self.now, update, len(frame))
+        core.observe_link(update.learner, "up", len(frame), busy_s, rtt_s=2 * self.latency)
+        ack, effects = core.receive(self.now, update, len(frame))
         self.holds.pushed(update.learner, update.fragment, ack)
-        self._apply(effects)
+        self._apply(effects, self.shards.owners[update.fragment])
         self._poll()
 
     def _on_wake(self) -> None:
@@ -204,12 +222,12 @@ class VirtualCluster:
     def _on_detect(self, index: int, incarnation: int) -> None:
         slot = self.slots[index]
         if slot.incarnation == incarnation and not slot.alive:
-            self._apply(self.syncer.deregister(self.now, slot.name, "heartbeat timeout"))
+            for shard, core in enumerate(self.shards.cores):
+                self._apply(core.deregister(self.now, slot.name, "heartbeat timeout"), shard)
             self._poll()
 
     def _on_rejoin(self, index: int) -> None:
-        name = self.slots[index].name
-        self._on_join(index, self.syncer.links[name].pace.last_step if name in self.syncer.links else 0)
+        self._on_join(index, self.shards.last_step(self.slots[index].name))
 
     # -- helpers ------------------------------------------------------------------------------
     def _send(self, slot: _Slot, update: Update) -> None:
@@ -217,19 +235,23 @@ class VirtualCluster:
         self.stats.bytes_up += len(frame)
         busy_s = len(frame) / self.bytes_per_s  # what a sender's kernel times: bytes on the wire, no latency, no queue
         slot.up_free_at = max(self.now, slot.up_free_at) + busy_s
+        owner = self.shards.owners[update.fragment]
+        slot.uploads.append(Upload(ends=slot.up_free_at, nbytes=len(frame), busy_s=busy_s, shard=owner))
         self._push(slot.up_free_at + self.latency, "arrive", (slot.index, slot.incarnation, frame, busy_s))
 
-    def _apply(self, effects: list[Effect]) -> None:
+    def _apply(self, effects: list[Effect], shard: int) -> None:
+        """Carry out what shard ``shard``'s core asked for: its records go on its own tape."""
         for effect in effects:
             if isinstance(effect, Record):
                 self._count_round(effect.entry)
-                self._write(effect.entry)
+                if self.tapes:
+                    self.tapes[shard].write(effect.entry)
             elif isinstance(effect, Send):
-                self._deliver(effect)
+                self._deliver(effect, shard)
             elif isinstance(effect, Fault):  # a bug in the core: a local run has no operator to page, so fail loudly
                 raise effect.error
 
-    def _deliver(self, send: Send) -> None:
+    def _deliver(self, send: Send, shard: int) -> None:
         frame = encode_fragment(send.message, self.cfg.down_codec, self.cfg.sync.block)
         message, _ = decode_fragment(frame)
         for name in send.to:
@@ -239,7 +261,7 @@ class VirtualCluster:
             busy_s = len(frame) / self.bytes_per_s
             slot.down_free_at = max(self.now, slot.down_free_at) + busy_s
             slot.inbox.append((slot.down_free_at + self.latency, next(self.seq), message))
-            self.syncer.observe_link(name, "down", len(frame), busy_s, rtt_s=2 * self.latency)
+            self.shards.cores[shard].observe_link(name, "down", len(frame), busy_s, rtt_s=2 * self.latency)
             self.stats.bytes_down += len(frame)
 
     def _wanted(self, slot: _Slot, send: Send) -> bool:
@@ -251,6 +273,12 @@ class VirtualCluster:
             return False
         self.holds.sent(slot.name, p)
         return True
+
+    def _latest_upload(self, slot: _Slot) -> Upload | None:
+        """The latest upload off the learner's link since its last heartbeat (samples are not summed: the agent's)."""
+        done = [u for u in slot.uploads if u.ends <= self.now]
+        slot.uploads = [u for u in slot.uploads if u.ends > self.now]
+        return done[-1] if done else None
 
     def _adopt_arrived(self, slot: _Slot) -> None:
         assert slot.learner is not None
@@ -264,8 +292,9 @@ class VirtualCluster:
     def _poll(self) -> None:
         if self.draining:  # every live learner is flushing: its rounds wait for all of it (closed in _finish)
             return
-        self._apply(self.syncer.poll(self.now))
-        wake = self.syncer.next_wake()
+        for shard, core in enumerate(self.shards.cores):
+            self._apply(core.poll(self.now), shard)
+        wake = self.shards.next_wake()
         if wake is not None and not any(kind == "wake" and t == wake for t, _, kind, _ in self.events):
             self._push(wake, "wake", ())
 
@@ -282,8 +311,10 @@ class VirtualCluster:
                         self._send(slot, slot.learner.make_update(p))
 
     def _finish(self) -> None:
-        for p in self.syncer.open_rounds():
-            self._apply(self.syncer.close_round(self.now, p, "final_drain", "final drain: every live learner flushed its drift"))
+        for shard, core in enumerate(self.shards.cores):
+            for p in core.open_rounds():
+                effects = core.close_round(self.now, p, "final_drain", "final drain: every live learner flushed its drift")
+                self._apply(effects, shard)
         for slot in self.slots:
             if slot.alive:
                 self._retire(slot)
@@ -303,8 +334,9 @@ class VirtualCluster:
             self.stats.round_times.append((self.now, entry["fragment"]))
 
     def _write(self, record: dict[str, Any]) -> None:
-        if self.tape is not None:
-            self.tape.write(record)
+        """A record of the cluster itself (a failure), not of a shard's: on every shard's tape."""
+        for tape in self.tapes:
+            tape.write(record)
 
     def _step_time(self, slot: _Slot) -> float:
         jitter = 1.0 + self.cfg.cluster.jitter * slot.rng.gauss(0.0, 1.0)
