@@ -69,6 +69,14 @@ def test_bad_input_exits_2_with_a_message_naming_what_is_allowed(args: list[str]
     assert "Traceback" not in result.output
 
 
+def test_the_baseline_refuses_what_only_a_decoupled_run_uses(tmp_path: Path) -> None:
+    args = ["train", *SMALL, "--baseline", "dp", "--shards", "2", "--speeds", "1,0.5", "--tape", str(tmp_path / "t.jsonl")]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "--speeds, --shards, --tape: only a Decoupled run has a virtual cluster" in result.stderr
+    assert not (tmp_path / "t.jsonl").exists() and "Traceback" not in result.output
+
+
 def test_unknown_codec_is_refused_by_the_parser() -> None:
     result = runner.invoke(app, ["train", "--codec", "int3"])
     assert result.exit_code == 2 and "int3" in result.output

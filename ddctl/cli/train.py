@@ -145,8 +145,10 @@ def train(
                "latency_ms": latency_ms, "shards": shards}  # fmt: skip
 
     def body() -> dict[str, Any]:
-        from ddctl.cli.train_options import build_config
+        from ddctl.cli.train_options import build_config, refuse_decoupled_only
 
+        if baseline is Baseline.dp:
+            refuse_decoupled_only(cluster | {"tape": tape})
         config = build_config(knobs, cluster)
         if config.inner.model:  # a broken factory fails here, naming the rule, before any data is read
             from ddctl_agents.train.contract import check_contract

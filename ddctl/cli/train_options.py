@@ -43,6 +43,24 @@ def build_config(knobs: dict[str, Any], cluster: dict[str, Any]) -> TrainConfig:
     return dataclasses.replace(config, cluster=ClusterConfig(**layout, **links))
 
 
+DECOUPLED_ONLY: dict[str, Any] = {
+    "speeds": "", "cadences": "", "outages": [], "failures": None, "link_mbps": None, "latency_ms": None, "shards": 1,
+    "tape": None,
+}  # fmt: skip
+"""The virtual cluster's options, at their defaults: the data-parallel baseline has no cluster, tape or shards."""
+
+
+def refuse_decoupled_only(given: dict[str, Any]) -> None:
+    """Refuse, naming them, the options ``--baseline dp`` would otherwise silently ignore."""
+    set_ = [k for k, default in DECOUPLED_ONLY.items() if given.get(k, default) != default]
+    if set_:
+        options = ", ".join("--" + ("outage" if k == "outages" else k.replace("_", "-")) for k in set_)
+        raise ConfigError(
+            f"{options}: only a Decoupled run has a virtual cluster, tapes and shards; "
+            "--baseline dp trains synchronously in M processes (drop them, or drop --baseline)"
+        )
+
+
 def _tape_outages(path: Path | None, learners: int) -> tuple[Outage, ...]:
     """The failures of an availability tape (``ddctl simulate --tape``), if one was given."""
     if path is None:
