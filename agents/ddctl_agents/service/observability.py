@@ -90,10 +90,13 @@ def status(rt: SyncerRuntime) -> dict[str, Any]:
         )
     for meters in (rt.roster.site_links, *rt.roster.together.values()):
         meters.read(now)
-    together = {name: _site_view(m.up.estimate, m.down.estimate) for name, m in rt.roster.together.items()}
+    together = {
+        name: {"together_up_mbps": _mbps(m.up.estimate), "together_down_mbps": _mbps(m.down.estimate)}
+        for name, m in rt.roster.together.items()
+    }
     regions = [
         {"name": name, "learners": sum(1 for i in rt.roster.info.values() if i.region == name), **_link_view(links),
-         **{f"together_{k}": v for k, v in together.get(name, {}).items() if k.endswith("mbps")}}
+         **together.get(name, {})}
         for name, links in sorted(rt.roster.regions.items())
     ]  # fmt: skip
     site = rt.roster.site_links
