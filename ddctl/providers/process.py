@@ -29,6 +29,10 @@ if TYPE_CHECKING:
     from ddctl.config.regions import Region
 
 
+LAUNCHERS = (["setsid"], ["ip"])
+"""Programs that exec the agent in its place (``setsid -f``, a shaped region's ``ip netns exec``)."""
+
+
 def _cmdline(pid: int) -> list[str]:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
@@ -100,10 +104,11 @@ class ProcessProvider:
             raise DdctlError(f"could not start {spec.name}: setsid exited {launcher.returncode}; see {spec.log}")
 
         def started() -> Instance | None:
-            """Listed, and past its exec: ``setsid``'s own process (or its child before the exec) carries the same
-            labels, and a listing taken while it execs can miss it (a CI run's contract test did)."""
+            """Listed, and past its execs: ``setsid``'s own process (or its child before the exec), and ``ip netns
+            exec`` of a shaped region's prefix, carry the same labels, and a listing taken while one execs can miss
+            it (a CI run's contract test did, twice: once behind setsid, once behind ip)."""
             found = next((i for i in self.list_run(spec.run) if i.name == spec.name), None)
-            return found if found is not None and _cmdline(int(found.provider_id))[:1] != ["setsid"] else None
+            return found if found is not None and _cmdline(int(found.provider_id))[:1] not in LAUNCHERS else None
 
         return wait_until(
             started,
