@@ -141,6 +141,12 @@ def test_replay_refuses_a_missing_a_doubled_or_a_foreign_tape(sharded: tuple[lis
     stray.write_text("\n".join([*lines[:at], json.dumps(bad), *lines[at + 1 :]]) + "\n")
     with pytest.raises(ReplayDivergence, match="fragment 99 is not one of the run's 4"):
         replay_tapes([paths[0], stray])
+    broken = tmp_path / "broken.jsonl"
+    at = next(i for i, line in enumerate(lines) if '"type":"join"' in line)
+    join = {k: v for k, v in json.loads(lines[at]).items() if k != "learner"}
+    broken.write_text("\n".join([*lines[:at], json.dumps(join), *lines[at + 1 :]]) + "\n")
+    with pytest.raises(TapeError, match=r"a malformed join record \(KeyError: 'learner'\)"):
+        replay_tapes([paths[0], broken])
     service = tmp_path / "tape.jsonl"
     service.write_text("\n".join([json.dumps(header | {"service": True}), *lines[1:]]) + "\n")
     with pytest.raises(TapeError, match="a synchronizer service's tape"):
@@ -168,6 +174,9 @@ def test_causal_order_follows_clocks_and_learners_over_recorded_times() -> None:
     assert sorted(order) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
     # without constraints between them, the earlier recorded time goes first
     assert causal_order([[{"type": "leave", "t": 2.0}], [{"type": "leave", "t": 1.0}]], ["S0", "S1"]) == [(1, 0), (0, 0)]
+    # a time that is no finite number counts as 0: it neither stops the merge nor goes unordered
+    odd = [[{"type": "leave", "t": 10**400}], [{"type": "leave", "t": "soon"}], [{"type": "leave", "t": 0.5}]]
+    assert causal_order(odd, ["S0", "S1", "S2"]) == [(0, 0), (1, 0), (2, 0)]
 
 
 def test_a_new_incarnation_joins_after_its_previous_ones_updates() -> None:

@@ -36,7 +36,7 @@ def causal_order(tapes: Sequence[Sequence[Mapping[str, Any]]], names: Sequence[s
     of the module docstring; TapeError names the record if the tapes contradict one another."""
     if len(tapes) != len(names) or len(set(names)) != len(names):
         raise TapeError(f"one tape per shard, each named once: got {len(tapes)} tapes for shards {list(names)}")
-    clocks = [[_clock(tape, i, record) for i, record in enumerate(tape)] for tape in tapes]
+    clocks = [[_clock(i, record) for i, record in enumerate(tape)] for tape in tapes]
     before: dict[Position, set[Position]] = defaultdict(set)
     for t, tape in enumerate(tapes):
         for i in range(1, len(tape)):
@@ -46,7 +46,7 @@ def causal_order(tapes: Sequence[Sequence[Mapping[str, Any]]], names: Sequence[s
     return _topological(tapes, before)
 
 
-def _clock(tape: Sequence[Mapping[str, Any]], index: int, record: Mapping[str, Any]) -> dict[str, int]:
+def _clock(index: int, record: Mapping[str, Any]) -> dict[str, int]:
     if "vclock" not in record:
         return {}
     try:
@@ -110,9 +110,13 @@ def _count(record: Mapping[str, Any], key: str, index: int) -> int:
     return value
 
 
-def _time(record: Mapping[str, Any]) -> float:
+def record_time(record: Mapping[str, Any]) -> float:
+    """A record's ``t``; 0.0 for one that is missing or no finite number (a tape is a file: anything may be in it)."""
     t = record.get("t", 0.0)
-    return float(t) if isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t) else 0.0
+    try:
+        return float(t) if isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t) else 0.0
+    except OverflowError:  # an integer too large for a float
+        return 0.0
 
 
 def _topological(tapes: Sequence[Sequence[Mapping[str, Any]]], before: dict[Position, set[Position]]) -> list[Position]:
@@ -123,7 +127,7 @@ def _topological(tapes: Sequence[Sequence[Mapping[str, Any]]], before: dict[Posi
         waiting[position] = len(preds)
         for pred in preds:
             after[pred].append(position)
-    ready = [(_time(tapes[t][i]), t, i) for (t, i), n in waiting.items() if n == 0]
+    ready = [(record_time(tapes[t][i]), t, i) for (t, i), n in waiting.items() if n == 0]
     heapq.heapify(ready)
     order: list[Position] = []
     while ready:
@@ -132,7 +136,7 @@ def _topological(tapes: Sequence[Sequence[Mapping[str, Any]]], before: dict[Posi
         for nxt in after[(t, i)]:
             waiting[nxt] -= 1
             if waiting[nxt] == 0:
-                heapq.heappush(ready, (_time(tapes[nxt[0]][nxt[1]]), *nxt))
+                heapq.heappush(ready, (record_time(tapes[nxt[0]][nxt[1]]), *nxt))
     if len(order) != len(waiting):
         stuck = min(p for p, n in waiting.items() if n > 0)
         raise TapeError(
@@ -142,4 +146,4 @@ def _topological(tapes: Sequence[Sequence[Mapping[str, Any]]], before: dict[Posi
     return order
 
 
-__all__ = ["Position", "causal_order"]
+__all__ = ["Position", "causal_order", "record_time"]

@@ -23,7 +23,7 @@ from typing import Any
 
 from ddctl.config.train import TrainConfig, from_json
 from ddctl.errors import ReplayDivergence
-from ddctl.local.causal_order import causal_order
+from ddctl.local.causal_order import causal_order, record_time
 from ddctl.local.shards import Shards
 from ddctl_agents.core.effects import Record, Send
 from ddctl_agents.core.messages import FragmentVersion, decode_fragment, decode_update, encode_fragment, encode_update
@@ -51,7 +51,7 @@ class Replayer:
 
     def apply(self, where: str, record: dict[str, Any], shard: int = 0) -> None:
         """Replay ``record`` of shard ``shard``'s tape (``where`` names it in a divergence)."""
-        kind, t, core = record["type"], float(record.get("t", 0.0)), self.shards.cores[shard]
+        kind, t, core = record["type"], record_time(record), self.shards.cores[shard]
         fragment = record.get("fragment", 0)
         if isinstance(fragment, bool) or not isinstance(fragment, int) or not 0 <= fragment < len(self.shards.owners):
             raise ReplayDivergence(f"{where}: fragment {fragment!r:.40} is not one of the run's {len(self.shards.owners)}")
@@ -145,7 +145,10 @@ def replay_tapes(paths: Sequence[Path]) -> dict[str, Any]:
     bodies = [tape[1:-1] for tape in tapes]
     for t, i in causal_order(bodies, names):
         where = f"line {i + 2}" if len(paths) == 1 else f"line {i + 2} of {paths[t].name}"
-        replayer.apply(where, bodies[t][i], t)
+        try:
+            replayer.apply(where, bodies[t][i], t)
+        except (KeyError, TypeError, ValueError, IndexError) as exc:  # a field missing or of the wrong kind
+            raise TapeError(f"{where}: a malformed {bodies[t][i]['type']} record ({type(exc).__name__}: {exc})") from None
     params = replayer.shards.global_params()
     digest = params_sha256(params)
     recorded = tapes[0][-1]["params_sha256"]
