@@ -57,11 +57,11 @@ class Replayer:
             raise ReplayDivergence(f"{where}: fragment {fragment!r:.40} is not one of the run's {len(self.shards.owners)}")
         if kind == "join":
             name, incarnation = record["learner"], record["incarnation"]
+            start, cadence = record.get("start_step", 0), record.get("cadence", 1)
             known = self.learners.get(name)
             if known is None or known.incarnation != incarnation:  # a sharded run's learner joins every shard once
-                index, start, cadence = learner_index(name), record.get("start_step", 0), record.get("cadence", 1)
-                self.learners[name] = self.a.new_learner(index, incarnation, start, cadence=cadence)
-            self._effects(core.register(t, name, incarnation, record.get("start_step", 0), record.get("cadence", 1)))
+                self.learners[name] = self.a.new_learner(learner_index(name), incarnation, start, cadence=cadence)
+            self._effects(core.register(t, name, incarnation, start, cadence))
         elif kind == "leave":
             self._effects(core.deregister(t, record["learner"], record["reason"]))
         elif kind == "update":
@@ -140,10 +140,9 @@ def replay_tapes(paths: Sequence[Path]) -> dict[str, Any]:
     config, assembly = _check_together(loaded)
     loaded.sort(key=lambda pair: _shard_index(pair[1][0]))  # tape i is shard Si's
     paths, tapes = [path for path, _ in loaded], [tape for _, tape in loaded]
-    names = [f"S{i}" for i in range(len(tapes))] if config.cluster.shards > 1 else ["syncer"]
     replayer = Replayer(assembly, config.cluster.shards)
     bodies = [tape[1:-1] for tape in tapes]
-    for t, i in causal_order(bodies, names):
+    for t, i in causal_order(bodies, replayer.shards.names):
         where = f"line {i + 2}" if len(paths) == 1 else f"line {i + 2} of {paths[t].name}"
         try:
             replayer.apply(where, bodies[t][i], t)
