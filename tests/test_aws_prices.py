@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,10 @@ from ddctl.providers.aws import prices
 from ddctl.providers.aws.clients import Clients
 from ddctl.providers.aws.prices import ON_DEMAND_QUOTAS, SPOT_QUOTAS
 from ddctl_agents.core import codec
+from ddctl_agents.core.choices import DELTA
 from ddctl_agents.core.fragments import TensorSpec, fragment_tensors
-from ddctl_agents.core.messages import FragmentVersion, Update, encode_fragment, encode_update
+from ddctl_agents.core.messages import FragmentVersion, Update, encode_update
+from ddctl_agents.core.version_delta import coder
 from ddctl_agents.train.model import GPT, build_model
 from ddctl_agents.train.presets import PRESETS, get_preset
 
@@ -250,29 +253,33 @@ def test_sizes_mirror_the_real_model_and_the_real_codec() -> None:
 
 
 @pytest.mark.parametrize(
-    ("preset", "fragments", "codec_up"), [("tiny", 24, "int4"), ("small", 8, "int4"), ("tiny-moe", 6, "int8")]
+    ("preset", "fragments", "codec_up", "down"),
+    [("tiny", 24, "int4", "bf16"), ("small", 8, "int4", "bf16"), ("tiny-moe", 6, "int8", "bf16"), ("tiny", 24, "int4", DELTA)],
 )
-def test_bytes_per_sync_match_the_frames_the_codec_makes(preset: str, fragments: int, codec_up: str) -> None:
-    """Encode a real outer gradient of the preset's model, fragment by fragment, as learners send it."""
-    job = job_config(parse_regions(_local(preset, fragments, codec_up), Path("x.yaml")))
+def test_bytes_per_sync_match_the_frames_the_codec_makes(preset: str, fragments: int, codec_up: str, down: str) -> None:
+    """Encode a real outer gradient of the preset's model, fragment by fragment, as learners send it; versions as
+    the syncer sends them (int8-delta: a step from the version before, its steady state)."""
+    job = job_config(parse_regions(_local(preset, fragments, codec_up, down), Path("x.yaml")))
     model = build_model(get_preset(preset), seed=0)
     params = dict(model.named_parameters())
     layout = fragment_tensors([TensorSpec(name=n, shape=tuple(p.shape)) for n, p in params.items()], fragments)
     generator = torch.Generator().manual_seed(0)
-    up = down = 0
+    up = down_bytes = 0
     for p, fragment in enumerate(layout.fragments):
         delta = {t.name: torch.randn(t.shape, generator=generator) * 1e-3 for t in fragment}  # an outer gradient
         meta: dict[str, Any] = {"step": 4_321, "c_steps": 24, "c_tokens": 24_576, "step_time": 0.75, "vclock": {"s0": 41}}
         update = Update(learner="L3", fragment=p, base_version=41, update_id=uuid.uuid4().hex, tensors=delta, **meta)
         up += len(encode_update(update, job.sync.codec, job.sync.block))
         version = FragmentVersion(fragment=p, version=42, tensors={t.name: params[t.name].detach() for t in fragment})
-        down += len(encode_fragment(version, job.down_codec, job.sync.block))
+        versions = coder(job.down_codec, job.sync.block)
+        versions.code(replace(version, version=41, tensors={n: t - delta[n] for n, t in version.tensors.items()}))
+        down_bytes += len(versions.code(version).sent(41, rounded=False)[0])
     traffic = sync_traffic(job)
-    assert traffic.up_bytes == pytest.approx(up, rel=0.01) and traffic.down_bytes == pytest.approx(down, rel=0.01)
+    assert traffic.up_bytes == pytest.approx(up, rel=0.01) and traffic.down_bytes == pytest.approx(down_bytes, rel=0.01)
 
 
-def _local(preset: str, fragments: int, codec_up: str) -> dict[str, Any]:
-    training = {"preset": preset, "fragments": fragments, "inner_steps": 24, "codec": codec_up}
+def _local(preset: str, fragments: int, codec_up: str, down: str = "bf16") -> dict[str, Any]:
+    training = {"preset": preset, "fragments": fragments, "inner_steps": 24, "codec": codec_up, "down_codec": down}
     return {"syncer": "a", "training": training, "regions": [{"name": "a", "provider": "process"}]}
 
 

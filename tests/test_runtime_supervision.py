@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ddctl_agents.service import runtime as runtime_module
+from ddctl_agents.core import version_delta
 from ddctl_agents.service import supervise as supervision
 from ddctl_agents.service.metrics import metrics
 from ddctl_agents.service.observability import health, status
@@ -58,14 +58,14 @@ def test_a_round_loop_that_raises_is_logged_restarted_and_merges_on(
 def test_a_version_that_cannot_be_encoded_degrades_its_fragment_not_the_start(
     tmp_path: Path, assembly: Assembly, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_encode = runtime_module.encode_fragment
+    real_encode = version_delta.encode_fragment  # what the publisher's coder frames versions with
 
     def encode(message, codec, block):  # type: ignore[no-untyped-def]
         if message.fragment == 1 and message.version == 0:
             raise ValueError("cannot encode bf16: input contains NaN or Inf")
         return real_encode(message, codec, block)
 
-    monkeypatch.setattr(runtime_module, "encode_fragment", encode)
+    monkeypatch.setattr(version_delta, "encode_fragment", encode)
 
     async def scenario() -> tuple[dict[str, object], dict[str, object], dict[str, object]]:
         rt = SyncerRuntime(assembly, ServiceSettings(state_dir=tmp_path, snapshot_every_s=3600))

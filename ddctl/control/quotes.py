@@ -2,9 +2,10 @@
 
 The job's configuration gives the traffic (``sync_traffic``): every H inner steps a learner sends
 each fragment's outer gradient once (``sync.codec``, int4 by default, with its block scales) and
-receives each fragment's new version once (``down_codec``, bf16 by default), in the wire frames of
-``ddctl_agents.core.wire``. Egress is what leaves a region (``egress_bytes``): a learner's uploads
-leave its region, the syncer's sends to learners leave the syncer's. A cloud provider prices its
+receives each fragment's new version once (``down_codec``, bf16 by default; ``int8-delta`` as its
+steady state, an int8 step), in the wire frames of ``ddctl_agents.core.wire``. Egress is what
+leaves a region (``egress_bytes``): a learner's uploads leave its region, the syncer's sends to
+learners leave the syncer's. A cloud provider prices its
 own regions with the module its registry entry names (``Kind.prices``: ``quote_regions`` and
 ``notes``, as ``providers/aws/prices.py``); regions played on this machine cost 0 and call nothing.
 
@@ -27,6 +28,7 @@ from ddctl.config.train import ClusterConfig
 from ddctl.control.jobdata import model_shapes
 from ddctl.control.plan import plan
 from ddctl.providers import KINDS
+from ddctl_agents.core.choices import wire_codec
 from ddctl_agents.train.config import ModelConfig
 from ddctl_agents.train.job import JobConfig
 from ddctl_agents.train.presets import model_config
@@ -119,7 +121,7 @@ def sync_traffic(job: JobConfig, step_s: float = STEP_S) -> SyncTraffic:
     sync = job.sync
     return SyncTraffic(
         up_bytes=sync_bytes(sizes, sync.codec, sync.block, sync.fragments, "update"),
-        down_bytes=sync_bytes(sizes, job.down_codec, sync.block, sync.fragments, "fragment"),
+        down_bytes=sync_bytes(sizes, wire_codec(job.down_codec), sync.block, sync.fragments, "fragment"),
         inner_steps=sync.inner_steps,
         step_s=step_s,
     )

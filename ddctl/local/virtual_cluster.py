@@ -23,8 +23,9 @@ from ddctl.config.train import TrainConfig
 from ddctl.local.shards import Shards
 from ddctl_agents.core.effects import Effect, Fault, Record, Send
 from ddctl_agents.core.holds import Holds
-from ddctl_agents.core.messages import FragmentVersion, Update, decode_fragment, decode_update, encode_fragment, encode_update
+from ddctl_agents.core.messages import FragmentVersion, Update, decode_update, encode_update
 from ddctl_agents.core.tape import TapeWriter
+from ddctl_agents.core.version_delta import coder
 from ddctl_agents.errors import ConfigError
 from ddctl_agents.train.assembly import Assembly, learner_index, learner_name
 from ddctl_agents.train.learner import Learner, LearnerLedger
@@ -69,6 +70,8 @@ class _Slot:
     inbox: list[tuple[float, int, FragmentVersion]] = field(default_factory=list)
     uploads: list[Upload] = field(default_factory=list)
     """Uploads whose timing no heartbeat has reported yet, oldest first."""
+    sent_down: dict[int, int] = field(default_factory=dict)
+    """Fragment -> the version of it last sent down to this incarnation."""
 
     @property
     def name(self) -> str:
@@ -106,6 +109,7 @@ class VirtualCluster:
         if self.tapes and len(self.tapes) != len(self.shards.cores):
             raise ConfigError(f"give one tape per shard ({len(self.shards.cores)}), got {len(self.tapes)}")
         self.holds = Holds()
+        self.versions = coder(self.cfg.down_codec, self.cfg.sync.block)
         self.stats = ClusterStats()
         self.events: list[tuple[float, int, str, Any]] = []
         self.seq = itertools.count()
@@ -138,7 +142,7 @@ class VirtualCluster:
         if self.draining or slot.alive:
             return
         slot.incarnation += 1
-        slot.alive, slot.inbox = True, []
+        slot.alive, slot.inbox, slot.sent_down = True, [], {}
         cadence = self.cfg.cadences()[index]
         slot.learner = self.a.new_learner(index, slot.incarnation, start_step, cadence=cadence)
         self.holds.joined(slot.name, cadence)
@@ -252,12 +256,14 @@ class VirtualCluster:
                 raise effect.error
 
     def _deliver(self, send: Send, shard: int) -> None:
-        frame = encode_fragment(send.message, self.cfg.down_codec, self.cfg.sync.block)
-        message, _ = decode_fragment(frame)
+        coded = self.versions.code(send.message)
         for name in send.to:
             slot = self.slots[learner_index(name)]
             if not slot.alive or not self._wanted(slot, send):
                 continue
+            holds = slot.sent_down.get(send.message.fragment, -1)  # a delta where it holds the last one
+            frame, message = coded.sent(holds, rounded=self.holds.held(slot.name))
+            slot.sent_down[send.message.fragment] = coded.message.version
             busy_s = len(frame) / self.bytes_per_s
             slot.down_free_at = max(self.now, slot.down_free_at) + busy_s
             slot.inbox.append((slot.down_free_at + self.latency, next(self.seq), message))

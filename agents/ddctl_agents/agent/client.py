@@ -147,18 +147,25 @@ class SyncerClient:
         }
         return self._json("POST", "/v1/updates", content=chunks(), headers=headers)
 
-    def fragments(self, since: list[int]) -> Iterator[bytes]:
+    def fragments(self, since: list[int], chain: list[str] | None = None) -> Iterator[bytes]:
         """The subscription stream, frame by frame; empty frames are keep-alives.
+
+        With ``chain`` the stream may send versions as deltas (``core/version_delta.py``) from those in ``since``
+        when they are of the chain named in ``chain[0]``; the stream's own chain is put there when it opens.
 
         Nothing is timed here: a reading thread that wakes late finds a whole frame
         waiting and would time its own wake-up (a 50 Mbit/s link read 655-801). The
         syncer measures each learner's downlink from its own socket (``tcpinfo``)."""
         params = {"since": ",".join(str(v) for v in since)}
+        if chain is not None:
+            params.update(deltas="1", chain=chain[0])
         try:
             with self.http.stream(
                 "GET", f"{self.url}/v1/fragments", params=params, timeout=httpx.Timeout(60.0, connect=5.0)
             ) as r:
                 _raise_for(r, r.read() if r.status_code >= 400 else b"")
+                if chain is not None:
+                    chain[0] = r.headers.get("x-ddctl-chain", "")
                 buffer = bytearray()
                 for chunk in r.iter_raw():
                     buffer += chunk

@@ -36,8 +36,9 @@ from typing import Any
 from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable, retry
 from ddctl_agents.agent.routes import Routes
 from ddctl_agents.core.links import SoloTransfers, sent_between
-from ddctl_agents.core.messages import FragmentVersion, Update, absorb, decode_fragment, encode_update
-from ddctl_agents.errors import HTTP, AgentError, JobOver, NotOwner
+from ddctl_agents.core.messages import FragmentVersion, Update, absorb, encode_update
+from ddctl_agents.core.version_delta import Held, receive
+from ddctl_agents.errors import HTTP, AgentError, JobOver, NotOwner, WireError
 
 log = logging.getLogger(__name__)
 JOB_OVER = HTTP[JobOver][1]
@@ -100,6 +101,8 @@ class Comms:
         self.ledger = CommLedger()
         self.report: dict[str, Any] = {}
         self.versions: list[int] = []
+        self.held: dict[int, Held] = {}
+        """Each fragment's newest version as received, where the shard sends deltas from it (``core/version_delta``)."""
         self.stopping = threading.Event()
         self._idle = threading.Condition()
         self._busy = 0
@@ -299,24 +302,29 @@ class Comms:
         return answer
 
     def _subscribe_loop(self, url: str) -> None:
-        client, delay = self.connect(url), 0.1
+        client, delay, chain = self.connect(url), 0.1, [""]  # chain: the shard's chain of versions, once it says
         try:
             while not self.stopping.is_set():
                 try:
-                    for frame in client.fragments(list(self.versions)):
+                    for frame in client.fragments(list(self.versions), chain):
                         self._heard(url)
                         delay = 0.1
                         if self.stopping.is_set():
                             return
                         if not frame:
                             continue
-                        message, _ = decode_fragment(frame)
-                        self.versions[message.fragment] = max(self.versions[message.fragment], message.version)
+                        message, held = receive(frame, self.held)
+                        if message.version > self.versions[message.fragment]:
+                            self.versions[message.fragment] = message.version
+                            if chain[0] and self.me.cadence == 1:  # it will be sent deltas: keep what they step from
+                                self.held[message.fragment] = held
                         with self._lock:
                             self.ledger.bytes_down += len(frame)
                         self.inbox.put(message)
-                except (Unavailable, Refused) as exc:
+                except (Unavailable, Refused, WireError) as exc:
                     log.info("fragment stream: %s; reconnecting", exc)
+                    if isinstance(exc, WireError):  # a frame it cannot read, or a delta from what it does not hold
+                        chain[0] = ""  # whole versions from here
                     self.stopping.wait(delay)
                     delay = min(delay * 2, 5.0)
         finally:

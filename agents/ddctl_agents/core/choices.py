@@ -6,9 +6,16 @@ CODECS: tuple[str, ...] = ("fp32", "bf16", "int8", "int4", "int2", "int1")
 """Outer-gradient codecs (their wire formats: ``core/codec.py``)."""
 DEFAULT_BLOCK = 128
 """Values per scale block of the blockwise codecs."""
-DOWN_CODECS: tuple[str, ...] = ("bf16", "fp32")
-"""Codecs for fragments sent back to learners: they stay near-lossless."""
+DELTA = "int8-delta"
+"""The down codec that sends each version as an int8 step from the last (``core/version_delta.py``)."""
+DOWN_CODECS: tuple[str, ...] = ("bf16", "fp32", DELTA)
+"""Codecs for fragments sent back to learners: near-lossless (int8-delta: each version as an int8 step from the last)."""
 MERGES: tuple[str, ...] = ("rda", "mean")
 """How contributions are merged: radial-directional averaging, or the plain weighted mean (ablation)."""
 STRATEGIES: tuple[str, ...] = ("balanced", "layer", "tensor")
 """Fragmentation: balanced (LPT), or by layer / by tensor (ablations)."""
+
+
+def wire_codec(down_codec: str) -> str:
+    """The codec a down codec's steady-state frames use (what a byte quote counts): a delta's values are int8."""
+    return "int8" if down_codec == DELTA else down_codec

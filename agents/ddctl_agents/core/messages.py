@@ -119,12 +119,17 @@ def decode_update(
 
 
 def decode_fragment(data: bytes | bytearray | memoryview, limits: WireLimits = DEFAULT_LIMITS) -> tuple[FragmentVersion, Frame]:
+    """A whole version; a delta (``core/version_delta.py``) is refused: its values are not the fragment's."""
     frame = unpack(data, limits, expect="fragment")
+    if "base" in frame.meta:
+        raise WireError(f"a delta from version {frame.meta['base']!r}, not a whole version (version_delta.receive reads it)")
+    return fragment_version(frame), frame
+
+
+def fragment_version(frame: Frame) -> FragmentVersion:
+    """A fragment frame's metadata, checked field by field, with its tensors."""
     m = frame.meta
-    message = FragmentVersion(
-        fragment=_count(m, "fragment"), version=_count(m, "version"), vclock=_clock(m), tensors=frame.tensors
-    )
-    return message, frame
+    return FragmentVersion(fragment=_count(m, "fragment"), version=_count(m, "version"), vclock=_clock(m), tensors=frame.tensors)
 
 
 def _text(m: Mapping[str, Any], key: str) -> str:

@@ -45,6 +45,7 @@ from ddctl_agents.service.requests import (
     parse_body,
     parse_count,
     parse_query,
+    parse_versions,
 )
 from ddctl_agents.service.runtime import SyncerRuntime
 from ddctl_agents.train.modelfiles import pack
@@ -236,8 +237,8 @@ class SyncerApp:
         if item is None or item.version <= since:
             await _respond(send, 304, b"", [])
             return
-        self.rt.bytes_down += len(item.frame)
-        await _respond(send, 200, item.frame, [(b"content-type", b"application/x-ddctl-frame")])
+        self.rt.bytes_down += len(item.whole)
+        await _respond(send, 200, item.whole, [(b"content-type", b"application/x-ddctl-frame")])
 
     async def stream(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Newest versions of every fragment the client has not seen, as they are made.
@@ -247,16 +248,12 @@ class SyncerApp:
         acknowledged over busy time between idle moments into samples."""
         who = self.identity(scope)
         count = self.rt.assembly.fragmentation.count
-        raw = parse_query(scope.get("query_string", b"")).get("since", "")
-        parts = raw.split(",", count) if raw else []
-        if len(parts) > count:
-            raise BadRequest(f"since must list {count} versions, got more")
-        since = [parse_count(x, "query parameter 'since'", minimum=-1) for x in parts] if raw else [-1] * count
-        if len(since) != count:
-            raise BadRequest(f"since must list {count} versions, got {len(since)}")
+        query = parse_query(scope.get("query_string", b""))
+        since, deltas = parse_versions(query.get("since", ""), count), query.get("deltas") == "1"  # it can step versions
         await _read_body(receive, MAX_JSON)  # a GET's (empty) body; what receive() says next is the disconnect
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/x-ddctl-stream")]})
-
+        chain = self.rt.publisher.chain.encode()  # a subscriber's deltas step from its versions only if they are of this chain
+        headers = [(b"content-type", b"application/x-ddctl-stream"), (b"x-ddctl-chain", chain)]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
         sock, meter = h2tuning.connection_socket(scope), DeliveryMeter()
 
         def measure() -> None:
@@ -265,10 +262,13 @@ class SyncerApp:
 
         async def pump() -> None:
             held = functools.partial(self.rt.holds.wants, who) if self.rt.holds.held(who) else None
+            sent = list(since) if deltas and query.get("chain") == chain.decode() else [-1] * count  # what it holds
             async for item in self.rt.publisher.follow(since, self.rt.settings.keepalive_s, held):
                 if item is not None:
                     self.rt.holds.sent(who, item.fragment)
-                frame = b"" if item is None else item.frame
+                frame = b"" if item is None else item.frame_for(sent[item.fragment], rounded=held is not None)
+                if item is not None and deltas:
+                    sent[item.fragment] = item.version
                 measure()
                 await send({"type": "http.response.body", "body": STREAM_RECORD.pack(len(frame)) + frame, "more_body": True})
                 self.rt.bytes_down += len(frame)

@@ -11,8 +11,14 @@ version that has waited longest is the one a learner is most behind on.
 from __future__ import annotations
 
 import asyncio
+import secrets
+import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+
+from ddctl_agents.core.choices import DEFAULT_BLOCK
+from ddctl_agents.core.messages import FragmentVersion
+from ddctl_agents.core.version_delta import Chains, Whole, pick
 
 Wanted = Callable[[int, int, int], bool]
 """(fragment, version, the version the subscriber holds) -> send it? (``core/holds.py``)"""
@@ -23,16 +29,41 @@ class Published:
     fragment: int
     version: int
     frame: bytes
+    """The version whole (bf16 where it is a delta chain's: what a learner at cadence k > 1 adopts)."""
+    exact: bytes | None = None
+    """A delta chain's version whole, exactly as the learners following it hold it."""
+    delta: bytes | None = None
+    """The version as a step from version ``base`` (``core/version_delta.py``), for a subscriber holding that one."""
+    base: int = -1
+
+    @property
+    def whole(self) -> bytes:
+        return self.exact or self.frame
+
+    def frame_for(self, holds: int, rounded: bool) -> bytes:
+        return pick(self.frame, self.exact, self.delta, self.base, holds, rounded)
 
 
 class Publisher:
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, versions: Whole | Chains | None = None) -> None:
+        self.coder = versions or Whole("bf16", DEFAULT_BLOCK)
+        """How versions are coded; a delta chain steps one version at a time, so coding takes ``_coding``."""
+        self._coding = threading.Lock()
+        self.chain = secrets.token_hex(8) if isinstance(self.coder, Chains) else ""
+        """This process's chain of versions: a subscriber's deltas step from what it holds only if it is of this one."""
         self.latest: list[Published | None] = [None] * count
         self._made: list[int] = [0] * count
         """When each fragment's newest version was published (a counter): the order subscribers are sent them in."""
         self._count = 0
         self._changed = asyncio.Condition()
         self.closed = False
+
+    def code(self, message: FragmentVersion) -> Published:
+        """``message`` as it is sent: whole, and as a delta where the down codec makes them (on a worker thread)."""
+        with self._coding:
+            coded = self.coder.code(message)
+        p, version = message.fragment, message.version
+        return Published(fragment=p, version=version, frame=coded.key, exact=coded.exact, delta=coded.delta, base=coded.base)
 
     async def publish(self, item: Published) -> None:
         async with self._changed:

@@ -138,6 +138,17 @@ def parse_count(text: str | None, what: str, *, minimum: int = 0, maximum: int =
     return int(text)
 
 
+def parse_versions(raw: str, count: int) -> list[int]:
+    """A subscriber's ``since``: the version it holds of each of the ``count`` fragments (-1: none; empty: none of any)."""
+    parts = raw.split(",", count) if raw else []
+    if len(parts) > count:
+        raise BadRequest(f"since must list {count} versions, got more")
+    since = [parse_count(x, "query parameter 'since'", minimum=-1) for x in parts] if raw else [-1] * count
+    if len(since) != count:
+        raise BadRequest(f"since must list {count} versions, got {len(since)}")
+    return since
+
+
 def parse_query(raw: bytes) -> dict[str, str]:
     """A query string's parameters (the last value of each); it must be ASCII and percent-decode to UTF-8."""
     try:

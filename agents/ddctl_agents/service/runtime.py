@@ -23,11 +23,12 @@ from ddctl_agents.core.effects import Ack, Effect, Fault, Record, Send
 from ddctl_agents.core.ending import departed
 from ddctl_agents.core.holds import Holds
 from ddctl_agents.core.links import QuorumClock, TransferMeter
-from ddctl_agents.core.messages import FragmentVersion, Update, decode_update, encode_fragment
+from ddctl_agents.core.messages import FragmentVersion, Update, decode_update
 from ddctl_agents.core.shardmap import ShardRole
 from ddctl_agents.core.syncer import Synchronizer
 from ddctl_agents.core.tape import TAPE_FORMAT, TapeWriter
 from ddctl_agents.core.vclock import CUT
+from ddctl_agents.core.version_delta import coder
 from ddctl_agents.core.wire import WireLimits
 from ddctl_agents.errors import BadRequest, Forbidden, JobOver, UnknownLearner
 from ddctl_agents.jsonable import to_json
@@ -35,7 +36,7 @@ from ddctl_agents.service.checkpoints import checkpoint_loop, eval_loop, take_ch
 from ddctl_agents.service.cuts import Cuts, colour
 from ddctl_agents.service.ending import Ending, ending_loop, linger, read_summary
 from ddctl_agents.service.log_records import JoinEntry, LeaveEntry, ReadmitEntry, RejectEntry, UpdateEntry, entry_for
-from ddctl_agents.service.publisher import Published, Publisher
+from ddctl_agents.service.publisher import Publisher
 from ddctl_agents.service.recovery import recover
 from ddctl_agents.service.requests import Cadence, HeartbeatBody
 from ddctl_agents.service.resume import read_local, seed
@@ -61,7 +62,8 @@ class SyncerRuntime:
         largest = max(sum(t.numel() for t in frag.values()) for frag in self.syncer.fragments)
         self.max_update_bytes = settings.max_update_bytes or 8 * largest + (1 << 20)
         self.limits = WireLimits(max_payload=self.max_update_bytes, max_tensors=4 * len(assembly.initial) + 16)
-        self.publisher = Publisher(assembly.fragmentation.count)
+        versions = coder(assembly.config.down_codec, assembly.config.sync.block, adopted=False)  # frames only: no one adopts here
+        self.publisher = Publisher(assembly.fragmentation.count, versions)
         self.roster = Roster(settings.site)
         self.holds = Holds()  # what a learner sending every k-th period is sent of the versions
         self.meters: dict[str, TransferMeter] = {}
@@ -387,9 +389,7 @@ class SyncerRuntime:
             return
         loop = asyncio.get_running_loop()
         try:
-            frame = await loop.run_in_executor(
-                self._work, encode_fragment, message, self.assembly.config.down_codec, self.assembly.config.sync.block
-            )
+            item = await loop.run_in_executor(self._work, self.publisher.code, message)
         except Exception as exc:  # noqa: BLE001 - one fragment that cannot be sent must not stop the others
             reason = f"version {message.version} of fragment {message.fragment} cannot be sent: {type(exc).__name__}: {exc}"
             self.publish_failures[message.fragment] = reason
@@ -397,4 +397,4 @@ class SyncerRuntime:
             self.roster.event(self.clock(), "fragment-degraded", fragment=message.fragment, reason=reason)
             return
         self.publish_failures.pop(message.fragment, None)
-        await self.publisher.publish(Published(fragment=message.fragment, version=message.version, frame=frame))
+        await self.publisher.publish(item)

@@ -36,7 +36,7 @@ class JobConfig:
         )
         require(
             self.down_codec in DOWN_CODECS,
-            f"down codec must be fp32 or bf16 (fragments stay near-lossless), got {self.down_codec!r}",
+            f"down codec must be one of {', '.join(DOWN_CODECS)}, got {self.down_codec!r}",
         )
         require(self.sync.inner_steps == self.syncer.inner_steps, "sync.inner_steps and syncer.inner_steps must agree")
         require(self.threads >= 1, f"threads must be >= 1, got {self.threads}")
