@@ -4,6 +4,7 @@ does not pile up, a delta goes only where it steps from what is held, and a host
 from __future__ import annotations
 
 import itertools
+import struct
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from ddctl.control.quotes import sync_traffic
 from ddctl.local.replay import replay_tapes
 from ddctl.local.training import train_decoupled
 from ddctl_agents.core.choices import DELTA, DOWN_CODECS, wire_codec
+from ddctl_agents.core.crc import crc32
 from ddctl_agents.core.ending import FINISHED
 from ddctl_agents.core.messages import FragmentVersion, decode_fragment, encode_fragment, encode_update
 from ddctl_agents.core.version_delta import Chains, Held, Whole, coder, receive
@@ -166,6 +168,25 @@ def test_a_delta_that_does_not_step_from_what_is_held_is_refused(frame: bytes, n
         receive(frame, held)
     with pytest.raises(WireError, match="this learner holds nothing"):
         receive(hostile(0), {})
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_version_that_is_not_finite_is_refused_whole_or_as_a_delta(bad: float) -> None:
+    """A NaN block scale in a delta, or a NaN value in a whole version, would poison every value a learner adopts."""
+    held = {2: Held(0, {"w": torch.zeros(96, 40), "b": torch.zeros(200)})}
+
+    def first_float(frame: bytes) -> bytes:  # the payload's first four bytes set to ``bad``, the checksum made good
+        out = bytearray(frame)
+        header = struct.unpack_from("<I", out, 8)[0]
+        out[20 + header : 24 + header] = struct.pack("<f", bad)
+        out[-4:] = struct.pack("<I", crc32(bytes(out[:-4])))
+        return bytes(out)
+
+    with pytest.raises(WireError, match="version 1 of fragment 2: b has a value that is not finite"):
+        receive(first_float(hostile(0)), held)  # the first block's scale
+    whole = encode_fragment(FragmentVersion(fragment=2, version=1, tensors={"w": torch.zeros(2)}), "fp32", BLOCK)
+    with pytest.raises(WireError, match="w has a value that is not finite"):
+        receive(first_float(whole), held)
 
 
 def test_a_reader_of_whole_versions_refuses_a_delta() -> None:

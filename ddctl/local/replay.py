@@ -28,7 +28,7 @@ from ddctl.local.shards import Shards
 from ddctl_agents.core.effects import Record, Send
 from ddctl_agents.core.messages import FragmentVersion, decode_update, encode_update
 from ddctl_agents.core.tape import read_tape
-from ddctl_agents.core.version_delta import Coded, coder
+from ddctl_agents.core.version_delta import coder
 from ddctl_agents.errors import TapeError
 from ddctl_agents.train.assembly import Assembly, learner_index
 from ddctl_agents.train.checksum import params_sha256
@@ -45,7 +45,8 @@ class Replayer:
         self.a = assembly
         self.shards = Shards(assembly, shards)
         self.learners: dict[str, Learner] = {}
-        self.history: dict[tuple[int, int], Coded] = {}
+        self.history: dict[tuple[int, int], tuple[FragmentVersion, FragmentVersion]] = {}
+        """(fragment, version) -> (as learners following the chain hold it, as a learner at cadence k > 1 adopts it)."""
         self.versions = coder(assembly.config.down_codec, assembly.config.sync.block)
         self.order: dict[int, deque[int]] = {}
         for p in range(assembly.fragmentation.count):
@@ -92,8 +93,8 @@ class Replayer:
             self._advance(learner, step, where)
             if (p, version) not in self.history:
                 raise ReplayDivergence(f"{where}: version {version} of fragment {p} is not in the replay history")
-            coded = self.history[(p, version)]
-            learner.adopt(coded.rounded if learner.cadence > 1 else coded.message)  # held: sent each whole (bf16)
+            followed, rounded = self.history[(p, version)]
+            learner.adopt(rounded if learner.cadence > 1 else followed)  # held: sent each whole (bf16)
         self._advance(learner, record["step"], where)
         state = learner.state[record["fragment"]]
         if state.version < 0 or state.c_steps == 0:  # the tape's order cannot be the run's: nothing to send here
@@ -121,7 +122,8 @@ class Replayer:
 
     def _remember(self, message: FragmentVersion) -> None:
         """Keep the version as learners received it: through the downlink codec."""
-        self.history[(message.fragment, message.version)] = self.versions.code(message)
+        coded = self.versions.code(message)  # kept without its frames: only what learners adopt
+        self.history[(message.fragment, message.version)] = (coded.message, coded.rounded)
         versions = self.order.setdefault(message.fragment, deque())
         versions.append(message.version)
         while len(versions) > HISTORY:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ddctl_agents.core.choices import DELTA, wire_codec
+from ddctl_agents.core.codec import all_finite
 from ddctl_agents.core.messages import FragmentVersion, decode_fragment, encode_fragment, fragment_version
 from ddctl_agents.core.wire import DEFAULT_LIMITS, WireLimits, is_count, pack, unpack
 from ddctl_agents.errors import WireError
@@ -134,12 +135,12 @@ def receive(
 ) -> tuple[FragmentVersion, Held]:
     """A frame of the stream, whole or a delta, as the version it makes of what this learner ``held``.
 
-    Raises ``WireError`` for a delta from a version this learner does not hold, or of other tensors."""
+    Raises ``WireError`` for a delta from a version this learner does not hold, or of other tensors, and for a
+    version with a value that is not finite (a learner adopting it would train on nothing but NaN)."""
     frame = unpack(data, limits, expect="fragment")
     message = fragment_version(frame)
     if "base" not in frame.meta:
-        values = _fp32(message.tensors)
-        return replace(message, tensors=values), Held(message.version, values)
+        return _finite(message, _fp32(message.tensors))
     base, mine = frame.meta["base"], held.get(message.fragment)
     if not is_count(base) or mine is None or mine.version != base or base >= message.version:
         holds = "nothing" if mine is None else f"version {mine.version}"
@@ -148,7 +149,13 @@ def receive(
         )
     if not _same_shapes(mine.values, frame.tensors):
         raise WireError(f"a delta of fragment {message.fragment} names other tensors or shapes than the version it steps from")
-    values = step(mine.values, frame.tensors)
+    return _finite(message, step(mine.values, frame.tensors))
+
+
+def _finite(message: FragmentVersion, values: dict[str, torch.Tensor]) -> tuple[FragmentVersion, Held]:
+    for name, t in values.items():
+        if not all_finite(t.reshape(-1)):
+            raise WireError(f"version {message.version} of fragment {message.fragment}: {name} has a value that is not finite")
     return replace(message, tensors=values), Held(message.version, values)
 
 

@@ -46,7 +46,7 @@ class Published:
 
 class Publisher:
     def __init__(self, count: int, versions: Whole | Chains | None = None) -> None:
-        self.coder = versions or Whole("bf16", DEFAULT_BLOCK)
+        self.coder = versions or Whole("bf16", DEFAULT_BLOCK, adopted=False)
         """How versions are coded; a delta chain steps one version at a time, so coding takes ``_coding``."""
         self._coding = threading.Lock()
         self.chain = secrets.token_hex(8) if isinstance(self.coder, Chains) else ""
