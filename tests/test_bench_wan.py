@@ -34,12 +34,23 @@ def test_the_four_layouts_are_what_their_names_say(made: dict[str, Layout]) -> N
     assert n.shard_sites == ("a",) and set(n.owner) == {0} and set(n.cadence.values()) == {1} and n.in_flight == 3
     assert rr.shard_sites == ("a", "b", "c") and rr.owner == tuple(p % 3 for p in range(case.fragments))
     assert set(rr.cadence.values()) == {1} and rr.in_flight == 3
-    assert p2.shard_sites == ("a",) and p2.in_flight == 1
+    assert p2.shard_sites == ("a",) and p2.in_flight is None  # auto: the learner's pacing
     assert p2.cadence["d"] > 1 and p2.cadence["e"] > 1 and p2.cadence["a"] == 1
-    assert len(w.shard_sites) > 1 and set(w.shard_sites) <= {"a", "b", "c"} and w.in_flight == 1
+    assert len(w.shard_sites) > 1 and set(w.shard_sites) <= {"a", "b", "c"} and w.in_flight is None
     assert w.cadence == p2.cadence
     worst = {name: made[name].predicted for name in LAYOUTS}
     assert worst["W"] < worst["P2"] < worst["N"]
+
+
+def test_a_layout_may_name_its_uploads_in_flight() -> None:
+    w1, w = layouts(WanCase(), ["W/1", "W"])
+    assert (w1.name, w1.in_flight, w.in_flight) == ("W/1", 1, None)
+    assert (w1.shard_sites, w1.owner, w1.cadence, w1.loads) == (w.shard_sites, w.owner, w.cadence, w.loads)
+    assert layouts(WanCase(), ["N/auto"])[0].in_flight is None
+    with pytest.raises(DdctlError, match=r"layout W/0: uploads in flight takes 'auto' or a whole number >= 1, got '0'"):
+        layouts(WanCase(), ["W/0"])
+    with pytest.raises(DdctlError, match=r"each may end /auto or /N, uploads in flight\), got \['X/1'\]"):
+        layouts(WanCase(), ["X/1"])
 
 
 def test_the_prediction_of_one_synchronizer_is_every_other_learners_traffic_through_its_site(made: dict[str, Layout]) -> None:
@@ -102,7 +113,10 @@ def test_a_trained_case_is_planned_at_the_models_step_not_the_synthetic_one() ->
 
 
 def test_unknown_layouts_are_refused_before_any_namespace_is_made() -> None:
-    with pytest.raises(DdctlError, match=re.escape("layouts must be some of N, N-rr, P2, W, got ['X']")):
+    with pytest.raises(
+        DdctlError,
+        match=re.escape("layouts must be some of N, N-rr, P2, W (each may end /auto or /N, uploads in flight), got ['X']"),
+    ):
         layouts(WanCase(), ["X"])
     done = CliRunner().invoke(app, ["bench", "wan", "--layouts", "N,X", "--json"])
     assert done.exit_code == 2 and "layouts must be some of N, N-rr, P2, W" in done.output

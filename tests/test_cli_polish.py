@@ -100,7 +100,11 @@ def test_the_agents_help_reads_like_ddctls(
 
 def test_the_agents_show_their_defaults(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     learner = words(agent_help(learner_main, capsys, monkeypatch))
-    assert "--parallel-uploads <int> Uploads in flight at once. [default: 3]" in learner
+    assert (
+        "--parallel-uploads auto|N Uploads in flight at once: N, or auto (as few as keep the measured uplink busy, up to 3)."
+        in learner
+    )
+    assert "up to 3). [default: auto]" in learner
     assert "--syncer <str> The syncer's URL" in learner and "--plaintext" not in learner
     syncer = words(agent_help(syncer_main, capsys, monkeypatch))
     assert "[default: 127.0.0.1:0]" in syncer and "--snapshot-every <float> Seconds between snapshots. [default: 30.0]" in syncer

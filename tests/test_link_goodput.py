@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import pytest
+from rich.console import Console
+from typer.testing import CliRunner
 
 from ddctl.bench.link import measure_link
+from ddctl.bench.report import link_table
+from ddctl.cli.app import app
 from ddctl.errors import DdctlError
 from ddctl.providers.linkshape import available, shaped_link, tbf_args
 
@@ -27,11 +32,34 @@ def test_fragment_uploads_reach_90_percent_of_a_shaped_link() -> None:
     # The target sits 3-4 points under the typical 0.93: on a shared 2-core machine one run in several
     # dips below it (a clean-clone CI once read 0.81 and 0.86 while other work ran beside it, and 0.946
     # and 0.927 just after), so the test keeps the best of up to three runs (each is a full measurement).
-    runs = [measure_link(rate_mbit=80.0, uploads=8)]
+    # The learner's default: as few uploads in flight as keep the measured link busy (one alone read 0.82-0.88).
+    runs = [measure_link(rate_mbit=80.0, uploads=8, parallel=None)]
     while len(runs) < 3 and max(r["goodput_fraction"] for r in runs) < 0.90:
-        runs.append(measure_link(rate_mbit=80.0, uploads=8))
+        runs.append(measure_link(rate_mbit=80.0, uploads=8, parallel=None))
     result = max(runs, key=lambda r: r["goodput_fraction"])
     assert result["goodput_fraction"] >= 0.90, runs
+    assert result["parallel"] == "auto" and 1 <= result["in_flight_cap"] <= 3, result
+    assert 0 < result["first_ack_s"] <= result["median_ack_s"] <= result["seconds"], result
     assert 0.8 <= result["tracker_fraction"] <= 2.0, result  # the tracker sees the link (it can read high: see the note)
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert "ddctl-link" not in namespaces  # nothing left behind
+
+
+def test_a_bad_in_flight_setting_is_refused_before_anything_is_created() -> None:
+    done = CliRunner().invoke(app, ["bench", "link", "--parallel", "3", "--parallel", "none"])
+    assert done.exit_code == 2, done.output
+    assert "--parallel takes 'auto' or a whole number >= 1, got 'none'" in done.output
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "ddctl-link" not in namespaces
+
+
+def test_the_table_shows_each_setting_against_the_first() -> None:
+    run = {"parallel": "3", "in_flight_cap": 3, "goodput_mbit": 74.5, "goodput_fraction": 0.931, "goodput_x_baseline": 1.0,
+           "first_ack_s": 1.19, "first_ack_x_baseline": 1.0, "median_ack_s": 3.8, "median_ack_x_baseline": 1.0,
+           "tracker_fraction": None, "frame_bytes": 6_106_111}  # fmt: skip
+    auto = run | {"parallel": "auto", "in_flight_cap": 2, "first_ack_s": 1.0, "first_ack_x_baseline": 0.835}
+    console = Console(width=200, record=True)
+    console.print(link_table({"uploads": 8, "rate_mbit": 80.0, "runs": [run, auto]}))
+    text = console.export_text()
+    assert "8 uploads of 6.1 MB queued at once, 80 Mbit/s link" in text
+    assert re.search(r"auto .* 2 .* 74\.5 .* 0\.931 .* 1\.000 .* 1\.00 .* 0\.835", text), text

@@ -6,7 +6,9 @@ frame bytes per second of acknowledged upload (transfer, decode, fsync, ack
 included), against the shaped rate. The syncer's own bandwidth tracker
 estimate for the link is reported beside it.
 
-The client half runs inside the namespace as ``python -m ddctl.bench.link``.
+The client half runs inside the namespace as ``python -m ddctl.bench.link``: the learner's own
+``Comms`` (its uploaders, in-flight slots and link timing), with every update queued at once, so
+the uploads in flight decide both goodput and how soon the first update is acknowledged.
 """
 
 from __future__ import annotations
@@ -16,9 +18,7 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from ddctl.bench.transport import transport_job
 from ddctl.errors import DdctlError
 from ddctl.local.service import LocalSyncer
 from ddctl.providers.linkshape import shaped_link
-from ddctl_agents.agent.client import SyncerClient, retry
+from ddctl_agents.agent.client import SyncerClient
 from ddctl_agents.train.job import JobConfig
 
 
@@ -35,8 +35,10 @@ def link_job(preset: str) -> JobConfig:
     return transport_job(preset, fragments=1)
 
 
-def measure_link(rate_mbit: float = 80.0, uploads: int = 6, preset: str = "small", parallel: int = 3) -> dict[str, Any]:
-    """Upload ``uploads`` int4 updates through a ``rate_mbit`` uplink; goodput as a fraction of the rate."""
+def measure_link(rate_mbit: float = 80.0, uploads: int = 6, preset: str = "small", parallel: int | None = 3) -> dict[str, Any]:
+    """Upload ``uploads`` int4 updates through a ``rate_mbit`` uplink; goodput as a fraction of the rate.
+
+    ``parallel``: uploads in flight, as the learner's ``--parallel-uploads`` (None: auto, paced)."""
     if uploads < 1:
         raise DdctlError(f"uploads must be >= 1, got {uploads}")
     name = f"ddctl-link-{os.getpid()}"
@@ -47,8 +49,9 @@ def measure_link(rate_mbit: float = 80.0, uploads: int = 6, preset: str = "small
     ):
         syncer.start("--snapshot-every", "3600")
         url = syncer.url
+        in_flight = "auto" if parallel is None else str(parallel)
         command = link.command(
-            sys.executable, "-m", "ddctl.bench.link", url, syncer.token("L0"), str(syncer.ca), str(uploads), str(parallel)
+            sys.executable, "-m", "ddctl.bench.link", url, syncer.token("L0"), str(syncer.ca), str(uploads), in_flight
         )
         done = subprocess.run(command, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         if done.returncode != 0:
@@ -69,47 +72,74 @@ def measure_link(rate_mbit: float = 80.0, uploads: int = 6, preset: str = "small
         "tracker_fraction": round(tracked / rate_mbit, 4) if tracked else None,
         "frame_bytes": client_result["frame_bytes"],
         "uploads": uploads,
-        "parallel": parallel,
+        "parallel": in_flight,
+        "in_flight_cap": client_result["cap"],
         "seconds": client_result["seconds"],
+        "first_ack_s": client_result["acks_s"][0],
+        "median_ack_s": client_result["acks_s"][len(client_result["acks_s"]) // 2],
     }
 
 
-def _client(url: str, token: str, ca: str, uploads: int, parallel: int) -> dict[str, Any]:
-    """Inside the namespace: register, then push ``uploads`` int4 updates, ``parallel`` at a time."""
+def compare_in_flight(rate_mbit: float, uploads: int, preset: str, arms: list[int | None]) -> dict[str, Any]:
+    """``measure_link`` for each in-flight setting in one run; each against the first (its baseline)."""
+    if not arms:
+        raise DdctlError("give at least one --parallel setting")
+    runs = [measure_link(rate_mbit, uploads, preset, parallel) for parallel in arms]
+    base = runs[0]
+    for run in runs:
+        run["goodput_x_baseline"] = round(run["goodput_mbit"] / base["goodput_mbit"], 3)
+        run["first_ack_x_baseline"] = round(run["first_ack_s"] / base["first_ack_s"], 3)
+        run["median_ack_x_baseline"] = round(run["median_ack_s"] / base["median_ack_s"], 3)
+    return {"rate_mbit": rate_mbit, "uploads": uploads, "preset": preset, "baseline": base["parallel"], "runs": runs}
+
+
+def _client(url: str, token: str, ca: str, uploads: int, in_flight: str) -> dict[str, Any]:
+    """Inside the namespace: the learner's own ``Comms`` pushes ``uploads`` int4 updates queued at once.
+
+    Each update's acknowledgement time is read off the learner's ledger as it grows."""
     import torch
 
+    from ddctl_agents.agent.comm import Comms, Identity
+    from ddctl_agents.agent.routes import Routes
     from ddctl_agents.core.messages import Update, decode_fragment, encode_update
+    from ddctl_agents.core.pacing import parse_in_flight
 
     client = SyncerClient(url, token, Path(ca))
-    client.register("L0", 1, "shaped")
     shapes = decode_fragment(client.http.get(f"{url}/v1/fragments/0").content)[0].tensors
     g = torch.Generator().manual_seed(0)
     tensors = {n: torch.randn(t.shape, generator=g) * 1e-3 for n, t in shapes.items()}
     base = int(client.http.get(f"{url}/v1/vclock").json()["versions"][0])
-
-    def frame(i: int) -> bytes:
-        update = Update(
-            learner="L0", fragment=0, base_version=base, update_id=f"L0.1.{i}", step=8, c_steps=8, c_tokens=8, tensors=tensors
-        )
-        return encode_update(update, "int4", 64)
-
-    client.push(frame(0), 0)  # warms TCP's window
-    frames = [frame(i) for i in range(1, uploads + 1)]
-    local = threading.local()
-
-    def push(f: bytes) -> None:  # one connection per uploader thread, as in the learner's Comms
-        if not hasattr(local, "client"):
-            local.client = SyncerClient(url, token, Path(ca))
-        retry(lambda: local.client.push(f, 0))
-
-    started = time.perf_counter()
-    with ThreadPoolExecutor(parallel) as pool:
-        list(pool.map(push, frames))
-    seconds = time.perf_counter() - started
     client.close()
-    total = sum(len(f) for f in frames)
-    return {"goodput_mbit": total * 8 / seconds / 1e6, "frame_bytes": len(frames[0]), "seconds": round(seconds, 3)}
+    me = Identity(name="L0", incarnation=1, region="shaped")
+    comms = Comms(lambda u: SyncerClient(u, token, Path(ca)), Routes({"": url}), me, "int4", 64,
+                  parallel_uploads=parse_in_flight(in_flight), absorb=False)  # fmt: skip
+    comms.start(fragments=1)
+
+    def update(i: int) -> Update:
+        return Update(learner="L0", fragment=0, base_version=base, update_id=f"L0.1.{i}", step=8, c_steps=8, c_tokens=8,
+                      tensors=tensors)  # fmt: skip
+
+    comms.send(update(0))  # warms TCP's window
+    if not comms.drain(120.0):
+        raise SystemExit("the warm-up upload was not acknowledged in 120 s")
+    acks: list[float] = []
+    started = time.perf_counter()
+    for i in range(1, uploads + 1):
+        comms.send(update(i))
+    while len(acks) < uploads and time.perf_counter() - started < 600:
+        try:
+            done = comms.ledger.acked_total() // 8 + comms.ledger.rejected // 8 - 1
+        except RuntimeError:  # an uploader added a status while we summed: read again
+            continue
+        acks += [time.perf_counter() - started] * (done - len(acks))
+        time.sleep(0.002)
+    seconds = time.perf_counter() - started
+    cap = comms.slots.cap()
+    comms.close(reason=None)
+    frame_bytes = len(encode_update(update(1), "int4", 64))
+    return {"goodput_mbit": frame_bytes * uploads * 8 / seconds / 1e6, "frame_bytes": frame_bytes, "seconds": round(seconds, 3),
+            "acks_s": [round(t, 3) for t in acks], "cap": cap}  # fmt: skip
 
 
 if __name__ == "__main__":
-    print(json.dumps(_client(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))))
+    print(json.dumps(_client(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])))

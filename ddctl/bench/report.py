@@ -81,17 +81,25 @@ def syncer_table(result: dict[str, Any]) -> Table:
 
 
 def link_table(result: dict[str, Any]) -> Table:
-    table = Table(title=f"{result['uploads']} uploads of {result['frame_bytes'] / 1e6:.1f} MB, {result['parallel']} in flight")
-    for col in ("shaped Mbit/s", "goodput Mbit/s", "x rate", "tracker Mbit/s", "x rate"):
+    first = result["runs"][0]
+    megabytes, rate = first["frame_bytes"] / 1e6, result["rate_mbit"]
+    table = Table(title=f"{result['uploads']} uploads of {megabytes:.1f} MB queued at once, {rate:.0f} Mbit/s link")
+    for col in ("in flight", "cap at end", "goodput Mbit/s", "x rate", "x first", "first ack s", "x first", "median ack s",
+                "x first", "tracker x rate"):  # fmt: skip
         table.add_column(col, justify="right")
-    tracked = result["tracker_up_mbit"]
-    table.add_row(
-        f"{result['rate_mbit']:.0f}",
-        f"{result['goodput_mbit']:.1f}",
-        f"{result['goodput_fraction']:.3f}",
-        "-" if tracked is None else f"{tracked:.1f}",
-        "-" if result["tracker_fraction"] is None else f"{result['tracker_fraction']:.3f}",
-    )
+    for run in result["runs"]:
+        table.add_row(
+            str(run["parallel"]),
+            str(run["in_flight_cap"]),
+            f"{run['goodput_mbit']:.1f}",
+            f"{run['goodput_fraction']:.3f}",
+            f"{run['goodput_x_baseline']:.3f}",
+            f"{run['first_ack_s']:.2f}",
+            f"{run['first_ack_x_baseline']:.3f}",
+            f"{run['median_ack_s']:.2f}",
+            f"{run['median_ack_x_baseline']:.3f}",
+            "-" if run["tracker_fraction"] is None else f"{run['tracker_fraction']:.3f}",
+        )
     return table
 
 

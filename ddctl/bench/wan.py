@@ -154,7 +154,7 @@ def start_learners(
             argv += ["--ca", str(shards[0].ca), "--summary", str(root / f"{name}.summary.json"), "--region", region]
             argv += ["--synthetic-step", str(case.step_s)] if not case.train_tokens else []
             argv += ["--cadence", str(layout.cadence[region])]
-            argv += ["--parallel-uploads", str(layout.in_flight)]
+            argv += ["--parallel-uploads", "auto" if layout.in_flight is None else str(layout.in_flight)]
             with (root / f"{name}.log").open("ab") as log:
                 procs[name] = subprocess.Popen(net.regions[region].command(*argv), stdout=log, stderr=log, env=ENV)
     return procs
@@ -230,7 +230,7 @@ def layout_row(
             for i, site in enumerate(layout.shard_sites)
         ],  # fmt: skip
         "cadence": layout.cadence,
-        "in_flight": layout.in_flight,
+        "in_flight": "auto" if layout.in_flight is None else layout.in_flight,
         "efficiency": round((ledger["merged"] + ledger["late_merged"]) / trained, 4) if trained else 0.0,
         "regions": regions,
         "sites": {r: _site(net.regions[r], window, predicted[r], at_measured[r]) for r in case.links},

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from ddctl.config.synchronizer import CPU_FLOPS_PRIOR, traffic
 from ddctl.errors import DdctlError
 from ddctl_agents.core.config import OuterConfig, SyncerConfig
+from ddctl_agents.core.pacing import parse_in_flight
 from ddctl_agents.core.quorum import QuorumConfig
 from ddctl_agents.core.shardplan import PlanSettings, Traffic, placement_loads, plan_shards
 from ddctl_agents.core.siteload import Site, SiteLoad
@@ -36,8 +37,8 @@ FIVE_REGIONS = (("a", 1.0, 2), ("b", 1.0, 2), ("c", 1.0, 2), ("d", 0.2, 1), ("e"
 REGIONS = tuple(name for name, _, _ in FIVE_REGIONS)
 BATCH = 8
 """Sequences in a learner's batch."""
-PACED, UNPACED = 1, 3
-"""Uploads in flight: one for the paced layouts, the learner's default otherwise."""
+PACED, UNPACED = None, 3
+"""Uploads in flight: the learner's pacing (auto) for the paced layouts, a fixed three (its old default) otherwise."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -143,7 +144,8 @@ class Layout:
     owner: tuple[int, ...]
     """Fragment -> its shard."""
     cadence: dict[str, int]
-    in_flight: int
+    in_flight: int | None
+    """Uploads in flight (the learner's ``--parallel-uploads``); None: auto."""
     loads: tuple[SiteLoad, ...]
     """What the link model predicts of every site under this layout."""
 
@@ -154,10 +156,11 @@ class Layout:
 
 
 def layouts(case: WanCase, names: Sequence[str] = LAYOUTS) -> list[Layout]:
-    """The named layouts of ``case`` (see the module docstring)."""
-    unknown = [n for n in names if n not in LAYOUTS]
+    """The named layouts of ``case`` (see the module docstring); ``W/1`` is W with one upload in flight."""
+    unknown = [n for n in names if n.partition("/")[0] not in LAYOUTS]
     if unknown or not names:
-        raise DdctlError(f"layouts must be some of {', '.join(LAYOUTS)}, got {list(names)}")
+        raise DdctlError(f"layouts must be some of {', '.join(LAYOUTS)} (each may end /auto or /N, uploads in flight), "
+                         f"got {list(names)}")  # fmt: skip
     if case.regions != FIVE_REGIONS:
         raise DdctlError("the four layouts are laid out on the five-region case (FIVE_REGIONS)")
     sites, flow = case.sites(), traffic(case.job())
@@ -173,7 +176,20 @@ def layouts(case: WanCase, names: Sequence[str] = LAYOUTS) -> list[Layout]:
         "P2": (((home,), one, paced.cadence, PACED)),
         "W": ((tuple(s.site for s in full.shards), full.owner, full.cadence, PACED)),
     }
-    return [_layout(name, *made[name], sites, flow) for name in names]
+    chosen = []
+    for name in names:
+        base, slash, flight = name.partition("/")
+        shard_sites, owner, cadence, in_flight = made[base]
+        in_flight = _in_flight(flight, name) if slash else in_flight
+        chosen.append(_layout(name, shard_sites, owner, cadence, in_flight, sites, flow))
+    return chosen
+
+
+def _in_flight(text: str, name: str) -> int | None:
+    try:
+        return parse_in_flight(text, f"layout {name}: uploads in flight")
+    except ValueError as exc:
+        raise DdctlError(str(exc)) from None
 
 
 def _only(site: Site, candidates: set[str]) -> Site:
@@ -186,7 +202,7 @@ def _layout(
     shard_sites: tuple[str, ...],
     owner: tuple[int, ...],
     cadence: dict[str, int],
-    in_flight: int,
+    in_flight: int | None,
     sites: list[Site],
     flow: Traffic,
 ) -> Layout:

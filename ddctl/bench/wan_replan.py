@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ddctl.bench.wan import finished_status, layout_row, shard_flags, start_learners, start_shards, steady_window
-from ddctl.bench.wan_layouts import PACED, Layout, WanCase, predict
+from ddctl.bench.wan_layouts import Layout, WanCase, predict
 from ddctl.bench.wannet import Wan, reshape, wan
 from ddctl.config.synchronizer import traffic
 from ddctl.control.replanning import Replanning, watch
@@ -58,6 +58,9 @@ DOWN_S = 3.0
 BENCH_REPLAN = ReplanSettings(dwell_s=30.0)
 """The product's gain and confirmations; a dwell of 30 s, not 300, to fit a two-minute run."""
 
+ONE_IN_FLIGHT = 1
+"""Uploads in flight per learner, fixed: a re-plan is judged from the links' meters, not the learners' pacing."""
+
 
 def hub_case(seconds: float = 120.0, fast_mbit: float = 60.0, inner_steps: int = 16, step_s: float = 0.1) -> WanCase:
     """The tiny preset in 6 fragments: an update of one fragment (93 KB in int4) and a version (348 KB in bf16) are
@@ -71,7 +74,7 @@ def hub_layout(case: WanCase) -> Layout:
     sites = [replace(s, candidate=s.name in HUBS) for s in case.sites()]
     plan = plan_shards(sites, traffic(case.job()), PlanSettings(shards=len(HUBS), relays=False))
     made = Layout(name="hubs", shard_sites=tuple(s.site for s in plan.shards), owner=plan.owner, cadence=dict(plan.cadence),
-                  in_flight=PACED, loads=())  # fmt: skip
+                  in_flight=ONE_IN_FLIGHT, loads=())  # fmt: skip
     return replace(made, loads=predict(made, case.sites(), traffic(case.job())))
 
 

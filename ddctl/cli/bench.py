@@ -25,6 +25,16 @@ def comma_ints(text: str, option: str, low: int, high: int) -> list[int]:
     return parsed
 
 
+def in_flight(text: str) -> int | None:
+    """``--parallel``: auto (None) or a count >= 1, as the learner's ``--parallel-uploads``."""
+    from ddctl_agents.core.pacing import parse_in_flight
+
+    try:
+        return parse_in_flight(text, "--parallel")
+    except ValueError as exc:
+        raise DdctlError(str(exc)) from None
+
+
 @app.command("codec")
 def codec(
     numel: Annotated[int, typer.Option(help="Values in the test buffer.")] = 16 * 2**20,
@@ -181,15 +191,18 @@ def checkpoint(
 def link(
     rate: Annotated[float, typer.Option(help="Uplink rate the tbf qdisc allows, Mbit/s.")] = 80.0,
     uploads: Annotated[int, typer.Option(help="Updates pushed after one warm-up.")] = 8,
-    parallel: Annotated[int, typer.Option(help="Uploads in flight at once (the learner's default is 3).")] = 3,
+    parallel: Annotated[
+        list[str] | None,
+        typer.Option(help="Uploads in flight: N or auto (the learner's default); repeat to compare, against the first."),
+    ] = None,
     preset: Annotated[str, typer.Option(help="Model preset of the update (small: ~6 MB in int4).")] = "small",
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
 ) -> None:
     """Goodput of int4 uploads through a tc-tbf-shaped link in a network namespace (needs root)."""
-    from ddctl.bench.link import measure_link
+    from ddctl.bench.link import compare_in_flight
     from ddctl.bench.report import link_table
 
-    result = run_guarded(lambda: measure_link(rate_mbit=rate, uploads=uploads, preset=preset, parallel=parallel))
+    result = run_guarded(lambda: compare_in_flight(rate, uploads, preset, [in_flight(text) for text in parallel or ["auto"]]))
     if json_out:
         print_json(result)
     else:

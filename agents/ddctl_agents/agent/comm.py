@@ -1,10 +1,12 @@
 """The learner's network side: three threads beside the training loop, which never waits on them.
 
-- uploaders (``parallel_uploads`` of them): encode each outer gradient and
-  push it until the syncer acknowledges it (retrying through syncer restarts;
-  re-registering if the syncer forgot us). Several uploads in flight keep the
-  link busy while the syncer decodes and fsyncs the previous one: one at a
-  time reached 88% of a tbf-shaped link, three reached 94% (docs/benchmarks.md);
+- uploaders: encode each outer gradient and push it until the syncer
+  acknowledges it (retrying through syncer restarts; re-registering if the
+  syncer forgot us). A fixed number are in flight, or as few as keep the
+  measured uplink busy (``agent/slots``): several keep the link busy while the
+  syncer decodes and fsyncs the previous one (one at a time reached 88% of a
+  tbf-shaped link, three 94%: docs/benchmarks.md), but they share it, so the
+  update due first waits for the others;
 - subscriber: keeps the fragment stream open and queues every new version for
   the training loop to adopt between steps;
 - heartbeat: reports progress and measured link figures every ``interval_s``.
@@ -35,6 +37,7 @@ from typing import Any
 
 from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable, retry
 from ddctl_agents.agent.routes import Routes
+from ddctl_agents.agent.slots import UploadSlots
 from ddctl_agents.core.links import SoloTransfers, sent_between
 from ddctl_agents.core.messages import FragmentVersion, Update, absorb, encode_update
 from ddctl_agents.core.version_delta import Held, receive
@@ -88,14 +91,17 @@ class Comms:
         codec: str,
         block: int,
         interval_s: float = 0.5,
-        parallel_uploads: int = 3,
+        parallel_uploads: int | None = None,
         absorb: bool = True,
     ) -> None:
         """``absorb``: a queued update of a fragment takes in a newer one of the same base (off with error feedback,
-        whose residuals assume every drift was encoded on its own)."""
+        whose residuals assume every drift was encoded on its own). ``parallel_uploads``: that many in flight, or (None)
+        as few as keep the measured uplink busy (``agent/slots``)."""
         self.connect, self.me, self.codec, self.block, self.interval_s = connect, me, codec, block, interval_s
         self.routes = routes
-        self.parallel_uploads, self.absorb = parallel_uploads, absorb
+        self.slots, self.absorb = UploadSlots(parallel_uploads), absorb
+        self._timings: dict[int, tuple[tuple[int, float] | None, bool]] = {}
+        """Per uploader thread, its last acknowledged push's kernel timing and whether it had the link alone."""
         self.outbox: queue.Queue[Update] = queue.Queue()
         self.inbox: queue.Queue[FragmentVersion] = queue.Queue()
         self.ledger = CommLedger()
@@ -137,7 +143,7 @@ class Comms:
         for url in self.routes.urls():
             loops += [("subscribe", functools.partial(self._subscribe_loop, url))]
             loops += [("heartbeat", functools.partial(self._heartbeat_loop, url))]
-        loops += [("upload", self._upload_loop)] * self.parallel_uploads
+        loops += [("upload", self._upload_loop)] * self.slots.most
         for n, (name, target) in enumerate(loops):
             thread = threading.Thread(target=target, name=f"ddctl-{name}-{n}", daemon=True)
             thread.start()
@@ -240,35 +246,44 @@ class Comms:
             return self._timed_push(client, url, frame, fragment)
 
         try:
-            while not self.stopping.is_set():
+            while self.slots.take(self.stopping):
                 try:
-                    update = self.outbox.get(timeout=0.2)
-                except queue.Empty:
-                    continue
-                frame = encode_update(update, self.codec, self.block)
-                try:
-                    ack = retry(functools.partial(push, frame, update.fragment), stop=self.stopping.is_set)
-                    status = str(ack["status"])
-                    with self._lock:
-                        self.ledger.acked[status] = self.ledger.acked.get(status, 0) + update.c_tokens
-                        self.ledger.bytes_up += len(frame)
-                except Refused as exc:
-                    log.error("update %s refused: %s", update.update_id, exc)
-                    with self._lock:
-                        self.ledger.rejected += update.c_tokens
-                except Unavailable:
-                    self.outbox.put(update)  # stopping: leave it queued, drain() reports it unsent
-                    return
-                with self._idle:
-                    self._busy -= 1
-                    self._idle.notify_all()
+                    self._upload_next(push)
+                finally:
+                    self.slots.free()
         finally:
             for client in clients.values():
                 client.close()
 
+    def _upload_next(self, push: Callable[[bytes, int], dict[str, Any]]) -> None:
+        try:
+            update = self.outbox.get(timeout=0.2)
+        except queue.Empty:
+            return
+        taken = time.monotonic()  # the link idles while this thread encodes, too: the pacer counts it in the gap
+        frame = encode_update(update, self.codec, self.block)
+        try:
+            ack = retry(functools.partial(push, frame, update.fragment), stop=self.stopping.is_set)
+            timing, alone = self._timings.pop(threading.get_ident(), (None, False))
+            self.slots.timed(timing, time.monotonic() - taken, alone)
+            status = str(ack["status"])
+            with self._lock:
+                self.ledger.acked[status] = self.ledger.acked.get(status, 0) + update.c_tokens
+                self.ledger.bytes_up += len(frame)
+        except Refused as exc:
+            log.error("update %s refused: %s", update.update_id, exc)
+            with self._lock:
+                self.ledger.rejected += update.c_tokens
+        except Unavailable:
+            self.outbox.put(update)  # stopping: leave it queued, drain() reports it unsent
+            return
+        with self._idle:
+            self._busy -= 1
+            self._idle.notify_all()
+
     def _timed_push(self, client: SyncerClient, url: str, frame: bytes, fragment: int) -> dict[str, Any]:
         """``_push``, with what the kernel says it took: the connection's counters before and after."""
-        key, before, started, window = threading.get_ident(), client.sending(), time.monotonic(), None
+        key, before, started, window, timing, acked = threading.get_ident(), client.sending(), time.monotonic(), None, None, False
         with self._lock:
             self._uplink.begin(key, started)
         try:
@@ -276,13 +291,17 @@ class Comms:
             after = client.sending()
             if after is not None and (before is None or before.connection != after.connection):
                 before = after.at_open()  # the connection was made for this upload (or after a failure)
-            window = sent_between(before, after)
+            window, timing, acked = sent_between(before, after), sent_between(before, after, min_bytes=1), True
             return answer
         finally:
+            ended = time.monotonic()
             with self._lock:
-                sample = self._uplink.end(key, window, time.monotonic())
+                sample = self._uplink.end(key, window, ended)
+                alone = self._uplink.last_alone
                 if sample is not None:
                     self._up = dict.fromkeys(self.routes.urls(), sample)
+            if acked:
+                self._timings[key] = (timing, alone)
 
     def _push(self, client: SyncerClient, url: str, frame: bytes, fragment: int) -> dict[str, Any]:
         try:

@@ -38,7 +38,9 @@ from ddctl_agents.agent.notice import Stop, watch
 from ddctl_agents.agent.progress import Progress
 from ddctl_agents.agent.roundtrip import RoundTrips
 from ddctl_agents.agent.routes import discover
+from ddctl_agents.agent.slots import in_flight_argument
 from ddctl_agents.core.ending import FINISHED, STOPPED
+from ddctl_agents.core.pacing import AUTO_MOST
 from ddctl_agents.core.schedule import CADENCES
 from ddctl_agents.entrypoint import EXIT_OK, EXIT_UNREACHABLE, Parser, add_label_option, configure_logging, report
 from ddctl_agents.errors import AgentError
@@ -68,8 +70,8 @@ class LearnerOptions:
     drain_timeout_s: float = 60.0
     syncer_timeout_s: float = 0.0
     """Dead-man switch: end if the syncer is unreachable this long (0: never)."""
-    parallel_uploads: int = 3
-    """Uploads in flight at once (each on its own connection)."""
+    parallel_uploads: int | None = None
+    """Uploads in flight at once, each on its own connection; None: as few as keep the link busy (``core/pacing``)."""
     cadence: int = 1
     """Send each fragment every ``cadence`` periods of H steps (a region on a slow link: ``up --plan``)."""
     device: str = "auto"
@@ -246,6 +248,7 @@ def _train(opts: LearnerOptions, stop: threading.Event, ranks: Ranks, device: An
         "acked_tokens": dict(comms.ledger.acked),
         "rejected_tokens": comms.ledger.rejected,
         "absorbed_updates": comms.ledger.absorbed,
+        "uploads_in_flight": comms.slots.cap(),
         "unsent_tokens": learner.unsent(),
         "bytes_up": comms.ledger.bytes_up,
         "bytes_down": comms.ledger.bytes_down,
@@ -308,7 +311,13 @@ def _main(argv: list[str] | None) -> int:
     )
     parser.add_argument("--notice-url", help="An instance-metadata URL to poll for a spot interruption notice.")
     add_label_option(parser)
-    parser.add_argument("--parallel-uploads", type=int, default=defaults.parallel_uploads, help="Uploads in flight at once.")
+    parser.add_argument(
+        "--parallel-uploads",
+        type=in_flight_argument,
+        default="auto" if defaults.parallel_uploads is None else str(defaults.parallel_uploads),
+        metavar="auto|N",
+        help=f"Uploads in flight at once: N, or auto (as few as keep the measured uplink busy, up to {AUTO_MOST}).",
+    )
     parser.add_argument(
         "--cadence",
         type=int,
@@ -372,8 +381,6 @@ def _main(argv: list[str] | None) -> int:
             compile=args.compile,
             synthetic_step=args.synthetic_step,
         )
-        if opts.parallel_uploads < 1:
-            raise AgentError(f"--parallel-uploads must be >= 1, got {opts.parallel_uploads}")
         if not (opts.synthetic_step == 0 or 0 < opts.synthetic_step <= 3600):
             raise AgentError(f"--synthetic-step must be 0 (train) or in (0, 3600] seconds, got {opts.synthetic_step}")
         stop = Stop()

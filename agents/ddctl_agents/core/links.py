@@ -226,17 +226,20 @@ class SendCounters:
         return SendCounters(connection=self.connection, acked=0, busy_s=0.0, stalled_s=0.0, idle=True)
 
 
-def sent_between(before: SendCounters | None, after: SendCounters | None) -> tuple[int, float] | None:
+def sent_between(
+    before: SendCounters | None, after: SendCounters | None, min_bytes: int = MIN_TRANSFER_BYTES
+) -> tuple[int, float] | None:
     """(bytes, busy seconds) a connection delivered between two readings; None if that says nothing about the link.
 
     Nothing is said by readings of different connections (or a missing one), by fewer than
-    ``MIN_TRANSFER_BYTES``, or by a transfer the receiver held back for more than
-    ``MAX_STALLED`` of its time. Busy time may read 0 for a short transfer: the jiffy clock
-    ticked in none of it, and keeping such zeros is what keeps the pooled sum unbiased."""
+    ``min_bytes`` (for the link's rate; the pacer, which wants the idle gap too, takes any), or by
+    a transfer the receiver held back for more than ``MAX_STALLED`` of its time. Busy time may read
+    0 for a short transfer: the jiffy clock ticked in none of it, and keeping such zeros is what
+    keeps the pooled sum unbiased."""
     if before is None or after is None or before.connection != after.connection:
         return None
     nbytes, seconds = after.acked - before.acked, after.busy_s - before.busy_s
-    if nbytes < MIN_TRANSFER_BYTES or seconds < 0 or after.stalled_s - before.stalled_s > MAX_STALLED * seconds:
+    if nbytes < max(min_bytes, 1) or seconds < 0 or after.stalled_s - before.stalled_s > MAX_STALLED * seconds:
         return None
     return nbytes, seconds
 
@@ -308,6 +311,8 @@ class SoloTransfers:
     active: dict[int, float] = field(default_factory=dict)
     last_end: float = -math.inf
     """When the latest transfer ended."""
+    last_alone: bool = False
+    """Whether the latest transfer to end had the link to itself."""
 
     def begin(self, key: int, now: float) -> None:
         self.active[key] = now
@@ -315,7 +320,7 @@ class SoloTransfers:
     def end(self, key: int, window: tuple[int, float] | None, now: float) -> tuple[int, float] | None:
         """Transfer ``key`` is over, with what its kernel says it took (``sent_between``); a sample when one is due."""
         start = self.active.pop(key, now)
-        alone = not self.active and self.last_end <= start
+        self.last_alone = alone = not self.active and self.last_end <= start
         self.last_end = max(self.last_end, now)
         return self.pool.add(*window) if window is not None and alone else None
 
