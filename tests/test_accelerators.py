@@ -59,6 +59,10 @@ def learner(status: dict[str, Any], name: str) -> dict[str, Any]:
         ({"devices": 5000}, "devices"),
         ({"memory_gb": -1.0}, "memory_gb"),
         ({"memory_gb": float("nan")}, "memory_gb"),
+        ({"uploads_in_flight": -1}, "uploads_in_flight"),
+        ({"uploads_in_flight": 65}, "uploads_in_flight"),
+        ({"uploads_in_flight": 2.5}, "uploads_in_flight"),
+        ({"uploads_in_flight": "3"}, "uploads_in_flight"),
     ],
 )
 def test_a_bad_accelerator_field_is_refused_naming_it_and_the_service_goes_on(
@@ -124,3 +128,23 @@ def test_status_json_of_ddctl_carries_the_syncers_accelerator_fields(job: Job, c
     (row,) = snapshot["regions"][0]["learners"]
     assert (row["accelerator"], row["devices"], row["memory_gb"]) == (H100, 8, 79.6)
     assert row["mfu"] is not None and row["mfu"] == learner(status, "L0")["mfu"]
+
+
+def test_each_learners_uploads_in_flight_reach_status_and_metrics(job: Job, clients: dict[str, SyncerClient]) -> None:
+    clients["L0"].heartbeat(heartbeat("L0", uploads_in_flight=2))
+    clients["L1"].heartbeat(heartbeat("L1"))  # a learner too old to say
+    status = job.status()
+    assert (learner(status, "L0")["uploads_in_flight"], learner(status, "L1")["uploads_in_flight"]) == (2, None)
+    samples = {
+        s.labels["learner"]: s.value
+        for family in text_string_to_metric_families(clients["L0"].metrics())
+        for s in family.samples
+        if s.name == "ddctl_learner_uploads_in_flight"
+    }
+    assert samples.get("L0") == 2 and "L1" not in samples  # unknown is absent, not 0
+    clients["L0"].heartbeat(heartbeat("L0", uploads_in_flight=3))
+    status = job.status()
+    assert learner(status, "L0")["uploads_in_flight"] == 3  # the pacer's cap moves: the page follows
+    record = InstanceRecord("r", "L0", "region-L0", "process", "learner", "running", "p0", 0.0, {})
+    snapshot = build(RunRecords(run="r", provider="process", instances=[record]), SyncerView(status, 0.0), 0.0)
+    assert snapshot["regions"][0]["learners"][0]["uploads_in_flight"] == 3  # what ddctl status --json and the dashboard read

@@ -47,7 +47,7 @@ def test_a_layout_may_name_its_uploads_in_flight() -> None:
     assert (w1.name, w1.in_flight, w.in_flight) == ("W/1", 1, None)
     assert (w1.shard_sites, w1.owner, w1.cadence, w1.loads) == (w.shard_sites, w.owner, w.cadence, w.loads)
     assert layouts(WanCase(), ["N/auto"])[0].in_flight is None
-    with pytest.raises(DdctlError, match=r"layout W/0: uploads in flight takes 'auto' or a whole number >= 1, got '0'"):
+    with pytest.raises(DdctlError, match=r"layout W/0: uploads in flight takes 'auto' or a whole number in \[1, 64\], got '0'"):
         layouts(WanCase(), ["W/0"])
     with pytest.raises(DdctlError, match=r"each may end /auto or /N, uploads in flight\), got \['X/1'\]"):
         layouts(WanCase(), ["X/1"])

@@ -182,6 +182,20 @@ def test_learners_show_their_accelerator_and_mfu_and_a_dash_where_unknown() -> N
 def test_a_fleet_that_never_said_its_accelerator_gets_no_column_of_dashes() -> None:
     lines = screen(load("running_3.json"), 160, 40)
     assert "accelerator" not in lines[1] and "mfu" in lines[1]
+    assert "in fl" not in lines[1]  # nor its uploads in flight (recorded before learners reported them)
+
+
+def test_uploads_in_flight_show_on_a_wide_terminal_where_learners_report_them() -> None:
+    s = load("running_3.json")
+    for region in s["regions"]:
+        for learner in region["learners"]:
+            learner["uploads_in_flight"] = {"L0": 2, "L1": 1}.get(learner["id"])  # L2: too old to say
+    wide = screen(s, 160, 40)
+    header = next(i for i, line in enumerate(wide) if "learner" in line and "state" in line)
+    column = wide[header].index("in fl") + len("in fl")  # right-aligned under its title
+    cells = {line.split()[1]: line[column - 1] for line in wide[header + 2 : header + 5]}
+    assert cells == {"L0": "2", "L1": "1", "L2": "-"}, wide
+    assert not any("in fl" in line for line in screen(s, 100, 30))  # the first column a narrower screen drops
 
 
 @pytest.mark.parametrize(

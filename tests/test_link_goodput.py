@@ -48,7 +48,7 @@ def test_fragment_uploads_reach_90_percent_of_a_shaped_link() -> None:
 def test_a_bad_in_flight_setting_is_refused_before_anything_is_created() -> None:
     done = CliRunner().invoke(app, ["bench", "link", "--parallel", "3", "--parallel", "none"])
     assert done.exit_code == 2, done.output
-    assert "--parallel takes 'auto' or a whole number >= 1, got 'none'" in done.output
+    assert "--parallel takes 'auto' or a whole number in [1, 64], got 'none'" in done.output
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert "ddctl-link" not in namespaces
 

@@ -112,6 +112,7 @@ def test_a_synthetic_learner_runs_a_job_through_the_real_syncer(tmp_path: Path) 
             client.close()
     out = json.loads(summary.read_text())
     assert out["synthetic_step"] == 0.02 and out["loss"] is None
+    assert 1 <= out["uploads_in_flight"] <= 3  # paced by default: the cap its uploads' timings gave, at most three
     steps = out["step"] - out["start_step"]
     assert steps > 0 and out["train_seconds"] >= 0.02 * steps
     assert out["trained_tokens"] == steps * 8 * 128 * 4  # batch 8 of 128 tokens, 4 fragments

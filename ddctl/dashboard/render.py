@@ -40,6 +40,7 @@ COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("loss", "loss", 0),
     ("stale", "staleness", 0),
     ("sends", "cadence", 100),
+    ("in fl", "uploads_in_flight", 120),
     ("up", "up_mbps", 0),
     ("down", "down_mbps", 0),
     ("rtt ms", "rtt_ms", 100),
@@ -48,7 +49,20 @@ COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("provider/zone", "where", 130),
 )
 LEFT_ALIGNED = frozenset({"region", "id", "state", "accelerator", "where"})
-DROP_FIRST = ("where", "dollars_per_hour", "preemptions", "cadence", "accelerator", "rtt_ms", "staleness", "down_mbps", "loss")
+SAID_BY_LEARNERS = frozenset({"accelerator", "uploads_in_flight"})
+"""Columns shown only where some learner reports the figure (learners older than it do not)."""
+DROP_FIRST = (
+    "where",
+    "uploads_in_flight",
+    "dollars_per_hour",
+    "preemptions",
+    "cadence",
+    "accelerator",
+    "rtt_ms",
+    "staleness",
+    "down_mbps",
+    "loss",
+)
 """The columns a table too wide for its terminal leaves out, least missed first."""
 
 
@@ -128,7 +142,9 @@ def learners_table(s: dict[str, Any], width: int, max_rows: int) -> Table:
     cells = [{key: _cell(key, region, learner) for _, key, _ in COLUMNS} for region, learner in visible]
     if len(visible) < len(rows):
         cells.append({"region": Text(f"+{len(rows) - len(visible)} more", style="dim"), "id": Text("learners", style="dim")})
-    shown = _fit([c for c in COLUMNS if width >= c[2] and (c[1] != "accelerator" or _any_accelerator(rows))], cells, width)
+    shown = _fit(
+        [c for c in COLUMNS if width >= c[2] and (c[1] not in SAID_BY_LEARNERS or _anyone_said(c[1], rows))], cells, width
+    )
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, expand=False, padding=(0, 1), show_edge=False)
     for title, key, _ in shown:
         table.add_column(title, justify="left" if key in LEFT_ALIGNED else "right", no_wrap=True)
@@ -152,9 +168,10 @@ def _fit(shown: list[tuple[str, str, int]], cells: list[dict[str, Text]], width:
     return shown
 
 
-def _any_accelerator(rows: list[tuple[dict[str, Any], dict[str, Any]]]) -> bool:
-    """Whether any learner said what it trains on: a fleet of old learners gets no column of dashes."""
-    return any(learner.get("accelerator") for _, learner in rows)
+def _anyone_said(key: str, rows: list[tuple[dict[str, Any], dict[str, Any]]]) -> bool:
+    """Whether any learner said ``key`` (what it trains on, its uploads in flight): a fleet of old learners gets no
+    column of dashes."""
+    return any(learner.get(key) for _, learner in rows)
 
 
 def _cell(key: str, region: dict[str, Any], learner: dict[str, Any]) -> Text:
@@ -176,6 +193,8 @@ def _cell(key: str, region: dict[str, Any], learner: dict[str, Any]) -> Text:
         return Text(_num(learner[key], 2))
     if key == "cadence":
         return Text(UNKNOWN if learner.get("cadence") is None else f"every {learner['cadence']}H")
+    if key == "uploads_in_flight":
+        return Text(_num(learner.get(key)))  # a learner too old to say: "-"
     return Text(_num(learner[key], 0))
 
 

@@ -115,6 +115,7 @@ def build(records: RunRecords, syncer: SyncerView, now: float) -> dict[str, Any]
                 "loss": (entry or {}).get("loss"),
                 "staleness": (entry or {}).get("staleness"),
                 "cadence": (entry or {}).get("cadence"),
+                "uploads_in_flight": (entry or {}).get("uploads_in_flight"),
                 "up_mbps": (entry or {}).get("up_mbps"),
                 "down_mbps": (entry or {}).get("down_mbps"),
                 "rtt_ms": (entry or {}).get("rtt_ms"),

@@ -359,7 +359,7 @@ class Comms:
                 if not report:
                     continue
                 report.update(learner=self.me.name, region=self.me.region, rtt_s=self._rtt)
-                report.update(up_bytes=up_bytes, up_seconds=up_seconds)
+                report.update(up_bytes=up_bytes, up_seconds=up_seconds, uploads_in_flight=self.slots.cap())
                 started = time.perf_counter()
                 try:
                     if client.heartbeat(report).get("stop") is True:

@@ -83,17 +83,19 @@ class InFlightCap:
 
 
 AUTO_MOST = 3
-"""The most uploads a paced learner keeps in flight (three reached 94% of a shaped link)."""
+"""The most uploads a paced learner keeps in flight (three reached 93% of a shaped link)."""
+MOST_IN_FLIGHT = 64
+"""The most a learner may be told to keep in flight: each is a thread with its own connection."""
 
 
 def parse_in_flight(text: str, option: str = "--parallel-uploads") -> int | None:
-    """``auto`` (None: paced, up to ``AUTO_MOST``) or a fixed count >= 1; ``option`` names it in the error."""
+    """``auto`` (None: paced, up to ``AUTO_MOST``) or a fixed count; ``option`` names it in the error."""
     if text.strip().lower() == "auto":
         return None
     try:
         count = int(text)
     except ValueError:
         count = 0
-    if count < 1:
-        raise ValueError(f"{option} takes 'auto' or a whole number >= 1, got {text!r}")
+    if not 1 <= count <= MOST_IN_FLIGHT:
+        raise ValueError(f"{option} takes 'auto' or a whole number in [1, {MOST_IN_FLIGHT}], got {text!r}")
     return count

@@ -118,12 +118,14 @@ def _shard_families(rt: SyncerRuntime, s: ShardSynchronizer) -> Iterator[Metric]
 def _learner_families(rt: SyncerRuntime) -> Iterator[Metric]:
     """Throughput, devices and MFU of live learners only: a departed learner's last rate would read as current."""
     live = [(name, rt.roster.info[name]) for name in sorted(rt.syncer.live) if name in rt.roster.info]
-    rates, devices, mfus = [], [], []
+    rates, devices, mfus, in_flight = [], [], [], []
     for name, info in live:
         labels = {"learner": name, "region": info.region}
         rates.append((labels, info.tokens_per_s))
         devices.append(({**labels, "accelerator": info.accelerator}, info.devices))
         mfus.append((labels, learner_mfu(rt, info)))
+        in_flight.append((labels, info.uploads_in_flight or None))
     yield _family("gauge", "learner_tokens_per_second", "Tokens per second a learner trains, all its ranks together.", rates)
     yield _family("gauge", "learner_devices", "Ranks a learner trains on, labelled with its accelerator.", devices)
     yield _family("gauge", "learner_mfu", "Model FLOPs utilisation of a learner's devices (where their peak is known).", mfus)
+    yield _family("gauge", "learner_uploads_in_flight", "Uploads a learner keeps in flight (its pacer's cap).", in_flight)

@@ -80,6 +80,7 @@ def status(rt: SyncerRuntime) -> dict[str, Any]:
                 "loss": info.loss,
                 "staleness": info.staleness,
                 "cadence": s.cadence.get(name, 1),
+                "uploads_in_flight": info.uploads_in_flight or None,
                 "step_time_s": links.pace.step_time,
                 "seen_s_ago": round(now - info.last_seen, 3),
                 "updates": dict(info.updates),

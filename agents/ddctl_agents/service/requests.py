@@ -17,6 +17,7 @@ from urllib.parse import parse_qs
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
+from ddctl_agents.core.pacing import MOST_IN_FLIGHT
 from ddctl_agents.core.schedule import CADENCES
 from ddctl_agents.errors import BadRequest
 
@@ -107,6 +108,8 @@ class HeartbeatBody(_Body):
     """Ranks this one learner trains on; ``tokens_per_s`` is all of them together."""
     memory_gb: Annotated[float, Field(ge=0.0, le=65_536.0, allow_inf_nan=False)] = 0.0
     """Memory of one device in GB as reported (0: unknown)."""
+    uploads_in_flight: Annotated[int, Field(ge=0, le=MOST_IN_FLIGHT)] = 0
+    """Uploads it keeps in flight now (its pacer's cap, ``core/pacing``); 0 from a learner too old to say."""
     region: Region = ""
     """The region it registered with, again: a syncer restarted from its log knows the learner is live but not where
     it is, and the learner does not register again (``roster.heard`` fills it in; registration's answer wins)."""

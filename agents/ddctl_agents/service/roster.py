@@ -47,6 +47,8 @@ class LearnerInfo:
     """One rank's device, "cpu", or "" until a heartbeat says (each heartbeat refreshes it, as after a re-register)."""
     devices: int = 1
     memory_gb: float = 0.0
+    uploads_in_flight: int = 0
+    """As its last heartbeat said (0: not said)."""
     loss: float | None = None
     staleness: int = 0
     last_seen: float = 0.0
@@ -126,6 +128,7 @@ class Roster:
         info.step, info.tokens, info.tokens_per_s = report.step, report.tokens, report.tokens_per_s
         info.loss, info.staleness, info.last_seen, info.state = report.loss, report.staleness, now, "training"
         info.accelerator, info.devices, info.memory_gb = report.accelerator, report.devices, report.memory_gb
+        info.uploads_in_flight = report.uploads_in_flight
         return links, self.regions.setdefault(info.region, LearnerLinks())
 
     def regional(self, name: str) -> LearnerLinks:
