@@ -94,10 +94,10 @@ def test_a_delta_goes_only_to_a_learner_holding_the_version_it_steps_from() -> N
     first, second, third = (chains.code(m) for m in versions[:3])
     assert second.base == 0 and third.base == 1
     assert third.sent(1, rounded=False) == (third.delta, third.message)
-    assert third.sent(0, rounded=False) == (third.exact, third.message) == third.sent(-1, rounded=False)
+    assert third.exact is not None and first.exact is not None
+    assert third.sent(0, rounded=False) == (third.exact.frame(), third.message) == third.sent(-1, rounded=False)
     # a learner whose stream missed version 1 gets version 2 whole, exactly, and holds the chain's bits
-    assert first.exact is not None
-    held = {2: receive(first.exact, {})[1]}
+    held = {2: receive(first.exact.frame(), {})[1]}
     message, held[2] = receive(third.sent(0, rounded=False)[0], held)
     assert all(torch.equal(message.tensors[n], third.message.tensors[n]) for n in message.tensors)
     # a learner at cadence k > 1 (sent only what it adopts) gets each whole in bf16, as with the bf16 codec
@@ -163,7 +163,7 @@ def hostile(base: object, shape: tuple[int, ...] = (96, 40), to: int = 1) -> byt
 def test_a_delta_that_does_not_step_from_what_is_held_is_refused(frame: bytes, needle: str) -> None:
     exact = Chains(BLOCK).code(drifting(1)[0]).exact
     assert exact is not None
-    held = {2: receive(exact, {})[1]}
+    held = {2: receive(exact.frame(), {})[1]}
     with pytest.raises(WireError, match=needle):
         receive(frame, held)
     with pytest.raises(WireError, match="this learner holds nothing"):
@@ -205,9 +205,60 @@ def test_the_whole_version_is_the_reconstruction_not_the_true_values() -> None:
     for m in versions:
         coded = chains.code(m)
     assert coded.exact is not None
-    joined = decode_fragment(coded.exact)[0]
+    joined = decode_fragment(coded.exact.frame())[0]
     assert all(torch.equal(joined.tensors[n], coded.message.tensors[n]) for n in joined.tensors)
     assert any(not torch.equal(coded.message.tensors[n], versions[-1].tensors[n]) for n in joined.tensors)
+
+
+def test_the_exact_frame_is_made_only_for_who_needs_it_and_then_once() -> None:
+    """Most versions are followed by deltas only: the synchronizer keeps the fp32 values, a bf16 frame and a delta
+    (7 bytes per value), and makes the fp32 frame (4 more) for a joiner, once per version."""
+    chains, versions = Chains(BLOCK), drifting(5)
+    made = [chains.code(m) for m in versions]
+    assert all(c.exact is not None and not c.exact.ready for c in made)
+    values = sum(t.numel() for t in versions[0].tensors.values())
+    head = made[-1]
+    held = sum(t.numel() * t.element_size() for t in head.message.tensors.values()) + len(head.key) + len(head.delta or b"")
+    assert 6.9 * values < held < 7.4 * values, held / values  # fp32 + bf16 + int8 with block scales
+    frame, _ = head.sent(1, rounded=False)  # a learner that missed version 3
+    assert head.exact is not None and head.exact.ready and len(frame) > 4 * values
+    assert head.sent(-1, rounded=False)[0] is frame  # the next joiner is sent the same bytes, not a new encoding
+    assert not made[-2].exact.ready  # type: ignore[union-attr]  # an older version nobody joined at: never made
+
+
+def test_the_service_makes_an_exact_frame_off_its_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large fragment's fp32 frame takes a while to encode: the subscriber that needs it first must not stall
+    every other request the event loop serves."""
+    import asyncio
+    import threading
+
+    from ddctl_agents.core import version_delta
+    from ddctl_agents.service.publisher import Publisher
+
+    publisher, versions = Publisher(1, Chains(BLOCK, adopted=False)), drifting(3)
+    items = [publisher.code(m) for m in versions]
+    encoded_on: list[str] = []
+    real = encode_fragment
+
+    def spied(message: FragmentVersion, codec: str, block: int) -> bytes:
+        encoded_on.append(threading.current_thread().name)
+        return real(message, codec, block)
+
+    monkeypatch.setattr(version_delta, "encode_fragment", spied)
+
+    async def main() -> tuple[str, bytes | None, bytes, bytes]:
+        delta = await items[-1].frame_for(1, rounded=False)  # a follower: its delta, nothing encoded
+        assert not encoded_on
+        whole = await items[-1].frame_for(0, rounded=False)  # a learner that missed version 1
+        again = await items[-1].whole()  # GET /v1/fragments/0 after it
+        return threading.current_thread().name, delta, whole, again
+
+    loop_thread, delta, whole, again = asyncio.run(main())
+    assert delta == items[-1].delta and whole is again
+    assert len(encoded_on) == 1 and encoded_on[0] != loop_thread  # once, on a worker thread
+    message = decode_fragment(whole)[0]
+    assert message.version == 2 and all(torch.equal(message.tensors[n], items[-1].exact.message.tensors[n])  # type: ignore[union-attr]
+                                        for n in message.tensors)  # fmt: skip
 
 
 # -- over HTTP/2, real processes ---------------------------------------------------------------------

@@ -134,6 +134,8 @@ def _client(url: str, token: str, ca: str, uploads: int, in_flight: str) -> dict
         acks += [time.perf_counter() - started] * (done - len(acks))
         time.sleep(0.002)
     seconds = time.perf_counter() - started
+    if len(acks) < uploads:
+        raise SystemExit(f"only {len(acks)} of {uploads} uploads were acknowledged in 600 s")
     cap = comms.slots.cap()
     comms.close(reason=None)
     frame_bytes = len(encode_update(update(1), "int4", 64))

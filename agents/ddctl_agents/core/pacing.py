@@ -5,17 +5,17 @@ others: with three in flight, the earliest is acknowledged after about three tra
 of one, and more of a backlog lands late. One at a time, though, leaves the link idle between an
 upload's last byte and the next one's first: the syncer decoding and fsyncing, the answer coming
 back, the uploader encoding the next update (one at a time reached 82-88% of a shaped link, three
-93%: docs/benchmarks.md). With ``n`` in flight the link is busy ``min(1, n * T / (T + g))`` of the time,
-``T`` being one upload's transfer time with the link to itself and ``g`` that gap. The cap is the
-smallest ``n`` that reaches ``target``, at most ``most``.
+93%: docs/benchmarks.md). With ``n`` in flight the link is busy ``min(1, n * T / (T + g))`` of
+the time, ``T`` being one upload's transfer time with the link to itself and ``g`` that gap. The
+cap is the smallest ``n`` that reaches ``target``, at most ``most``.
 
 ``T`` comes from the uploads that had the link to themselves: their bytes over their connection's
 kernel busy time, summed (a short transfer may read 0 busy seconds, and summing keeps that
-unbiased). ``g`` comes from every upload: its wall time from leaving the queue (encoding included)
-to its answer, less its own connection's busy time, since sharing the link stretches both alike. The median of the latest few
-keeps one stalled answer from moving the cap. Until an upload has been timed alone the cap is 1,
-which times one; where the kernel times none (no ``TCP_INFO``), the cap is ``most`` once a few
-uploads went by untimed, as a fixed count would be.
+unbiased). ``g`` comes from every upload: its wall time from leaving the queue (encoding
+included) to its answer, less its own connection's busy time, since sharing the link stretches
+both alike. The median of the latest few keeps one stalled answer from moving the cap. Until an
+upload has been timed alone the cap is 1, which times one; where the kernel times none (no
+``TCP_INFO``), the cap is ``most`` once a few uploads went by untimed, as a fixed count would be.
 """
 
 from __future__ import annotations

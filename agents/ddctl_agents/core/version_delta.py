@@ -14,15 +14,18 @@ the same bits.
 
 A learner that does not hold the previous version of the chain (it just joined,
 or its stream broke while versions went by) is sent the reconstruction whole, in
-fp32 (``exact``): once, then deltas again. A learner at cadence k > 1 is sent only
+fp32 (``exact``): once, then deltas again. That frame is made only when someone
+needs it (``Exact``): a version followed by every learner costs the synchronizer
+its fp32 values, a bf16 and a delta frame (7 bytes per value), not 4 more. A learner at cadence k > 1 is sent only
 the versions it adopts, so it could never step from the last one: it is sent each
 whole in bf16 (``key``), as with the bf16 codec, and adopts that rounding.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -44,9 +47,32 @@ class Held:
     values: Mapping[str, torch.Tensor]
 
 
-def pick(key: bytes, exact: bytes | None, delta: bytes | None, base: int, holds: int, rounded: bool) -> bytes:
+@dataclass(eq=False, slots=True)
+class Exact:
+    """A chain's version whole in fp32, as its followers hold it: encoded on first use, then kept with the version.
+
+    Only a learner that joins or lost the stream needs it, so most versions never make it."""
+
+    message: FragmentVersion
+    block: int
+    _frame: bytes | None = None
+    _making: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def ready(self) -> bool:
+        return self._frame is not None
+
+    def frame(self) -> bytes:
+        with self._making:  # two joiners at once encode it once
+            if self._frame is None:
+                self._frame = encode_fragment(self.message, "fp32", self.block)
+            return self._frame
+
+
+def pick(key: bytes, exact: Exact | None, delta: bytes | None, base: int, holds: int, rounded: bool) -> bytes | Exact:
     """What a learner holding version ``holds`` of a fragment (-1: none) is sent: the delta where it steps from
-    that version, else the version whole, exactly; ``rounded`` (cadence k > 1) or without a chain, ``key``."""
+    that version, else the version whole, exactly (``Exact``: the caller makes its frame where it suits it);
+    ``rounded`` (cadence k > 1) or without a chain, ``key``."""
     if rounded or exact is None:
         return key
     return delta if delta is not None and holds == base else exact
@@ -60,7 +86,7 @@ class Coded:
     message: FragmentVersion
     rounded: FragmentVersion
     key: bytes
-    exact: bytes | None
+    exact: Exact | None
     """None without a chain: ``key`` is the version."""
     delta: bytes | None
     base: int
@@ -68,8 +94,10 @@ class Coded:
 
     def sent(self, holds: int, rounded: bool) -> tuple[bytes, FragmentVersion]:
         """The frame a learner holding version ``holds`` is sent, and the version it makes there."""
-        frame = pick(self.key, self.exact, self.delta, self.base, holds, rounded)
-        return frame, self.rounded if frame is self.key else self.message
+        chosen = pick(self.key, self.exact, self.delta, self.base, holds, rounded)
+        if isinstance(chosen, Exact):
+            return chosen.frame(), self.message
+        return chosen, self.rounded if chosen is self.key else self.message
 
 
 class Whole:
@@ -121,8 +149,7 @@ class Chains:
         key = encode_fragment(message, "bf16", self.block)
         bf16 = {name: t.bfloat16() for name, t in message.tensors.items()} if self.adopted else None
         rounded = message if bf16 is None else replace(message, tensors=_fp32(bf16))
-        exact = encode_fragment(message, "fp32", self.block)
-        return Coded(message=message, rounded=rounded, key=key, exact=exact, delta=delta, base=base)
+        return Coded(message=message, rounded=rounded, key=key, exact=Exact(message, self.block), delta=delta, base=base)
 
 
 def step(held: Mapping[str, torch.Tensor], deltas: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -237,8 +237,8 @@ class SyncerApp:
         if item is None or item.version <= since:
             await _respond(send, 304, b"", [])
             return
-        self.rt.bytes_down += len(item.whole)
-        await _respond(send, 200, item.whole, [(b"content-type", b"application/x-ddctl-frame")])
+        self.rt.bytes_down += len(whole := await item.whole())
+        await _respond(send, 200, whole, [(b"content-type", b"application/x-ddctl-frame")])
 
     async def stream(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Newest versions of every fragment the client has not seen, as they are made.
@@ -266,7 +266,7 @@ class SyncerApp:
             async for item in self.rt.publisher.follow(since, self.rt.settings.keepalive_s, held):
                 if item is not None:
                     self.rt.holds.sent(who, item.fragment)
-                frame = b"" if item is None else item.frame_for(sent[item.fragment], rounded=held is not None)
+                frame = b"" if item is None else await item.frame_for(sent[item.fragment], rounded=held is not None)
                 if item is not None and deltas:
                     sent[item.fragment] = item.version
                 measure()

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ddctl_agents.core.choices import DEFAULT_BLOCK
 from ddctl_agents.core.messages import FragmentVersion
-from ddctl_agents.core.version_delta import Chains, Whole, pick
+from ddctl_agents.core.version_delta import Chains, Exact, Whole, pick
 
 Wanted = Callable[[int, int, int], bool]
 """(fragment, version, the version the subscriber holds) -> send it? (``core/holds.py``)"""
@@ -30,18 +30,23 @@ class Published:
     version: int
     frame: bytes
     """The version whole (bf16 where it is a delta chain's: what a learner at cadence k > 1 adopts)."""
-    exact: bytes | None = None
-    """A delta chain's version whole, exactly as the learners following it hold it."""
+    exact: Exact | None = None
+    """A delta chain's version whole, exactly as the learners following it hold it (its frame made on first use)."""
     delta: bytes | None = None
     """The version as a step from version ``base`` (``core/version_delta.py``), for a subscriber holding that one."""
     base: int = -1
 
-    @property
-    def whole(self) -> bytes:
-        return self.exact or self.frame
+    async def whole(self) -> bytes:
+        return self.frame if self.exact is None else await _made(self.exact)
 
-    def frame_for(self, holds: int, rounded: bool) -> bytes:
-        return pick(self.frame, self.exact, self.delta, self.base, holds, rounded)
+    async def frame_for(self, holds: int, rounded: bool) -> bytes:
+        chosen = pick(self.frame, self.exact, self.delta, self.base, holds, rounded)
+        return await _made(chosen) if isinstance(chosen, Exact) else chosen
+
+
+async def _made(exact: Exact) -> bytes:
+    """An exact frame, encoded on a worker thread the first time (a large fragment's fp32 takes a while)."""
+    return exact.frame() if exact.ready else await asyncio.to_thread(exact.frame)
 
 
 class Publisher:
