@@ -214,7 +214,7 @@ def cadence(
     rate: Annotated[float, typer.Option(help="L1's link, Mbit/s each way (tc tbf).")] = 4.0,
     cadences: Annotated[str, typer.Option(help="L1's cadences to compare, e.g. 1,2,4 (L0 sends every period).")] = "1,2,4",
     tokens: Annotated[int, typer.Option(help="Each row's training budget, both learners together.")] = 300_000,
-    parallel: Annotated[int, typer.Option(help="L1's uploads in flight at once (the learner's default is 3).")] = 3,
+    parallel: Annotated[int, typer.Option(help="L1's uploads in flight at once, fixed (the learner's own default is auto).")] = 3,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
 ) -> None:
     """A learner on a slow shaped link sending every period against every k-th: traffic, accepted work, val_bpb
