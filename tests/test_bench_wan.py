@@ -42,6 +42,11 @@ def test_the_four_layouts_are_what_their_names_say(made: dict[str, Layout]) -> N
     assert worst["W"] < worst["P2"] < worst["N"]
 
 
+def test_learners_are_named_region_by_region() -> None:
+    regions = WanCase().learner_regions
+    assert regions == {"L0": "a", "L1": "a", "L2": "b", "L3": "b", "L4": "c", "L5": "c", "L6": "d", "L7": "e"}
+
+
 def test_a_layout_may_name_its_uploads_in_flight() -> None:
     w1, w = layouts(WanCase(), ["W/1", "W"])
     assert (w1.name, w1.in_flight, w.in_flight) == ("W/1", 1, None)

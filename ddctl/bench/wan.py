@@ -145,18 +145,14 @@ def start_learners(
 ) -> dict[str, subprocess.Popen[bytes]]:
     urls = [arg for shard in shards for arg in ("--syncer", shard.url)]
     procs: dict[str, subprocess.Popen[bytes]] = {}
-    index = 0
-    for region, count in case.learners.items():
-        for _ in range(count):
-            name = f"L{index}"
-            index += 1
-            argv = [sys.executable, "-m", "ddctl_agents.agent", *urls, "--name", name, "--token", shards[0].token(name)]
-            argv += ["--ca", str(shards[0].ca), "--summary", str(root / f"{name}.summary.json"), "--region", region]
-            argv += ["--synthetic-step", str(case.step_s)] if not case.train_tokens else []
-            argv += ["--cadence", str(layout.cadence[region])]
-            argv += ["--parallel-uploads", "auto" if layout.in_flight is None else str(layout.in_flight)]
-            with (root / f"{name}.log").open("ab") as log:
-                procs[name] = subprocess.Popen(net.regions[region].command(*argv), stdout=log, stderr=log, env=ENV)
+    for name, region in case.learner_regions.items():
+        argv = [sys.executable, "-m", "ddctl_agents.agent", *urls, "--name", name, "--token", shards[0].token(name)]
+        argv += ["--ca", str(shards[0].ca), "--summary", str(root / f"{name}.summary.json"), "--region", region]
+        argv += ["--synthetic-step", str(case.step_s)] if not case.train_tokens else []
+        argv += ["--cadence", str(layout.cadence[region])]
+        argv += ["--parallel-uploads", "auto" if layout.in_flight is None else str(layout.in_flight)]
+        with (root / f"{name}.log").open("ab") as log:
+            procs[name] = subprocess.Popen(net.regions[region].command(*argv), stdout=log, stderr=log, env=ENV)
     return procs
 
 
@@ -187,7 +183,7 @@ def steady_window(
         client.close()
     for name, proc in learners.items():
         if proc.wait(timeout=1800) != 0:
-            raise DdctlError(f"learner {name} exited {proc.returncode}: {(root / f'{name}.log').read_text()[-2000:]}")
+            raise _failed(name, proc, root)
     moved = {r: (end[r][0] - start[r][0], end[r][1] - start[r][1]) for r in start}
     return {"seconds": seconds, "bytes": moved}
 
@@ -195,7 +191,11 @@ def steady_window(
 def _exited_or_raise(learners: dict[str, subprocess.Popen[bytes]], root: Path) -> None:
     for name, proc in learners.items():
         if proc.poll() is not None and proc.returncode != 0:
-            raise DdctlError(f"learner {name} exited {proc.returncode}: {(root / f'{name}.log').read_text()[-2000:]}")
+            raise _failed(name, proc, root)
+
+
+def _failed(name: str, proc: subprocess.Popen[bytes], root: Path) -> DdctlError:
+    return DdctlError(f"learner {name} exited {proc.returncode}: {(root / f'{name}.log').read_text()[-2000:]}")
 
 
 def finished_status(shard: LocalSyncer) -> dict[str, Any]:
@@ -265,8 +265,9 @@ def _site_meter(status: dict[str, Any], site: str, shaped_mbps: float) -> dict[s
 def _regions(case: WanCase, summaries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Each region's learners: the share of what they trained that a shard accepted, and their bytes."""
     out: dict[str, dict[str, Any]] = {}
+    regions = case.learner_regions
     for region in case.links:
-        mine = [s for name, s in summaries.items() if _region_of(case, name) == region]
+        mine = [s for name, s in summaries.items() if regions[name] == region]
         trained = sum(int(s["trained_tokens"]) for s in mine)
         accepted = sum(int(s["acked_tokens"].get(k, 0)) for s in mine for k in ACCEPTED)
         out[region] = {
@@ -286,21 +287,13 @@ def _round_trips(trips: list[dict[str, Any]]) -> dict[str, float | None]:
     return {"round_trip_p50_s": statistics.median(p50s) if p50s else None, "round_trip_p95_s": max(p95s, default=None)}
 
 
-def _region_of(case: WanCase, name: str) -> str:
-    index = int(name[1:])
-    for region, count in case.learners.items():
-        if index < count:
-            return region
-        index -= count
-    raise DdctlError(f"no region holds learner {name}")
-
-
 def _pace(case: WanCase, summaries: dict[str, dict[str, Any]]) -> dict[str, float]:
     """Each region's measured step time: its learners' training seconds over their steps (a loaded machine is slower
     than ``case.step_s``, and moves fewer bytes a second than the plan assumed)."""
     out: dict[str, float] = {}
+    regions = case.learner_regions
     for region in case.links:
-        mine = [s for name, s in summaries.items() if _region_of(case, name) == region]
+        mine = [s for name, s in summaries.items() if regions[name] == region]
         steps = sum(int(s["step"]) - int(s["start_step"]) for s in mine)
         if steps > 0:
             out[region] = round(sum(float(s["train_seconds"]) for s in mine) / steps, 4)

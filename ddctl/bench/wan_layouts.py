@@ -96,6 +96,12 @@ class WanCase:
         return {name: learners for name, _, learners in self.regions}
 
     @property
+    def learner_regions(self) -> dict[str, str]:
+        """Each learner's name (L0, L1, ... region by region) and its region."""
+        names = [region for region, count in self.learners.items() for _ in range(count)]
+        return {f"L{i}": region for i, region in enumerate(names)}
+
+    @property
     def seq_len(self) -> int:
         return presets.model_config(InnerConfig(preset=self.preset)).seq_len
 
