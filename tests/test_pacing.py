@@ -13,7 +13,7 @@ import pytest
 
 from ddctl_agents.agent.slots import UploadSlots
 from ddctl_agents.core.links import SoloTransfers
-from ddctl_agents.core.pacing import AUTO_MOST, InFlightCap, parse_in_flight
+from ddctl_agents.core.pacing import AUTO_MOST, InFlightCap, in_flight_text, parse_in_flight
 
 MB = 1_000_000
 
@@ -105,6 +105,7 @@ def test_a_cap_needs_a_sensible_most_and_target() -> None:
 @pytest.mark.parametrize(("text", "expected"), [("auto", None), (" AUTO ", None), ("1", 1), ("4", 4)])
 def test_the_option_reads_auto_or_a_count(text: str, expected: int | None) -> None:
     assert parse_in_flight(text) == expected
+    assert parse_in_flight(in_flight_text(expected)) == expected  # what a bench passes on to a learner reads back
 
 
 @pytest.mark.parametrize("text", ["0", "-2", "two", "", "1.5", "65"])

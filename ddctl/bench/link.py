@@ -27,7 +27,11 @@ from ddctl.errors import DdctlError
 from ddctl.local.service import LocalSyncer
 from ddctl.providers.linkshape import shaped_link
 from ddctl_agents.agent.client import SyncerClient
+from ddctl_agents.core.pacing import in_flight_text
 from ddctl_agents.train.job import JobConfig
+
+TOKENS_PER_UPDATE = 8
+"""Each update's fragment-tokens: the learner's ledger counts in them, so acknowledged updates are its count over this."""
 
 
 def link_job(preset: str) -> JobConfig:
@@ -49,7 +53,7 @@ def measure_link(rate_mbit: float = 80.0, uploads: int = 6, preset: str = "small
     ):
         syncer.start("--snapshot-every", "3600")
         url = syncer.url
-        in_flight = "auto" if parallel is None else str(parallel)
+        in_flight = in_flight_text(parallel)
         command = link.command(
             sys.executable, "-m", "ddctl.bench.link", url, syncer.token("L0"), str(syncer.ca), str(uploads), in_flight
         )
@@ -116,8 +120,8 @@ def _client(url: str, token: str, ca: str, uploads: int, in_flight: str) -> dict
     comms.start(fragments=1)
 
     def update(i: int) -> Update:
-        return Update(learner="L0", fragment=0, base_version=base, update_id=f"L0.1.{i}", step=8, c_steps=8, c_tokens=8,
-                      tensors=tensors)  # fmt: skip
+        return Update(learner="L0", fragment=0, base_version=base, update_id=f"L0.1.{i}", step=8, c_steps=8,
+                      c_tokens=TOKENS_PER_UPDATE, tensors=tensors)  # fmt: skip
 
     comms.send(update(0))  # warms TCP's window
     if not comms.drain(120.0):
@@ -128,7 +132,8 @@ def _client(url: str, token: str, ca: str, uploads: int, in_flight: str) -> dict
         comms.send(update(i))
     while len(acks) < uploads and time.perf_counter() - started < 600:
         try:
-            done = comms.ledger.acked_total() // 8 + comms.ledger.rejected // 8 - 1
+            answered = comms.ledger.acked_total() + comms.ledger.rejected
+            done = answered // TOKENS_PER_UPDATE - 1  # less the warm-up
         except RuntimeError:  # an uploader added a status while we summed: read again
             continue
         acks += [time.perf_counter() - started] * (done - len(acks))

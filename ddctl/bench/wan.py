@@ -36,6 +36,7 @@ from ddctl.errors import DdctlError
 from ddctl.local.service import LocalSyncer
 from ddctl_agents.agent.client import SyncerClient, Unavailable
 from ddctl_agents.core import shardmap
+from ddctl_agents.core.pacing import in_flight_text
 from ddctl_agents.waiting import wait_until
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
@@ -150,7 +151,7 @@ def start_learners(
         argv += ["--ca", str(shards[0].ca), "--summary", str(root / f"{name}.summary.json"), "--region", region]
         argv += ["--synthetic-step", str(case.step_s)] if not case.train_tokens else []
         argv += ["--cadence", str(layout.cadence[region])]
-        argv += ["--parallel-uploads", "auto" if layout.in_flight is None else str(layout.in_flight)]
+        argv += ["--parallel-uploads", in_flight_text(layout.in_flight)]
         with (root / f"{name}.log").open("ab") as log:
             procs[name] = subprocess.Popen(net.regions[region].command(*argv), stdout=log, stderr=log, env=ENV)
     return procs

@@ -186,14 +186,16 @@ def layouts(case: WanCase, names: Sequence[str] = LAYOUTS) -> list[Layout]:
     for name in names:
         base, slash, flight = name.partition("/")
         shard_sites, owner, cadence, in_flight = made[base]
-        in_flight = _in_flight(flight, name) if slash else in_flight
+        in_flight = in_flight_setting(flight, f"layout {name}: uploads in flight") if slash else in_flight
         chosen.append(_layout(name, shard_sites, owner, cadence, in_flight, sites, flow))
     return chosen
 
 
-def _in_flight(text: str, name: str) -> int | None:
+def in_flight_setting(text: str, option: str) -> int | None:
+    """Uploads in flight as the learner's ``--parallel-uploads`` reads them (None: auto); a DdctlError naming
+    ``option`` otherwise."""
     try:
-        return parse_in_flight(text, f"layout {name}: uploads in flight")
+        return parse_in_flight(text, option)
     except ValueError as exc:
         raise DdctlError(str(exc)) from None
 

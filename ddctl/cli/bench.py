@@ -25,16 +25,6 @@ def comma_ints(text: str, option: str, low: int, high: int) -> list[int]:
     return parsed
 
 
-def in_flight(text: str) -> int | None:
-    """``--parallel``: auto (None) or a count >= 1, as the learner's ``--parallel-uploads``."""
-    from ddctl_agents.core.pacing import parse_in_flight
-
-    try:
-        return parse_in_flight(text, "--parallel")
-    except ValueError as exc:
-        raise DdctlError(str(exc)) from None
-
-
 @app.command("codec")
 def codec(
     numel: Annotated[int, typer.Option(help="Values in the test buffer.")] = 16 * 2**20,
@@ -201,8 +191,10 @@ def link(
     """Goodput of int4 uploads through a tc-tbf-shaped link in a network namespace (needs root)."""
     from ddctl.bench.link import compare_in_flight
     from ddctl.bench.report import link_table
+    from ddctl.bench.wan_layouts import in_flight_setting
 
-    result = run_guarded(lambda: compare_in_flight(rate, uploads, preset, [in_flight(text) for text in parallel or ["auto"]]))
+    arms = parallel or ["auto"]
+    result = run_guarded(lambda: compare_in_flight(rate, uploads, preset, [in_flight_setting(a, "--parallel") for a in arms]))
     if json_out:
         print_json(result)
     else:

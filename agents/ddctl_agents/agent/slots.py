@@ -58,14 +58,14 @@ class UploadSlots:
         with self._gate:
             before = self.pacer.cap()
             if window is None:
-                self.pacer.untimed += 1
+                self.pacer.observe_untimed()
             else:
                 self.pacer.observe(window[0], window[1], wall_s, alone)
             after = self.pacer.cap()
-            transfer, gap = self.pacer.transfer_s() or 0.0, self.pacer.gap_s()
+            if after != before:
+                transfer, gap = self.pacer.transfer_s() or 0.0, self.pacer.gap_s()
+                log.info("uploads in flight: %d -> %d (transfer %.3f s alone, gap %.3f s)", before, after, transfer, gap)
             self._gate.notify_all()
-        if after != before:
-            log.info("uploads in flight: %d -> %d (transfer %.3f s alone, gap %.3f s)", before, after, transfer, gap)
 
 
 def in_flight_argument(text: str) -> int | None:

@@ -58,6 +58,10 @@ class InFlightCap:
             self.solo.append((nbytes, busy_s))
         self.gaps.append((nbytes, max(wall_s - busy_s, 0.0)))
 
+    def observe_untimed(self) -> None:
+        """An acknowledged upload the kernel said nothing about (no ``TCP_INFO`` here)."""
+        self.untimed += 1
+
     def transfer_s(self) -> float | None:
         """A typical upload's transfer time with the link to itself; None before one was timed alone."""
         if not self.solo or not self.gaps:
@@ -99,3 +103,8 @@ def parse_in_flight(text: str, option: str = "--parallel-uploads") -> int | None
     if not 1 <= count <= MOST_IN_FLIGHT:
         raise ValueError(f"{option} takes 'auto' or a whole number in [1, {MOST_IN_FLIGHT}], got {text!r}")
     return count
+
+
+def in_flight_text(count: int | None) -> str:
+    """What ``parse_in_flight`` reads back as ``count``."""
+    return "auto" if count is None else str(count)

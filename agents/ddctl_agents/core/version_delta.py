@@ -16,9 +16,10 @@ A learner that does not hold the previous version of the chain (it just joined,
 or its stream broke while versions went by) is sent the reconstruction whole, in
 fp32 (``exact``): once, then deltas again. That frame is made only when someone
 needs it (``Exact``): a version followed by every learner costs the synchronizer
-its fp32 values, a bf16 and a delta frame (7 bytes per value), not 4 more. A learner at cadence k > 1 is sent only
-the versions it adopts, so it could never step from the last one: it is sent each
-whole in bf16 (``key``), as with the bf16 codec, and adopts that rounding.
+its fp32 values, a bf16 and a delta frame (7 bytes per value), not 4 more. A
+learner at cadence k > 1 is sent only the versions it adopts, so it could never
+step from the last one: it is sent each whole in bf16 (``key``), as with the
+bf16 codec, and adopts that rounding.
 """
 
 from __future__ import annotations
