@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,8 +37,9 @@ class Job:
     learners: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @classmethod
-    def create(cls, root: Path, job: JobConfig, tls: bool = True) -> Job:
-        return cls(root=root, local=LocalSyncer(root, job, run="test-run", tls=tls))
+    def create(cls, root: Path, job: JobConfig, tls: bool = True, host: str = "127.0.0.1") -> Job:
+        """``host``: where the syncer listens (a shaped link's host end, for learners in its namespace)."""
+        return cls(root=root, local=LocalSyncer(root, job, run="test-run", tls=tls, host=host))
 
     @property
     def job_dir(self) -> Path:
@@ -64,12 +66,12 @@ class Job:
     def start_syncer(self, *extra: str) -> None:
         self.local.start(*extra)
 
-    def start_learner(self, name: str, *extra: str, region: str = "") -> subprocess.Popen[bytes]:
+    def start_learner(self, name: str, *extra: str, region: str = "", prefix: Sequence[str] = ()) -> subprocess.Popen[bytes]:
         args = ["--syncer", self.url, "--name", name, "--token", self.token(name), "--summary", str(self.summary_path(name))]
         if self.tls:
             args += ["--ca", str(self.job_dir / "tls" / "ca.pem")]
         region_args = ["--region", region or f"region-{name}"]
-        command = [sys.executable, "-m", "ddctl_agents.agent", *args, *region_args, *extra]
+        command = [*prefix, sys.executable, "-m", "ddctl_agents.agent", *args, *region_args, *extra]
         with (self.root / f"{name}.log").open("ab") as log:
             proc = subprocess.Popen(command, stdout=log, stderr=log, env=ENV)
         self.learners[name] = proc

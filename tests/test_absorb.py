@@ -9,7 +9,9 @@ import torch
 
 from ddctl_agents.agent.comm import Comms, Identity
 from ddctl_agents.agent.routes import Routes
-from ddctl_agents.core.messages import Update, absorb
+from ddctl_agents.core.messages import Update, absorb, decode_update, encode_update
+from ddctl_agents.core.wire import pack
+from ddctl_agents.errors import WireError
 from tests.builders import small_syncer, update_for
 
 
@@ -30,6 +32,9 @@ def test_absorb_adds_the_drifts_and_the_counters_and_keeps_the_newer_identity() 
     assert torch.equal(both.tensors["a"], torch.full((4,), 1.5)) and torch.equal(both.tensors["b"], torch.full((4,), -1.5))
     assert (both.c_steps, both.c_tokens, both.step, both.update_id) == (7, 700, 8, "L0.1.2")
     assert both.vclock == {"L0": 2} and both.adoptions == ((1, 3, 4), (1, 3, 8))
+    assert both.absorbed == (("L0.1.1", 4, 1),)  # what a replay needs to make the older one again
+    three = absorb(both, drift(value=0.25, number=3, c_steps=2))
+    assert three.absorbed == (("L0.1.1", 4, 1), ("L0.1.2", 8, 1)) and three.adoptions == ((1, 3, 4), (1, 3, 8), (1, 3, 12))
     for other in (drift(fragment=1, number=2), drift(base=1, number=2), replace(drift(number=2), learner="L1")):
         with pytest.raises(ValueError, match="only one learner's updates of one fragment from one base"):
             absorb(drift(), other)
@@ -71,3 +76,32 @@ def test_the_syncer_merges_an_absorbed_update_as_it_merges_the_two() -> None:
     for name, tensor in separate.fragments[0].items():
         assert torch.allclose(tensor, together.fragments[0][name], atol=1e-7), name
     assert separate.ledger.merged == together.ledger.merged == 1200
+
+
+def test_what_an_update_absorbed_crosses_the_wire_and_a_plain_update_says_nothing_of_it() -> None:
+    both = absorb(drift(number=1), drift(number=2))
+    decoded, _ = decode_update(encode_update(both, "fp32", 64))
+    assert decoded.absorbed == (("L0.1.1", 4, 1),) and decoded.adoptions == both.adoptions
+    plain = encode_update(drift(number=1), "fp32", 64)
+    assert b"absorbed" not in plain and decode_update(plain)[0].absorbed == ()
+
+
+@pytest.mark.parametrize(
+    ("absorbed", "needle"),
+    [
+        ("L0.1.1", "must be a list"),
+        ([["L0.1.1", 4]], "bad entry"),
+        ([["L0.1.1", -1, 0]], "bad entry"),
+        ([[7, 4, 0]], "1-128 printable ASCII"),
+        ([["L0.1.\u00e9", 4, 0]], "1-128 printable ASCII"),
+        ([["L0.1.1", 9, 0]], "made after this one"),  # the update is step 8
+        ([["L0.1.1", 4, 2]], "more adoptions than its 1"),
+        ([["L0.1.1", 4, 0], ["L0.1.1", 6, 0]], "names an update twice"),
+        ([["L0.1.2", 4, 0]], "names an update twice, or this update itself"),
+    ],
+)
+def test_a_bad_absorbed_field_is_refused_naming_it(absorbed: object, needle: str) -> None:
+    """Whatever a learner says it absorbed is checked in type, range and shape before a tape records it."""
+    update = drift(number=2)
+    with pytest.raises(WireError, match=needle):
+        decode_update(pack("update", update.meta() | {"absorbed": absorbed}, update.tensors, "fp32", 64))

@@ -149,8 +149,8 @@ def test_replay_refuses_a_missing_a_doubled_or_a_foreign_tape(sharded: tuple[lis
         replay_tapes([paths[0], broken])
     service = tmp_path / "tape.jsonl"
     service.write_text("\n".join([json.dumps(header | {"service": True}), *lines[1:]]) + "\n")
-    with pytest.raises(TapeError, match="a synchronizer service's tape"):
-        replay_tapes([service])
+    with pytest.raises(TapeError, match="mix a synchronizer service's and a ddctl train run's"):
+        replay_tapes([paths[0], service])  # a service's tape replays (tests/test_service_replay.py), not among these
     result = CliRunner().invoke(app, ["replay", str(paths[0])])
     assert result.exit_code == 3 and "give each of S0, S1 once" in result.stderr and "Traceback" not in result.output
 

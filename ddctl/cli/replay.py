@@ -15,7 +15,11 @@ from ddctl.cli.output import print_json, print_table
 def replay(
     tapes: Annotated[
         list[Path],
-        typer.Argument(metavar="TAPE", help="Tape written by ddctl train --tape; a sharded run's: every shard's, in any order."),
+        typer.Argument(
+            metavar="TAPE",
+            help="Tape written by ddctl train --tape or by a synchronizer (STATE_DIR/tape.jsonl); a sharded run's: "
+            "every shard's, in any order.",
+        ),
     ],
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
 ) -> None:

@@ -8,7 +8,8 @@ update carries it to whichever shard that update goes to. A merged order keeps:
 - each record after every record of another shard that its clock has seen (a record at shard B whose clock
   says ``S0: 7`` comes after S0's records up to its seventh event: a version it adopted was made there);
 - each learner's updates in the order it made them (incarnation, then the sequence number of the update
-  id), and a learner's new incarnation's joins after every update of its earlier ones.
+  id), and a learner's new incarnation's joins after every update of its earlier ones; this rule only where
+  updates arrive in the order they were made (a virtual cluster's, one upload at a time per learner).
 
 Among the records these allow, the earliest recorded time goes first, then the lower shard, so a virtual
 cluster's tapes merge into the order its events happened; a real run's clocks (one per machine) only break
@@ -31,9 +32,14 @@ Position = tuple[int, int]
 """(tape index, record index within that tape)."""
 
 
-def causal_order(tapes: Sequence[Sequence[Mapping[str, Any]]], names: Sequence[str]) -> list[Position]:
+def causal_order(
+    tapes: Sequence[Sequence[Mapping[str, Any]]], names: Sequence[str], learners_in_order: bool = True
+) -> list[Position]:
     """Every record of ``tapes`` (shard ``names[i]``'s tape is ``tapes[i]``) once, in an order that keeps the rules
-    of the module docstring; TapeError names the record if the tapes contradict one another."""
+    of the module docstring; TapeError names the record if the tapes contradict one another.
+
+    ``learners_in_order``: each learner's updates arrived in the order it made them (the virtual cluster's one
+    upload at a time). Not so for a service's learners, which keep several in flight."""
     if len(tapes) != len(names) or len(set(names)) != len(names):
         raise TapeError(f"one tape per shard, each named once: got {len(tapes)} tapes for shards {list(names)}")
     clocks = [[_clock(i, record) for i, record in enumerate(tape)] for tape in tapes]
@@ -42,7 +48,8 @@ def causal_order(tapes: Sequence[Sequence[Mapping[str, Any]]], names: Sequence[s
         for i in range(1, len(tape)):
             before[(t, i)].add((t, i - 1))
     _seen_elsewhere(clocks, names, before)
-    _learners_in_order(tapes, before)
+    if learners_in_order:
+        _learners_in_order(tapes, before)
     return _topological(tapes, before)
 
 

@@ -11,6 +11,11 @@ replay with the line that diverged.
 A sharded run leaves one tape per shard; ``replay_tapes`` takes them all, merges
 them in a causal order (``local/causal_order.py``) and replays each record at
 its own shard's core, the learners shared, as the run itself did.
+
+A synchronizer service's tape replays too (``local/recorded.py`` says which
+ones): its learners kept uploads in flight and let queued updates absorb newer
+ones, so each learner's updates are made again in the learner's own order
+(``local/remaking.py``), not the order they arrived in.
 """
 
 from __future__ import annotations
@@ -21,13 +26,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ddctl.config.train import TrainConfig, from_json
 from ddctl.errors import ReplayDivergence
 from ddctl.local.causal_order import causal_order, record_time
+from ddctl.local.recorded import load_run
+from ddctl.local.remaking import Remaker
 from ddctl.local.shards import Shards
 from ddctl_agents.core.effects import Record, Send
-from ddctl_agents.core.messages import FragmentVersion, decode_update, encode_update
-from ddctl_agents.core.tape import read_tape
+from ddctl_agents.core.messages import Adoption, FragmentVersion, decode_update
+from ddctl_agents.core.shardmap import ShardMap
 from ddctl_agents.core.version_delta import coder
 from ddctl_agents.errors import TapeError
 from ddctl_agents.train.assembly import Assembly, learner_index
@@ -41,14 +47,15 @@ HISTORY = 64
 class Replayer:
     """Feeds the records of a run's tapes, in order, through fresh learners and fresh synchronizer cores."""
 
-    def __init__(self, assembly: Assembly, shards: int = 1) -> None:
+    def __init__(self, assembly: Assembly, shards: int | ShardMap = 1, service: bool = False) -> None:
         self.a = assembly
-        self.shards = Shards(assembly, shards)
+        self.shards = Shards(assembly, shards, shared_budget=not service)
         self.learners: dict[str, Learner] = {}
         self.history: dict[tuple[int, int], tuple[FragmentVersion, FragmentVersion]] = {}
         """(fragment, version) -> (as learners following the chain hold it, as a learner at cadence k > 1 adopts it)."""
         self.versions = coder(assembly.config.down_codec, assembly.config.sync.block)
         self.order: dict[int, deque[int]] = {}
+        self.remaker = Remaker(self._catch_up, assembly.config.sync.codec, assembly.config.sync.block)
         for p in range(assembly.fragmentation.count):
             self._remember(self.shards.owner(p).fragment_message(p))
 
@@ -89,25 +96,22 @@ class Replayer:
             raise ReplayDivergence(f"{where}: update from {who} before it joined")
         if self.shards.owners[record["fragment"]] != shard:
             raise ReplayDivergence(f"{where}: an update of fragment {record['fragment']} on the tape of a shard not owning it")
-        for p, version, step in record["adoptions"]:
-            self._advance(learner, step, where)
+        frame = self.remaker.frame(learner, record, where)
+        decoded, _ = decode_update(frame)
+        ack, effects = self.shards.cores[shard].receive(t, decoded, len(frame))
+        if ack.status != record["status"]:
+            raise ReplayDivergence(f"{where}: update {decoded.update_id} was {ack.status}, tape says {record['status']}")
+        self._effects(effects)
+
+    def _catch_up(self, learner: Learner, adoptions: Sequence[Adoption], step: int, where: str) -> None:
+        """What the learner did before it made an update: adopt these versions at their steps, train to ``step``."""
+        for p, version, at in adoptions:
+            self._advance(learner, at, where)
             if (p, version) not in self.history:
                 raise ReplayDivergence(f"{where}: version {version} of fragment {p} is not in the replay history")
             followed, rounded = self.history[(p, version)]
             learner.adopt(rounded if learner.cadence > 1 else followed)  # held: sent each whole (bf16)
-        self._advance(learner, record["step"], where)
-        state = learner.state[record["fragment"]]
-        if state.version < 0 or state.c_steps == 0:  # the tape's order cannot be the run's: nothing to send here
-            raise ReplayDivergence(f"{where}: {learner.name} has no drift of fragment {record['fragment']} to send")
-        update = learner.make_update(record["fragment"])
-        if (update.update_id, update.c_steps, update.c_tokens) != (record["update_id"], record["c_steps"], record["c_tokens"]):
-            raise ReplayDivergence(f"{where}: replayed update {update.update_id} does not match the tape")
-        frame = encode_update(update, self.a.config.sync.codec, self.a.config.sync.block)
-        decoded, _ = decode_update(frame)
-        ack, effects = self.shards.cores[shard].receive(t, decoded, len(frame))
-        if ack.status != record["status"]:
-            raise ReplayDivergence(f"{where}: update {update.update_id} was {ack.status}, tape says {record['status']}")
-        self._effects(effects)
+        self._advance(learner, step, where)
 
     def _advance(self, learner: Learner, step: int, where: str) -> None:
         if step < learner.step:
@@ -136,74 +140,33 @@ def replay_tape(path: Path) -> dict[str, Any]:
 
 
 def replay_tapes(paths: Sequence[Path]) -> dict[str, Any]:
-    """Replay a run from its tapes (one, or one per shard in any order); returns val_bpb and params_sha256 and
-    whether they match what the tapes recorded."""
+    """Replay a run from its tapes (one, or one per shard in any order; a ``ddctl train --tape`` run's or a
+    synchronizer service's); returns val_bpb and params_sha256 and whether they match what the tapes recorded."""
     started = time.perf_counter()
-    loaded = [(path, _load(path)) for path in paths]
-    config, assembly = _check_together(loaded)
-    loaded.sort(key=lambda pair: _shard_index(pair[1][0]))  # tape i is shard Si's
-    paths, tapes = [path for path, _ in loaded], [tape for _, tape in loaded]
-    replayer = Replayer(assembly, config.cluster.shards)
-    bodies = [tape[1:-1] for tape in tapes]
-    for t, i in causal_order(bodies, replayer.shards.names):
-        where = f"line {i + 2}" if len(paths) == 1 else f"line {i + 2} of {paths[t].name}"
+    run = load_run(paths)
+    replayer = Replayer(run.assembly, run.shards, run.service)
+    bodies = run.bodies
+    replayer.remaker.index(record for body in bodies for record in body)
+    # A service's learners keep several uploads in flight: their updates may arrive out of the order they made them.
+    for t, i in causal_order(bodies, replayer.shards.names, learners_in_order=not run.service):
+        where = f"line {i + 2}" if len(bodies) == 1 else f"line {i + 2} of {run.paths[t].name}"
         try:
             replayer.apply(where, bodies[t][i], t)
         except (KeyError, TypeError, ValueError, IndexError) as exc:  # a field missing or of the wrong kind
             raise TapeError(f"{where}: a malformed {bodies[t][i]['type']} record ({type(exc).__name__}: {exc})") from None
     params = replayer.shards.global_params()
     digest = params_sha256(params)
-    recorded = tapes[0][-1]["params_sha256"]
+    names = run.assembly.fragmentation.fragments
+    parts = [(params_sha256({s.name: params[s.name] for p in owned for s in names[p]}), said) for owned, said in run.ends()]
+    whole = [recorded for owned, recorded in run.ends() if len(owned) == len(names)]
     return {
-        "val_bpb": assembly.evaluate(params),
+        "val_bpb": run.assembly.evaluate(params),
         "params_sha256": digest,
-        "recorded_sha256": recorded,
-        "match": digest == recorded,
+        "recorded_sha256": whole[0] if whole else None,
+        "match": all(made == recorded for made, recorded in parts),
         "rounds": replayer.shards.rounds_closed,
-        "shards": len(paths),
+        "shards": len(run.paths),
+        "service": run.service,
+        "lost_updates": replayer.remaker.lost,
         "wall_s": time.perf_counter() - started,
     }
-
-
-def _load(path: Path) -> list[dict[str, Any]]:
-    """A tape's records from its config to its end (a tape without an end record is a run that did not finish)."""
-    records = []
-    for record in read_tape(path):
-        records.append(record)
-        if record["type"] == "end":
-            return records
-    raise TapeError(f"{path}: the tape has no end record (the run did not finish); nothing to compare")
-
-
-def _check_together(loaded: list[tuple[Path, list[dict[str, Any]]]]) -> tuple[TrainConfig, Assembly]:
-    """The tapes are one run's: the same config, corpus and result, and each of its shards' tape exactly once."""
-    if not loaded:
-        raise TapeError("give the run's tape (one per shard for a sharded run)")
-    for path, tape in loaded:
-        if tape[0].get("service"):
-            raise TapeError(
-                f"{path} is a synchronizer service's tape (ddctl syncer serve): replay re-runs the learners of a "
-                "ddctl train --tape run; a service's learners trained on their own machines, outside what a tape holds"
-            )
-    (first, tape), *others = loaded
-    header, end = tape[0], tape[-1]
-    config = from_json(TrainConfig, header["config"])
-    for path, other in others:
-        if other[0]["config"] != header["config"] or other[-1].get("params_sha256") != end.get("params_sha256"):
-            raise TapeError(f"{path} is not a tape of the same run as {first} (its config or its result differs)")
-    n = config.cluster.shards
-    names = [t[0].get("shard") for _, t in loaded]
-    expected = [f"S{i}" for i in range(n)] if n > 1 else [None]
-    if sorted(names, key=str) != sorted(expected, key=str):
-        wanted = f"each of {', '.join(str(e) for e in expected)} once" if n > 1 else "its one tape"
-        got = [name or "one syncer" for name in names]
-        raise TapeError(f"this run had {n} synchronizer shard(s): give {wanted}; got tapes of {got}")
-    assembly = Assembly.build(config)
-    if assembly.corpus.sha256 != header.get("corpus_sha256"):
-        recorded = str(header.get("corpus_sha256"))[:12]
-        raise TapeError(f"{first}: the corpus differs from the recorded one (sha256 {assembly.corpus.sha256[:12]} vs {recorded})")
-    return config, assembly
-
-
-def _shard_index(header: dict[str, Any]) -> int:
-    return int(str(header.get("shard") or "S0")[1:])

@@ -14,7 +14,7 @@ import torch
 
 from ddctl_agents.core import vclock
 from ddctl_agents.core.ledger import TokenLedger
-from ddctl_agents.core.shardmap import ShardRole, round_robin
+from ddctl_agents.core.shardmap import ShardMap, ShardRole, round_robin
 from ddctl_agents.core.syncer import Synchronizer
 from ddctl_agents.train.assembly import Assembly
 
@@ -22,18 +22,21 @@ from ddctl_agents.train.assembly import Assembly
 class Shards:
     """The job's synchronizer cores (one unless ``cluster.shards`` says more) and which owns each fragment."""
 
-    def __init__(self, assembly: Assembly, n: int = 1) -> None:
+    def __init__(self, assembly: Assembly, n: int | ShardMap = 1, shared_budget: bool = True) -> None:
+        """``n`` shards dealt fragments round robin, or the fragments as a shard map deals them (a service's replay).
+
+        ``shared_budget``: the virtual cluster's learners share one token budget, so a fast one trains past its
+        share (up to the whole budget), and a learner at cadence k may send all of that drift in one update, which
+        the job's per-learner step bound would refuse. A service's learners each train their share: its bound."""
         count = assembly.fragmentation.count
-        # The cluster's learners share one token budget, so a fast one trains past its share (up to the whole
-        # budget): a learner at cadence k may send all of that drift in one update, which the job's per-learner
-        # step bound would refuse.
-        whole = assembly.config.budget.tokens // (assembly.config.inner.batch_size * assembly.model_config.seq_len) + 1
+        steps = assembly.config.budget.tokens // (assembly.config.inner.batch_size * assembly.model_config.seq_len) + 1
+        whole = steps if shared_budget else None
         if n == 1:
             self.cores: list[Synchronizer] = [assembly.new_syncer(max_steps=whole)]
             self.owners: tuple[int, ...] = (0,) * count
             self.names: tuple[str, ...] = (vclock.SYNCER,)
         else:
-            shard_map = round_robin(n, count)
+            shard_map = n if isinstance(n, ShardMap) else round_robin(n, count)
             self.cores = [assembly.new_syncer(ShardRole(name=s, map=shard_map), max_steps=whole) for s in shard_map.shards]
             self.owners, self.names = shard_map.owners, shard_map.shards
 

@@ -22,6 +22,9 @@ from ddctl_agents.errors import WireError
 
 Adoption = tuple[int, int, int]
 """(fragment, version, learner step at which it was adopted)."""
+Absorbed = tuple[str, int, int]
+"""An update that a later one of its fragment took in before it was sent (``absorb``): (its update id, the learner
+step it was made at, how many of the adoptions it carried). What a replay needs to make it again."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,8 +43,11 @@ class Update:
     incarnation: int = 0
     vclock: Mapping[str, int] = field(default_factory=dict)
     adoptions: tuple[Adoption, ...] = ()
+    absorbed: tuple[Absorbed, ...] = ()
+    """Oldest first; their adoptions come first in ``adoptions``, in the same order."""
 
     def meta(self) -> dict[str, Any]:
+        absorbed = {"absorbed": [list(a) for a in self.absorbed]} if self.absorbed else {}
         return {
             "learner": self.learner,
             "incarnation": self.incarnation,
@@ -54,7 +60,7 @@ class Update:
             "step_time": self.step_time,
             "vclock": dict(self.vclock),
             "adoptions": [list(a) for a in self.adoptions],
-        }
+        } | absorbed
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,8 +85,10 @@ def absorb(older: Update, newer: Update) -> Update:
     if (older.learner, older.fragment, older.base_version) != (newer.learner, newer.fragment, newer.base_version):
         raise ValueError("only one learner's updates of one fragment from one base version add up")
     tensors = {name: older.tensors[name].float() + newer.tensors[name].float() for name in newer.tensors}
+    own = len(older.adoptions) - sum(n for _, _, n in older.absorbed)  # the older update's own, past what it took in
+    absorbed = (*older.absorbed, (older.update_id, older.step, own), *newer.absorbed)
     return replace(newer, tensors=tensors, c_steps=older.c_steps + newer.c_steps, c_tokens=older.c_tokens + newer.c_tokens,
-                   adoptions=older.adoptions + newer.adoptions)  # fmt: skip
+                   adoptions=older.adoptions + newer.adoptions, absorbed=absorbed)  # fmt: skip
 
 
 def encode_update(update: Update, codec: str, block: int) -> bytes:
@@ -115,7 +123,7 @@ def decode_update(
         adoptions=_adoptions(m),
         tensors=frame.tensors,
     )
-    return update, frame
+    return replace(update, absorbed=_absorbed(m, update)), frame
 
 
 def decode_fragment(data: bytes | bytearray | memoryview, limits: WireLimits = DEFAULT_LIMITS) -> tuple[FragmentVersion, Frame]:
@@ -169,4 +177,24 @@ def _adoptions(m: Mapping[str, Any]) -> tuple[Adoption, ...]:
         if not (isinstance(item, list) and len(item) == 3 and all(is_count(x) for x in item)):
             raise WireError(f"meta field 'adoptions' has a bad entry {item!r}; expected [fragment, version, step]")
         out.append((item[0], item[1], item[2]))
+    return tuple(out)
+
+
+def _absorbed(m: Mapping[str, Any], update: Update) -> tuple[Absorbed, ...]:
+    """The updates ``update`` took in: each made before it, with no more adoptions between them than it carries."""
+    raw = m.get("absorbed", [])
+    if not isinstance(raw, list) or len(raw) > 1 << 16:
+        raise WireError("meta field 'absorbed' must be a list of at most 65536 [update_id, step, adoptions] triples")
+    out = []
+    for item in raw:
+        if not (isinstance(item, list) and len(item) == 3 and all(is_count(x) for x in item[1:])):
+            raise WireError(f"meta field 'absorbed' has a bad entry {item!r:.80}; expected [update_id, step, adoptions]")
+        out.append((_text({"update_id": item[0]}, "update_id"), item[1], item[2]))
+    if any(step > update.step for _, step, _ in out) or sum(n for _, _, n in out) > len(update.adoptions):
+        raise WireError(
+            f"meta field 'absorbed' names updates made after this one (step {update.step}) or more adoptions than its "
+            f"{len(update.adoptions)}"
+        )
+    if len({uid for uid, _, _ in out} | {update.update_id}) != len(out) + 1:
+        raise WireError("meta field 'absorbed' names an update twice, or this update itself")
     return tuple(out)

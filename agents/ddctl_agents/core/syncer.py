@@ -387,4 +387,5 @@ class Synchronizer:
             c_tokens=update.c_tokens,
             status=ack.status,
             adoptions=[list(a) for a in update.adoptions],
+            **({"absorbed": [list(a) for a in update.absorbed]} if update.absorbed else {}),
         )

@@ -5,7 +5,8 @@ The job ends when every learner has trained its share of the budget
 ``ddctl stop`` sends). While it *finishes*, heartbeats answer ``stop`` so live
 learners push their last drift and leave, and the rounds loop merges what
 arrived. Once nothing is left (or ``finish_timeout_s`` passed), the service
-evaluates the final model, takes a last snapshot and writes ``summary.json``
+evaluates the final model, ends its tape with the parameters' hash (what
+``ddctl replay`` must reproduce), takes a last snapshot and writes ``summary.json``
 beside it: the result and where it lies. It keeps answering status requests
 for ``linger_s`` so that the controller and ``ddctl status`` read the summary,
 then exits. A syncer started on a state directory that holds a summary is
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ddctl_agents.core.ending import budget_trained, drained
+from ddctl_agents.service.taping import end_record
 
 if TYPE_CHECKING:
     from ddctl_agents.service.runtime import SyncerRuntime
@@ -152,6 +154,7 @@ async def finish(rt: SyncerRuntime) -> None:
         exact = await loop.run_in_executor(None, rt.assembly.evaluate, params)
         checkpoint = (await rt.checkpoint(exact))["path"]  # the final model, as ``ddctl pull`` fetches it
         val_bpb = round(exact, 5)
+    await rt.view(lambda r: _tape_end(r, val_bpb))
     snapshot = await rt.snapshot()
     summary = await rt.view(lambda r: _summary(r, val_bpb, snapshot) | {"checkpoint": checkpoint})
     await loop.run_in_executor(None, write_summary, rt.settings.state_dir, summary)
@@ -163,6 +166,12 @@ async def finish(rt: SyncerRuntime) -> None:
 async def linger(rt: SyncerRuntime) -> None:
     await asyncio.sleep(rt.settings.linger_s)
     rt.ended.set()
+
+
+def _tape_end(rt: SyncerRuntime, val_bpb: float | None) -> None:
+    """On the core thread: the tape's last record, what ``ddctl replay`` must reproduce (``service/taping.py``)."""
+    if rt.tape is not None:
+        rt.tape.write(end_record(rt, val_bpb))
 
 
 def _finished(rt: SyncerRuntime, summary: dict[str, Any]) -> None:

@@ -26,12 +26,13 @@ from ddctl_agents.core.links import QuorumClock, TransferMeter
 from ddctl_agents.core.messages import FragmentVersion, Update, decode_update
 from ddctl_agents.core.shardmap import ShardRole
 from ddctl_agents.core.syncer import Synchronizer
-from ddctl_agents.core.tape import TAPE_FORMAT, TapeWriter
+from ddctl_agents.core.tape import TapeWriter
 from ddctl_agents.core.vclock import CUT
 from ddctl_agents.core.version_delta import coder
 from ddctl_agents.core.wire import WireLimits
 from ddctl_agents.errors import BadRequest, Forbidden, JobOver, UnknownLearner
 from ddctl_agents.jsonable import to_json
+from ddctl_agents.service import taping
 from ddctl_agents.service.checkpoints import checkpoint_loop, eval_loop, take_checkpoint
 from ddctl_agents.service.cuts import Cuts, colour
 from ddctl_agents.service.ending import Ending, ending_loop, linger, read_summary
@@ -149,8 +150,7 @@ class SyncerRuntime:
         return syncer
 
     def _open_tape(self, tape_bytes: int) -> None:
-        header = {"type": "config", "format": TAPE_FORMAT, "service": True, "config": self.job_json}
-        self.tape = TapeWriter.resume(self.settings.state_dir / "tape.jsonl", tape_bytes, header)
+        self.tape = TapeWriter.resume(self.settings.state_dir / "tape.jsonl", tape_bytes, taping.header(self))
 
     def _close_files(self) -> None:
         if self.wal is not None:

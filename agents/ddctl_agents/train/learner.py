@@ -233,6 +233,11 @@ class Learner:
         self.adoptions.append((message.fragment, message.version, self.step))
         return True
 
+    def skip_update_id(self) -> None:
+        """Pass over one update id: a replay's learner whose update of that id never arrived anywhere (lost in
+        flight with its process), so that the ids of the ones that did line up."""
+        next(self._ids)
+
     def unsent(self) -> int:
         """Fragment-tokens trained but not yet sent."""
         return sum(s.c_tokens for s in self.state)
