@@ -48,6 +48,10 @@ def test_a_docker_dry_run_finishes_its_budget_and_removes_every_container(
         listed = json.loads(runner.invoke(app, ["ls", "--json"]).stdout)["runs"]
         assert [(r["run"], r["state"], r["instances_up"]) for r in listed] == [(run, "finished", 0)]
         pulled = _pull_reproduces_the_final_val_bpb(run, tmp_path / "model", summary)
+        # the learners trained in their VMs; fresh ones here make their updates again, from the syncer's disk's tape
+        replayed = runner.invoke(app, ["replay", "--run", run, "--json"])
+        assert replayed.exit_code == 0, replayed.output
+        assert json.loads(replayed.stdout)["recorded_sha256"] == json.loads(replayed.stdout)["params_sha256"]
     finally:
         down = runner.invoke(app, ["down", "--run", run, "--json"])
     assert down.exit_code == 0 and json.loads(down.stdout)["removed"] == {}, down.output

@@ -200,3 +200,14 @@ def test_updates_absorbed_behind_a_slow_uplink_replay_bit_for_bit(tmp_path: Path
     with linkshape.shaped_link("ddrt", 4.0) as link:
         updates = replays_to_its_checkpoint(run_service(tmp_path, "--parallel-uploads", "1", link=link))
     assert sum(bool(u.get("absorbed")) for u in updates) >= 3, "the slow uplink should have made queued updates absorb"
+
+
+def test_replay_takes_tapes_or_a_run_and_says_where_it_looked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DDCTL_HOME", str(tmp_path))
+    for args in ([], ["some.jsonl", "--run", "r"]):
+        refused = runner.invoke(app, ["replay", *args])
+        assert refused.exit_code == 2 and "give the run's tapes (TAPE...) or --run RUN, one of the two" in refused.output
+    missing = runner.invoke(app, ["replay", "--run", "nowhere"])
+    where = tmp_path / "runs" / "nowhere"
+    assert missing.exit_code == 2 and "run nowhere has no synchronizer tape" in missing.output
+    assert str(where / "job" / "state" / "tape.jsonl") in missing.output and "Traceback" not in missing.output

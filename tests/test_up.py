@@ -146,6 +146,10 @@ def test_stop_ends_a_job_early_with_its_result_and_removes_its_machines(regions_
         assert [i.name for i in ProcessProvider().list_run(run) if i.alive and i.name != "controller"] == []
         again = runner.invoke(app, ["stop"])  # nothing is live any more: a clear error, not a hang
         assert again.exit_code == 2 and "no run is live" in again.output
+        replayed = runner.invoke(app, ["replay", "--run", run, "--json"])  # its synchronizer's tape, found by the run
+        assert replayed.exit_code == 0, replayed.output
+        result = json.loads(replayed.stdout)
+        assert result["match"] and result["service"] and result["val_bpb"] == pytest.approx(summary["val_bpb"], abs=1e-5)
     finally:
         down = runner.invoke(app, ["down", "--run", run, "--json"])
     assert down.exit_code == 0, down.output

@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddctl.errors import DdctlError
+
 
 def data_dir() -> Path:
     if os.environ.get("DDCTL_HOME"):
@@ -46,6 +48,14 @@ class RunDir:
     def syncer_state(self) -> Path:
         """The syncer's persistent disk (its snapshots and log), for a syncer on a machine of its own."""
         return self.root / "syncer-state"
+
+    def tape(self) -> Path:
+        """The synchronizer's event tape: in its state directory here, or on its persistent disk."""
+        places = [self.job / "state" / "tape.jsonl", self.syncer_state / "tape.jsonl"]
+        found = [place for place in places if place.is_file()]
+        if not found:
+            raise DdctlError(f"run {self.run} has no synchronizer tape (looked at {places[0]} and {places[1]})")
+        return found[0]
 
     @property
     def resume(self) -> Path:
