@@ -140,6 +140,9 @@ def test_what_a_service_replay_cannot_start_from_is_refused_with_the_reason(
         "imported from /nowhere/model, which is not on this machine": [header | {"model_dir": "/nowhere/model"}, *body, end],
         "line 3: a fragment moved between shards": [header, body[0], {"type": "handoff", "t": 1.0}, *body[1:], end],
         "the tape has no end record": [header, *body],
+        "its end record's params_sha256 is not a sha256": [header, *body, end | {"params_sha256": "cafe"}],
+        "its end record's fragments must be distinct ones of the job's 4": [header, *body, end | {"fragments": [0, 0, 9]}],
+        "its header does not hold a job's config": [header | {"config": {"inner": 3}}, *body, end],
     }
     absorbing = next(i for i, r in enumerate(body) if r.get("absorbed"))
     for bad in (5, [["L0.7.0", 3]], [["L0.7.0", "three", 4]]):

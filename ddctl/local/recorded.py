@@ -59,15 +59,19 @@ def load_run(paths: Sequence[Path]) -> Recorded:
     header = tape[0]
     for path, other in others:
         same_result = service or other[-1].get("params_sha256") == tape[-1].get("params_sha256")
-        if other[0]["config"] != header["config"] or not same_result:
+        if other[0].get("config") != header.get("config") or not same_result:
             raise TapeError(f"{path} is not a tape of the same run as {first} (its config or its result differs)")
     config: JobConfig | TrainConfig
+    try:
+        if service:
+            config, shards = from_json(JobConfig, header["config"]), _service_shards(loaded)
+        else:
+            cluster: TrainConfig = from_json(TrainConfig, header["config"])
+            config, shards = cluster, _cluster_shards(loaded, cluster.cluster.shards)
+    except (ConfigError, KeyError, TypeError, ValueError) as exc:  # a tape is a file: anything may be in it
+        raise TapeError(f"{first}: its header does not hold a {'job' if service else 'run'}'s config ({exc!s:.200})") from None
     if service:
-        config, shards = from_json(JobConfig, header["config"]), _service_shards(loaded)
         _replayable(loaded)
-    else:
-        cluster: TrainConfig = from_json(TrainConfig, header["config"])
-        config, shards = cluster, _cluster_shards(loaded, cluster.cluster.shards)
     names = shards.shards if isinstance(shards, ShardMap) else tuple(f"S{i}" for i in range(shards))
     loaded.sort(key=lambda pair: names.index(str(pair[1][0].get("shard") or "S0")))  # tape i is shard i's
     model_dir = header.get("model_dir")
@@ -75,6 +79,8 @@ def load_run(paths: Sequence[Path]) -> Recorded:
     if assembly.corpus.sha256 != header.get("corpus_sha256"):
         recorded = str(header.get("corpus_sha256"))[:12]
         raise TapeError(f"{first}: the corpus differs from the recorded one (sha256 {assembly.corpus.sha256[:12]} vs {recorded})")
+    for path, other in loaded:
+        _check_end(path, other[-1], assembly.fragmentation.count)
     return Recorded([p for p, _ in loaded], [t for _, t in loaded], assembly, shards, service)
 
 
@@ -86,6 +92,16 @@ def _load(path: Path) -> list[dict[str, Any]]:
         if record["type"] == "end":
             return records
     raise TapeError(f"{path}: the tape has no end record (the run did not finish); nothing to compare")
+
+
+def _check_end(path: Path, end: dict[str, Any], fragments: int) -> None:
+    """An end record names a sha256 and, if it says which, fragments of this job, each once."""
+    digest, owned = end.get("params_sha256"), end.get("fragments", list(range(fragments)))
+    if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+        raise TapeError(f"{path}: its end record's params_sha256 is not a sha256 ({digest!r:.80})")
+    valid = isinstance(owned, list) and all(isinstance(p, int) and not isinstance(p, bool) and 0 <= p < fragments for p in owned)
+    if not valid or len(set(owned)) != len(owned):
+        raise TapeError(f"{path}: its end record's fragments must be distinct ones of the job's {fragments}, got {owned!r:.80}")
 
 
 def _cluster_shards(loaded: list[tuple[Path, list[dict[str, Any]]]], n: int) -> int:
