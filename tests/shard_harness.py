@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
+from ddctl.cli.app import app
 from ddctl.local.service import LocalSyncer
 from ddctl_agents.core import shardmap
 from ddctl_agents.core.messages import Update, encode_update
@@ -105,3 +107,14 @@ def update_frame(assembly: Assembly, fragment: int, number: int, clock: dict[str
     update = Update(learner="L0", fragment=fragment, base_version=0, update_id=f"L0.1.{number}", step=8, c_steps=8,
                     c_tokens=8192, tensors=tensors, vclock=clock or {}, incarnation=1)  # fmt: skip
     return encode_update(update, "int4", 64)
+
+
+def replays_bit_for_bit(shards: list[LocalSyncer]) -> None:
+    """``ddctl replay`` of the shards' tapes, given in any order: fresh learners and shard cores reproduce every
+    shard's fragments bit for bit (each tape ends with the hash of its own)."""
+    tapes = [str(s.root / "state" / "tape.jsonl") for s in reversed(shards)]
+    result = CliRunner().invoke(app, ["replay", *tapes, "--json"])
+    assert result.exit_code == 0, result.output
+    replayed = json.loads(result.stdout)
+    assert replayed["match"] and replayed["service"] and replayed["shards"] == SHARDS and replayed["lost_updates"] == 0
+    assert replayed["recorded_sha256"] is None  # no tape holds the whole model: each shard's part is compared

@@ -20,6 +20,7 @@ from tests.shard_harness import (
     FRAGMENTS,
     kill_left,
     longer_shards,
+    replays_bit_for_bit,
     restart,
     shards,
     start_learner,
@@ -63,6 +64,7 @@ def test_a_fragment_moves_to_another_shard_while_learners_train(tmp_path: Path, 
     assert sum(f["ledger"]["received"] for f in finals) == acked  # every acknowledged token in one shard's books
     assert all(f["ledger"]["balanced"] and f["ledger"]["pending"] == 0 for f in finals)
     assert sum(s["rejected_tokens"] for s in summaries) == 0  # refused at the old owner, retried at the new one
+    replays_bit_for_bit(shards)  # the move replayed too: S1 hands fragment 1 out, S0 takes in what S1 exports
 
     urls = [a for s in shards for a in ("--syncer", s.url)]
     shown = runner.invoke(app, ["syncer", "status", str(shards[0].job_dir), *urls, "--json"])

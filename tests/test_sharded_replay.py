@@ -179,6 +179,14 @@ def test_causal_order_follows_clocks_and_learners_over_recorded_times() -> None:
     assert causal_order(odd, ["S0", "S1", "S2"]) == [(0, 0), (1, 0), (2, 0)]
 
 
+def test_a_fragment_is_taken_in_after_it_was_given_away_whatever_the_recorded_times() -> None:
+    given = {"type": "handoff", "fragment": 1, "to": "S0", "epoch": 2, "t": 9.0}  # on S1's tape: to another shard
+    taken = {"type": "handoff", "fragment": 1, "to": "S0", "epoch": 2, "t": 1.0}  # on S0's tape: its own
+    assert causal_order([[taken], [given]], ["S0", "S1"]) == [(1, 0), (0, 0)]
+    earlier_epoch = taken | {"epoch": 1}  # another move: no constraint, the recorded time decides
+    assert causal_order([[earlier_epoch], [given]], ["S0", "S1"]) == [(0, 0), (1, 0)]
+
+
 def test_a_new_incarnation_joins_after_its_previous_ones_updates() -> None:
     s0 = [_update("L0", 5, {"S0": 1, "L0": 9}, t=9.0)]
     s1 = [{"type": "join", "learner": "L0", "incarnation": 1, "vclock": {"S1": 1}, "t": 0.0}]

@@ -31,6 +31,7 @@ from tests.shard_harness import (
     SHARDS,
     kill_left,
     longer_shards,
+    replays_bit_for_bit,
     restart,
     shards,
     start_learner,
@@ -232,14 +233,3 @@ def test_a_shard_killed_mid_run_recovers_and_the_learners_carry_on(tmp_path: Pat
     assert all(f["ledger"]["balanced"] and f["ledger"]["pending"] == 0 for f in finals)
     assert all(s["reason"] == "finished" and s["drained"] for s in summaries)
     replays_bit_for_bit(shards)  # the shard's tape cut back to its snapshot, the log's updates taped again
-
-
-def replays_bit_for_bit(shards: list[LocalSyncer]) -> None:
-    """``ddctl replay`` of the shards' tapes, given in any order: fresh learners and shard cores reproduce every
-    shard's fragments bit for bit (each tape ends with the hash of its own)."""
-    tapes = [str(s.root / "state" / "tape.jsonl") for s in reversed(shards)]
-    result = runner.invoke(app, ["replay", *tapes, "--json"])
-    assert result.exit_code == 0, result.output
-    replayed = json.loads(result.stdout)
-    assert replayed["match"] and replayed["service"] and replayed["shards"] == SHARDS and replayed["lost_updates"] == 0
-    assert replayed["recorded_sha256"] is None  # no tape holds the whole model: each shard's part is compared

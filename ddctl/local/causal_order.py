@@ -9,7 +9,8 @@ update carries it to whichever shard that update goes to. A merged order keeps:
   says ``S0: 7`` comes after S0's records up to its seventh event: a version it adopted was made there);
 - each learner's updates in the order it made them (incarnation, then the sequence number of the update
   id), and a learner's new incarnation's joins after every update of its earlier ones; this rule only where
-  updates arrive in the order they were made (a virtual cluster's, one upload at a time per learner).
+  updates arrive in the order they were made (a virtual cluster's, one upload at a time per learner);
+- a fragment's handoff into its new shard after the handoff out of its old one (same fragment, same epoch).
 
 Among the records these allow, the earliest recorded time goes first, then the lower shard, so a virtual
 cluster's tapes merge into the order its events happened; a real run's clocks (one per machine) only break
@@ -48,6 +49,7 @@ def causal_order(
         for i in range(1, len(tape)):
             before[(t, i)].add((t, i - 1))
     _seen_elsewhere(clocks, names, before)
+    _handoffs_in_order(tapes, names, before)
     if learners_in_order:
         _learners_in_order(tapes, before)
     return _topological(tapes, before)
@@ -79,6 +81,22 @@ def _seen_elsewhere(clocks: list[list[dict[str, int]]], names: Sequence[str], be
                     last = bisect.bisect_right(own[other], seen) - 1
                     if last >= 0:
                         before[(t, i)].add((other, last))
+
+
+def _handoffs_in_order(
+    tapes: Sequence[Sequence[Mapping[str, Any]]], names: Sequence[str], before: dict[Position, set[Position]]
+) -> None:
+    """A fragment is taken in after it was given away: the new owner installs what the old one exported."""
+    out: dict[tuple[Any, Any], Position] = {}
+    for t, tape in enumerate(tapes):
+        for i, record in enumerate(tape):
+            if record.get("type") == "handoff" and record.get("to") != names[t]:
+                out[(record.get("fragment"), record.get("epoch"))] = (t, i)
+    for t, tape in enumerate(tapes):
+        for i, record in enumerate(tape):
+            given = out.get((record.get("fragment"), record.get("epoch")))
+            if record.get("type") == "handoff" and record.get("to") == names[t] and given is not None:
+                before[(t, i)].add(given)
 
 
 def _learners_in_order(tapes: Sequence[Sequence[Mapping[str, Any]]], before: dict[Position, set[Position]]) -> None:

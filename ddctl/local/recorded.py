@@ -6,8 +6,7 @@ serve``, ``ddctl up``) writes the job, the shard and the shard map it started fr
 ends its tape with the hash of the fragments it owns; its learners ran on their own machines, but each update
 on the tape says what its learner did before making it (the versions it adopted, at which steps, and the
 updates it took in), so fresh learners can do it again. What a replay cannot start from is refused here with the
-reason: a run resumed from a checkpoint, a model whose files are not on this machine, fragments that moved
-between shards mid-run.
+reason: a run resumed from a checkpoint, a model whose files are not on this machine.
 """
 
 from __future__ import annotations
@@ -146,9 +145,3 @@ def _replayable(loaded: list[tuple[Path, list[dict[str, Any]]]]) -> None:
         model_dir = tape[0].get("model_dir")
         if model_dir and not Path(model_dir).is_dir():
             raise TapeError(f"{path}: the run's model was imported from {model_dir}, which is not on this machine")
-        moved = next((i for i, record in enumerate(tape) if record.get("type") == "handoff"), None)
-        if moved is not None:
-            raise TapeError(
-                f"{path}: line {moved + 1}: a fragment moved between shards mid-run (a handoff); a replay keeps the "
-                "shard map the run started from, so it cannot reproduce a run whose fragments moved"
-            )

@@ -33,9 +33,10 @@ from ddctl.local.remaking import Remaker
 from ddctl.local.shards import Shards
 from ddctl_agents.core.effects import Record, Send
 from ddctl_agents.core.messages import Adoption, FragmentVersion, decode_update
+from ddctl_agents.core.shard_syncer import ShardSynchronizer
 from ddctl_agents.core.shardmap import ShardMap
 from ddctl_agents.core.version_delta import coder
-from ddctl_agents.errors import TapeError
+from ddctl_agents.errors import ConfigError, TapeError
 from ddctl_agents.train.assembly import Assembly, learner_index
 from ddctl_agents.train.checksum import params_sha256
 from ddctl_agents.train.learner import Learner
@@ -80,6 +81,8 @@ class Replayer:
             core.readmit(t, record["learner"])
         elif kind == "fault":
             core.discard_round(t, record["fragment"], record["reason"])
+        elif kind == "handoff":
+            self._handoff(where, t, record, shard)
         elif kind == "round":
             effects = core.close_round(t, record["fragment"], record["cause"], record["reason"], record.get("grace_s", 0.0))
             made = next(e.entry for e in effects if isinstance(e, Record))
@@ -101,6 +104,23 @@ class Replayer:
         ack, effects = self.shards.cores[shard].receive(t, decoded, len(frame))
         if ack.status != record["status"]:
             raise ReplayDivergence(f"{where}: update {decoded.update_id} was {ack.status}, tape says {record['status']}")
+        self._effects(effects)
+
+    def _handoff(self, where: str, t: float, record: dict[str, Any], shard: int) -> None:
+        """A fragment given away (its record names the other shard), or taken in: what its owner exports now."""
+        p, to, core, giver = record["fragment"], record["to"], self.shards.cores[shard], self.shards.owner(record["fragment"])
+        if not isinstance(core, ShardSynchronizer) or not isinstance(giver, ShardSynchronizer):
+            raise ReplayDivergence(f"{where}: a handoff on the tape of a synchronizer that is not one of several shards")
+        try:
+            if to != self.shards.names[shard]:
+                self._effects(core.hand_out(t, p, to, record["epoch"]))
+                return
+            effects = core.hand_in(t, giver.export(p))
+        except ConfigError as exc:
+            raise ReplayDivergence(f"{where}: the handoff of fragment {p} to {to} does not replay: {exc}") from None
+        if core.versions[p] != record["version"]:
+            raise ReplayDivergence(f"{where}: fragment {p} moved at version {core.versions[p]}, tape says {record['version']}")
+        self.shards.moved(p, shard)
         self._effects(effects)
 
     def _catch_up(self, learner: Learner, adoptions: Sequence[Adoption], step: int, where: str) -> None:

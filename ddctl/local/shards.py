@@ -43,6 +43,10 @@ class Shards:
     def owner(self, fragment: int) -> Synchronizer:
         return self.cores[self.owners[fragment]]
 
+    def moved(self, fragment: int, shard: int) -> None:
+        """Shard ``shard`` took ``fragment`` in (a replayed handoff): updates of it are its from now on."""
+        self.owners = tuple(shard if p == fragment else owner for p, owner in enumerate(self.owners))
+
     def global_params(self) -> dict[str, torch.Tensor]:
         """The model: each fragment's tensors from the shard that owns it."""
         return {name: t for p, owner in enumerate(self.owners) for name, t in self.cores[owner].fragments[p].items()}
