@@ -21,6 +21,7 @@ from ddctl_agents.core.shardmap import ShardMap, parse
 from ddctl_agents.core.tape import read_tape
 from ddctl_agents.errors import ConfigError, TapeError
 from ddctl_agents.train.assembly import Assembly
+from ddctl_agents.train.checksum import is_sha256
 from ddctl_agents.train.job import JobConfig
 
 
@@ -96,7 +97,7 @@ def _load(path: Path) -> list[dict[str, Any]]:
 def _check_end(path: Path, end: dict[str, Any], fragments: int) -> None:
     """An end record names a sha256 and, if it says which, fragments of this job, each once."""
     digest, owned = end.get("params_sha256"), end.get("fragments", list(range(fragments)))
-    if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+    if not is_sha256(digest):
         raise TapeError(f"{path}: its end record's params_sha256 is not a sha256 ({digest!r:.80})")
     valid = isinstance(owned, list) and all(isinstance(p, int) and not isinstance(p, bool) and 0 <= p < fragments for p in owned)
     if not valid or len(set(owned)) != len(owned):

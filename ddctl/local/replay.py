@@ -177,8 +177,9 @@ def replay_tapes(paths: Sequence[Path]) -> dict[str, Any]:
     params = replayer.shards.global_params()
     digest = params_sha256(params)
     names = run.assembly.fragmentation.fragments
-    parts = [(params_sha256({s.name: params[s.name] for p in owned for s in names[p]}), said) for owned, said in run.ends()]
-    whole = [recorded for owned, recorded in run.ends() if len(owned) == len(names)]
+    ends = run.ends()
+    parts = [(params_sha256({s.name: params[s.name] for p in owned for s in names[p]}), said) for owned, said in ends]
+    whole = [recorded for owned, recorded in ends if len(owned) == len(names)]
     return {
         "val_bpb": run.assembly.evaluate(params),
         "params_sha256": digest,

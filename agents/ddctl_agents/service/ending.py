@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ddctl_agents.core.ending import budget_trained, drained
 from ddctl_agents.service.taping import end_record
+from ddctl_agents.train.checksum import params_sha256
 
 if TYPE_CHECKING:
     from ddctl_agents.service.runtime import SyncerRuntime
@@ -154,7 +155,7 @@ async def finish(rt: SyncerRuntime) -> None:
         exact = await loop.run_in_executor(None, rt.assembly.evaluate, params)
         checkpoint = (await rt.checkpoint(exact))["path"]  # the final model, as ``ddctl pull`` fetches it
         val_bpb = round(exact, 5)
-    await rt.view(lambda r: _tape_end(r, val_bpb))
+    await _tape_end(rt, val_bpb)
     snapshot = await rt.snapshot()
     summary = await rt.view(lambda r: _summary(r, val_bpb, snapshot) | {"checkpoint": checkpoint})
     await loop.run_in_executor(None, write_summary, rt.settings.state_dir, summary)
@@ -168,10 +169,12 @@ async def linger(rt: SyncerRuntime) -> None:
     rt.ended.set()
 
 
-def _tape_end(rt: SyncerRuntime, val_bpb: float | None) -> None:
-    """On the core thread: the tape's last record, what ``ddctl replay`` must reproduce (``service/taping.py``)."""
-    if rt.tape is not None:
-        rt.tape.write(end_record(rt, val_bpb))
+async def _tape_end(rt: SyncerRuntime, val_bpb: float | None) -> None:
+    """The tape's last record, what ``ddctl replay`` must reproduce (``service/taping.py``): its fields taken on the
+    core thread, the hash (seconds for a large model) off it, so status requests are answered meanwhile."""
+    record, params = await rt.view(lambda r: end_record(r, val_bpb))
+    record["params_sha256"] = await asyncio.get_running_loop().run_in_executor(None, params_sha256, params)
+    await rt.view(lambda r: r.tape.write(record) if r.tape is not None else None)
 
 
 def _finished(rt: SyncerRuntime, summary: dict[str, Any]) -> None:

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from ddctl_agents.core.tape import TAPE_FORMAT
 from ddctl_agents.jsonable import to_json
-from ddctl_agents.train.checksum import params_sha256
 
 if TYPE_CHECKING:
+    import torch
+
     from ddctl_agents.service.runtime import SyncerRuntime
 
 
@@ -33,17 +34,11 @@ def header(rt: SyncerRuntime) -> dict[str, Any]:
     }
 
 
-def end_record(rt: SyncerRuntime, val_bpb: float | None) -> dict[str, Any]:
-    """On the core thread, once the last rounds closed: the hash of what this process owns (every fragment, or a
-    shard's own), which its replay must reproduce."""
+def end_record(rt: SyncerRuntime, val_bpb: float | None) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """On the core thread, once the last rounds closed: the end record but its hash, and the parameters this process
+    owns (every fragment, or a shard's own) to hash off the core thread: what its replay must reproduce."""
     syncer, role = rt.syncer, rt.role
     owned = sorted(role.owned) if role is not None else list(range(syncer.fragmentation.count))
     params = {name: t for p in owned for name, t in syncer.fragments[p].items()}
-    return {
-        "type": "end",
-        "t": round(rt.clock(), 9),
-        "params_sha256": params_sha256(params),
-        "fragments": owned,
-        "val_bpb": val_bpb,
-        "rounds": syncer.rounds_closed,
-    }
+    record = {"type": "end", "t": round(rt.clock(), 9), "fragments": owned, "val_bpb": val_bpb, "rounds": syncer.rounds_closed}
+    return record, params

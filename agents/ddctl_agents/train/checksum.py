@@ -1,11 +1,15 @@
-"""A content hash of model parameters, to tell whether two replicas are identical."""
+"""A content hash of model parameters, to tell whether two replicas are identical (torch-free to import)."""
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, TypeGuard
 
-from torch import Tensor
+if TYPE_CHECKING:
+    from torch import Tensor
+
+HEX = frozenset("0123456789abcdef")
 
 
 def params_sha256(named_tensors: Mapping[str, Tensor]) -> str:
@@ -21,4 +25,9 @@ def params_sha256(named_tensors: Mapping[str, Tensor]) -> str:
     return digest.hexdigest()
 
 
-__all__ = ["params_sha256"]
+def is_sha256(text: object) -> TypeGuard[str]:
+    """A sha256 as ``hexdigest`` writes it: 64 lowercase hex digits (what a file or a peer says before it is used)."""
+    return isinstance(text, str) and len(text) == 64 and set(text) <= HEX
+
+
+__all__ = ["is_sha256", "params_sha256"]

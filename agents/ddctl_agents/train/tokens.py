@@ -45,6 +45,7 @@ from typing import Any, Protocol, cast
 import numpy as np
 
 from ddctl_agents.errors import ConfigError
+from ddctl_agents.train.checksum import is_sha256
 
 DTYPES: dict[str, np.dtype[Any]] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 """Allowed token dtypes, always little-endian."""
@@ -106,7 +107,7 @@ def parse_sidecar(raw: bytes, *, name: str, location: str) -> ShardMeta:
         )
     if not isinstance(count, int) or count < 1:
         raise ConfigError(f"{where}: count must be an integer >= 1 (tokens in the shard), got {count!r}")
-    if not (isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)):
+    if not is_sha256(sha):
         raise ConfigError(f"{where}: sha256 must be 64 lowercase hex digits, got {sha!r}")
     if text is not None and (not isinstance(text, int) or text < 0):
         raise ConfigError(f"{where}: text_bytes must be an integer >= 0 when given, got {text!r}")
