@@ -92,7 +92,7 @@ def test_what_an_update_absorbed_crosses_the_wire_and_a_plain_update_says_nothin
         ("L0.1.1", "must be a list"),
         ([["L0.1.1", 4]], "bad entry"),
         ([["L0.1.1", -1, 0]], "bad entry"),
-        ([[7, 4, 0]], "1-128 printable ASCII"),
+        ([[7, 4, 0]], "'absorbed' update id must be 1-128 printable ASCII"),
         ([["L0.1.\u00e9", 4, 0]], "1-128 printable ASCII"),
         ([["L0.1.1", 9, 0]], "made after this one"),  # the update is step 8
         ([["L0.1.1", 4, 2]], "more adoptions than its 1"),

@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 from ddctl.cli.app import app
 from ddctl_agents.agent.client import Refused, SyncerClient
 from ddctl_agents.core.messages import Update, encode_update
-from ddctl_agents.core.wire import unpack
+from ddctl_agents.core.wire import pack, unpack
 from ddctl_agents.train.assembly import Assembly
 from tests.h2raw import RawH2, request_headers
 from tests.service_harness import Job, small_job
@@ -166,6 +166,31 @@ def test_finding5_malformed_integers_and_bytes_are_4xx_never_500(job: Job, clien
     assert answers["path segment ²"][0] == 404 and answers["0xFF in a query"][0] == 400
     assert answers["raw non-ASCII path"][0] == 400 and client.reconnects == 1  # answered on its stream; the connection lives
     assert b"ASCII digits" in answers["fragment header ²"][1]
+
+
+def test_a_hostile_absorbed_field_is_a_400_naming_it_and_nothing_is_taped(
+    job: Job, clients: dict[str, SyncerClient], assembly: Assembly
+) -> None:
+    """What an update says it absorbed (what a replay makes again) is checked before it is logged or taped."""
+    update = unpack(frame(assembly, "L2", 1, version(job, 1)), keep_packed=False)
+    tape = job.job_dir / "state" / "tape.jsonl"
+    taped = tape.read_bytes()
+    hostile = [
+        ([["L2.1.0", 4, 0]] * 70_000, "exceeds the 1048576-byte limit"),  # huge: the frame's header bound comes first
+        ([["L2.1.0", 2**70, 0]], "absorbed"),  # overflowing
+        ([["L2.1.0", 4]], "absorbed"),  # truncated
+        ([[["L2.1.0"], 4, 0]], "absorbed"),  # wrong shape
+        ([["L2.1.0", -1, 0]], "absorbed"),
+        ([["L2.1.0", 9, 0]], "absorbed"),  # made after the update (step 8)
+        ([["L2.1.0", 4, 1]], "absorbed"),  # more adoptions than it carries (none)
+        ("L2.1.0", "absorbed"),
+    ]
+    for bad, needle in hostile:
+        body = pack("update", update.meta | {"absorbed": bad}, dict(update.tensors), "int4", 64)
+        answer = refused(lambda body=body: clients["L2"].push(body, 1))
+        assert answer.status == 400 and needle in str(answer), answer
+    assert tape.read_bytes() == taped  # nothing acknowledged, nothing recorded
+    still_merges(job, clients["L2"], assembly, "L2", fragment=1)
 
 
 def test_a_learner_that_keeps_sending_bad_updates_is_suspended_then_readmitted(

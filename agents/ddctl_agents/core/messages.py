@@ -140,10 +140,11 @@ def fragment_version(frame: Frame) -> FragmentVersion:
     return FragmentVersion(fragment=_count(m, "fragment"), version=_count(m, "version"), vclock=_clock(m), tensors=frame.tensors)
 
 
-def _text(m: Mapping[str, Any], key: str) -> str:
+def _text(m: Mapping[str, Any], key: str, field: str = "") -> str:
+    """``field``: how the message names it, where ``key`` is not a field of its own (default: the key)."""
     v = m.get(key)
     if not isinstance(v, str) or not 0 < len(v) <= 128 or not v.isascii() or not v.isprintable():
-        raise WireError(f"meta field {key!r} must be 1-128 printable ASCII characters")
+        raise WireError(f"meta field {field or repr(key)} must be 1-128 printable ASCII characters")
     return v
 
 
@@ -189,7 +190,7 @@ def _absorbed(m: Mapping[str, Any], update: Update) -> tuple[Absorbed, ...]:
     for item in raw:
         if not (isinstance(item, list) and len(item) == 3 and all(is_count(x) for x in item[1:])):
             raise WireError(f"meta field 'absorbed' has a bad entry {item!r:.80}; expected [update_id, step, adoptions]")
-        out.append((_text({"update_id": item[0]}, "update_id"), item[1], item[2]))
+        out.append((_text({"id": item[0]}, "id", "'absorbed' update id"), item[1], item[2]))
     if any(step > update.step for _, step, _ in out) or sum(n for _, _, n in out) > len(update.adoptions):
         raise WireError(
             f"meta field 'absorbed' names updates made after this one (step {update.step}) or more adoptions than its "
