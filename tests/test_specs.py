@@ -26,14 +26,14 @@ def job_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(("fields", "flag"), [({"gpus": 2}, ["--gpus", "2"]), ({"gpus": 1}, []), ({}, [])])
 def test_a_learner_over_several_ranks_is_told_how_many(fields: dict, flag: list[str]) -> None:
     region = Region(name="east", provider="process", **fields)
-    argv = list(learner_spec("r", INFO, region, "L0", 9000).argv)
+    argv = list(learner_spec("r", INFO, region, "L0", (9000,)).argv)
     found = argv[argv.index("--gpus") : argv.index("--gpus") + 2] if "--gpus" in argv else []
     assert found == flag and argv.count("--gpus") == len(flag) // 2
 
 
 def test_the_default_ranks_are_the_vms_accelerators() -> None:
     region = Region(name="east", provider="process", accelerator="nvidia-l4", accelerator_count=4)
-    argv = learner_spec("r", INFO, region, "L0", 9000).argv
+    argv = learner_spec("r", INFO, region, "L0", (9000,)).argv
     assert argv[-2:] == ("--gpus", "4")
 
 
@@ -43,7 +43,7 @@ def test_every_vm_of_a_learner_runs_its_ranks_and_meets_at_node_0() -> None:
     from ddctl.control.specs import with_rendezvous
 
     region = Region(name="east", provider="process", gpus=2, nodes=3)
-    first, third = (learner_spec("r", INFO, region, "L4", 9000, node=k, meet=29555) for k in (0, 2))
+    first, third = (learner_spec("r", INFO, region, "L4", (9000,), node=k, meet=29555) for k in (0, 2))
     assert (first.name, third.name) == ("L4", "L4-n2") and first.log != third.log and first.summary != third.summary
     for spec in (first, third):
         argv = list(spec.argv)
@@ -54,7 +54,7 @@ def test_every_vm_of_a_learner_runs_its_ranks_and_meets_at_node_0() -> None:
     moved = with_rendezvous(third, "10.0.3.7")
     assert moved.argv[moved.argv.index("--rendezvous") + 1] == "10.0.3.7:29555"
     assert [a for a in moved.argv if a != "10.0.3.7:29555"] == [a for a in third.argv if a != "127.0.0.1:29555"]
-    alone = learner_spec("r", INFO, Region(name="east", provider="process"), "L0", 9000)
+    alone = learner_spec("r", INFO, Region(name="east", provider="process"), "L0", (9000,))
     assert "--nodes" not in alone.argv and with_rendezvous(alone, "10.0.0.1") == alone
 
 
@@ -72,13 +72,13 @@ def test_a_node_is_not_pointed_at_a_node_0_without_an_address() -> None:
     from ddctl.control.specs import with_rendezvous
     from ddctl.errors import DdctlError
 
-    spec = learner_spec("r", INFO, Region(name="east", provider="process", nodes=2), "L0", 9000, node=1, meet=29500)
+    spec = learner_spec("r", INFO, Region(name="east", provider="process", nodes=2), "L0", (9000,), node=1, meet=29500)
     with pytest.raises(DdctlError, match="L0-n1: its learner's node 0 came up without a private address"):
         with_rendezvous(spec, "")
 
 
 @pytest.mark.parametrize(("cadence", "flag"), [(1, []), (2, ["--cadence", "2"]), (8, ["--cadence", "8"])])
 def test_a_learner_is_told_its_regions_planned_cadence(cadence: int, flag: list[str]) -> None:
-    argv = list(learner_spec("r", INFO, Region(name="east", provider="process"), "L0", 9000, cadence=cadence).argv)
+    argv = list(learner_spec("r", INFO, Region(name="east", provider="process"), "L0", (9000,), cadence=cadence).argv)
     found = argv[argv.index("--cadence") : argv.index("--cadence") + 2] if "--cadence" in argv else []
     assert found == flag and argv.count("--cadence") == len(flag) // 2

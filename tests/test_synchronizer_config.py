@@ -100,14 +100,25 @@ def test_a_cadence_must_be_one_of_the_allowed() -> None:
     assert next(s for s in synchronizer.summary(fixed, job_config(fixed))["sites"] if s["region"] == "e")["cadence"] == 8
 
 
-def test_up_refuses_more_shards_than_it_runs_and_runs_a_fixed_cadence() -> None:
+def test_up_runs_several_shards_only_on_this_machine_and_runs_a_fixed_cadence() -> None:
     rf = parse(FIVE)
-    with pytest.raises(RegionsError, match="the plan has 3 shards .* runs one synchronizer process; allowed: shards: 1"):
-        synchronizer.runnable_plan(rf, job_config(rf))
+    docker = dict.fromkeys((r.name for r in rf.regions), "docker")
+    gcp = dict.fromkeys((r.name for r in rf.regions), "gcp")
+    with pytest.raises(
+        RegionsError, match="the plan has 3 shards .* on this machine only .* not on gcp; allowed there: shards: 1"
+    ):
+        synchronizer.runnable_plan(rf, job_config(rf), gcp)
+    mixed = {**dict.fromkeys((r.name for r in rf.regions), "process"), "e": "aws"}
+    with pytest.raises(RegionsError, match="not on aws; allowed there: shards: 1"):
+        synchronizer.runnable_plan(rf, job_config(rf), mixed)
+    for local in (docker, dict.fromkeys((r.name for r in rf.regions), "process")):
+        assert len(synchronizer.runnable_plan(rf, job_config(rf), local).shards) == 3
     one = parse(with_key(synchronizer={"shards": 1}))
-    synchronizer.runnable_plan(one, job_config(one))
+    synchronizer.runnable_plan(one, job_config(one), docker)
     slow = parse(with_key(synchronizer={"shards": 1}, regions=[*FIVE["regions"][:4], {**FIVE["regions"][4], "cadence": 2}]))
-    assert synchronizer.runnable_plan(slow, job_config(slow)).cadence["e"] == 2  # its learners get --cadence 2 (test_specs)
+    assert (
+        synchronizer.runnable_plan(slow, job_config(slow), docker).cadence["e"] == 2
+    )  # its learners get --cadence 2 (test_specs)
 
 
 def test_up_plan_shows_the_shard_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -122,5 +133,7 @@ def test_up_plan_shows_the_shard_table(tmp_path: Path, monkeypatch: pytest.Monke
     text = runner.invoke(app, ["up", "-f", str(path), "--plan", "--dry-run"], env={"COLUMNS": "220"})
     assert text.exit_code == 0, text.output
     assert "synchronizer: 3 shard(s)" in text.stdout and "every 1" in text.stdout
-    refused = runner.invoke(app, ["up", "-f", str(path), "--dry-run"])
-    assert refused.exit_code == 2 and "runs one synchronizer process" in refused.output
+    syncers = {i["name"]: i["region"] for i in plan["instances"] if i["role"] == "syncer"}  # a process per shard
+    assert syncers == {
+        ("syncer" if s["index"] == 0 else f"syncer-s{s['index']}"): s["region"] for s in plan["synchronizer"]["shards"]
+    }

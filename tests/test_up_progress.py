@@ -57,7 +57,7 @@ def fake_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeProvider:
     monkeypatch.setenv("DDCTL_HOME", str(tmp_path / "home"))
     fake = FakeProvider()
     monkeypatch.setattr(providers, "get", lambda kind: fake)
-    monkeypatch.setattr(up_module, "wait_first_round", lambda run, timeout_s: {"rounds": 1, "live": ["L0", "L1", "L2"]})
+    monkeypatch.setattr(up_module, "wait_first_round", lambda run, timeout_s, exited: {"rounds": 1, "live": ["L0", "L1", "L2"]})
     return fake
 
 

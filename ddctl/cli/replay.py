@@ -22,7 +22,9 @@ def replay(
             show_default=False,
         ),
     ] = None,
-    run: Annotated[str, typer.Option("--run", help="A run ddctl up made (its synchronizer's tape), instead of TAPE.")] = "",
+    run: Annotated[
+        str, typer.Option("--run", help="A run ddctl up made (its synchronizer's tape, every shard's), instead of TAPE.")
+    ] = "",
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
 ) -> None:
     """Replay a run from its event tapes (merged in a causal order); exits 4 if the final parameters differ."""
@@ -31,7 +33,7 @@ def replay(
 
     if bool(tapes) == bool(run):
         raise typer.BadParameter("give the run's tapes (TAPE...) or --run RUN, one of the two")
-    tapes = tapes or run_guarded(lambda: [RunDir(run).tape()])
+    tapes = tapes or run_guarded(RunDir(run).tapes)
     result = run_guarded(lambda: replay_tapes(tapes))
     if json_out:
         print_json(result)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -20,8 +21,17 @@ from ddctl.cli.output import print_json
 from ddctl.config.job import build_job, default
 from ddctl_agents.core import shardmap
 
+if TYPE_CHECKING:
+    from ddctl_agents.agent.client import SyncerClient
+
 SHARD_MAP = "shards.json"
 """Where ``init --shards N`` writes the job's shard map."""
+
+JobDirArg = Annotated[
+    Path | None, typer.Argument(help="The job directory (admin token, CA), with every shard's --syncer; or --run.")
+]
+SyncerOpt = Annotated[list[str] | None, typer.Option("--syncer", help="A shard's URL; repeat for every shard.")]
+RunOpt = Annotated[str, typer.Option("--run", help="A sharded run ddctl up made, instead of JOB_DIR and --syncer.")]
 
 syncer_app = typer.Typer(help="Run or prepare the synchronizer service.", no_args_is_help=True)
 learner_app = typer.Typer(help="Run a learner agent.", no_args_is_help=True)
@@ -116,23 +126,22 @@ def readmit(
 
 @syncer_app.command("checkpoint")
 def checkpoint(
-    job_dir: Annotated[Path, typer.Argument(help="The job directory (admin token, CA, the job's model).")],
-    syncer: Annotated[list[str], typer.Option("--syncer", help="A shard's URL; repeat for every shard.")],
     out: Annotated[Path, typer.Option("--out", help="A new directory for the checkpoint (ddctl pull --from reads it).")],
+    job_dir: JobDirArg = None,
+    syncer: SyncerOpt = None,
+    run: RunOpt = "",
     evaluate: Annotated[bool, typer.Option(help="Measure the joined model's val_bpb here.")] = True,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """A consistent global checkpoint of a sharded synchronizer: every shard's part at one cut, joined into one model."""
-    from ddctl.control.credentials import token_for
-    from ddctl.control.global_checkpoint import take
-    from ddctl_agents.agent.client import SyncerClient
+    from ddctl.control.global_checkpoint import job_assembly, take
 
     def body() -> dict[str, Any]:
-        token, ca = token_for(job_dir, "admin"), job_dir / "tls" / "ca.pem"
-        assembly = _job_assembly(job_dir) if evaluate else None
+        job, urls, connect = shard_clients(job_dir, syncer, run)
+        assembly = job_assembly(job) if evaluate else None
         return take(
-            syncer,
-            lambda url: SyncerClient(url, token, ca if url.startswith("https://") else None),
+            urls,
+            connect,
             out,
             evaluate=assembly.evaluate if assembly is not None else None,
             shapes={n: tuple(t.shape) for n, t in assembly.initial.items()} if assembly is not None else None,
@@ -148,21 +157,19 @@ def checkpoint(
 
 @syncer_app.command("move")
 def move(
-    job_dir: Annotated[Path, typer.Argument(help="The job directory (admin token, CA).")],
-    syncer: Annotated[list[str], typer.Option("--syncer", help="A shard's URL; repeat for every shard.")],
     fragment: Annotated[int, typer.Option(help="The fragment to move.")],
     to: Annotated[str, typer.Option(help="The shard that takes it (S0, S1, ...).")],
+    job_dir: JobDirArg = None,
+    syncer: SyncerOpt = None,
+    run: RunOpt = "",
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Move one fragment to another shard of a running sharded synchronizer (run it again to finish a broken move)."""
-    from ddctl.control.credentials import token_for
     from ddctl.control.handoff import move as move_fragment
-    from ddctl_agents.agent.client import SyncerClient
 
     def body() -> dict[str, Any]:
-        token, ca = token_for(job_dir, "admin"), job_dir / "tls" / "ca.pem"
-        connect = lambda url: SyncerClient(url, token, ca if url.startswith("https://") else None)  # noqa: E731
-        return move_fragment(syncer, connect, fragment, to)
+        _, urls, connect = shard_clients(job_dir, syncer, run)
+        return move_fragment(urls, connect, fragment, to)
 
     result = run_guarded(body)
     if json_out:
@@ -221,18 +228,17 @@ def replan(
 
 @syncer_app.command("status")
 def shard_status(
-    job_dir: Annotated[Path, typer.Argument(help="The job directory (admin token, CA).")],
-    syncer: Annotated[list[str], typer.Option("--syncer", help="A shard's URL; repeat for every shard.")],
+    job_dir: JobDirArg = None,
+    syncer: SyncerOpt = None,
+    run: RunOpt = "",
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """A sharded synchronizer's shards side by side and the job's figures from all of them (exit 6 if one is down)."""
-    from ddctl.control.credentials import token_for
     from ddctl.control.shard_status import gather, summarize
-    from ddctl_agents.agent.client import SyncerClient
 
     def body() -> dict[str, Any]:
-        token, ca = token_for(job_dir, "admin"), job_dir / "tls" / "ca.pem"
-        return summarize(gather(syncer, lambda url: SyncerClient(url, token, ca if url.startswith("https://") else None)))
+        _, urls, connect = shard_clients(job_dir, syncer, run)
+        return summarize(gather(urls, connect))
 
     result = run_guarded(body)
     if json_out:
@@ -267,15 +273,6 @@ def _print_shards(result: dict[str, Any]) -> None:
     stdout().print(table)
 
 
-def _job_assembly(job_dir: Path) -> Any:
-    """The job in ``job_dir`` built as its syncer builds it (its own model's source included)."""
-    from ddctl_agents.service.server import load_job_dir
-    from ddctl_agents.train.assembly import Assembly
-
-    files = load_job_dir(job_dir)
-    return Assembly.build(files.job, model_dir=files.model_dir)
-
-
 @syncer_app.command("serve", context_settings=FORWARD, add_help_option=False)
 def serve(ctx: typer.Context) -> None:
     """Run the synchronizer service (same flags as python -m ddctl_agents.service; --help lists them)."""
@@ -290,3 +287,25 @@ def learner_run(ctx: typer.Context) -> None:
     from ddctl_agents.agent.run import main
 
     raise typer.Exit(main(list(ctx.args)))
+
+
+def shard_clients(
+    job_dir: Path | None, syncer: list[str] | None, run: str
+) -> tuple[Path, list[str], Callable[[str], SyncerClient]]:
+    """The job directory, every shard's URL, and how to reach one with the admin token: given, or a run's."""
+    from ddctl.control.credentials import token_for
+    from ddctl.control.rundir import RunDir
+    from ddctl.errors import DdctlError
+    from ddctl_agents.agent.client import SyncerClient
+
+    if run and (job_dir is not None or syncer):
+        raise typer.BadParameter("give JOB_DIR with every shard's --syncer, or --run RUN, not both")
+    if run:
+        rundir = RunDir(run)
+        if not rundir.shard_urls.is_file():
+            raise DdctlError(f"run {run} has no sharded synchronizer here (no {rundir.shard_urls}); is it a sharded run?")
+        job_dir, syncer = rundir.job, rundir.urls()
+    if job_dir is None or not syncer:
+        raise typer.BadParameter("give the job directory and every shard's --syncer URL, or --run RUN")
+    token, ca = token_for(job_dir, "admin"), job_dir / "tls" / "ca.pem"
+    return job_dir, syncer, lambda url: SyncerClient(url, token, ca if url.startswith("https://") else None)

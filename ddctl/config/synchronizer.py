@@ -195,14 +195,22 @@ def summary(rf: RegionsFile, job: JobConfig) -> dict[str, Any]:
     }
 
 
-def runnable_plan(rf: RegionsFile, job: JobConfig) -> ShardPlan:
-    """The plan ``up`` runs: one synchronizer process (a plan with more shards is planned by ``up --plan`` but
-    refused here, with what is allowed), each region's learners at the plan's cadence (``--cadence``)."""
+LOCAL_SHARDS = ("process", "docker")
+"""The providers whose regions run several shards: each shard a process on its own port, or a Docker VM with an
+address of its own on every region's network (``RegionInfo.shard_addresses``)."""
+
+
+def runnable_plan(rf: RegionsFile, job: JobConfig, kinds: dict[str, str]) -> ShardPlan:
+    """The plan ``up`` runs: its shards (several only where every region runs on this machine: a shard on a cloud VM
+    needs an address of its own that every region reaches, and a firewall opened to it, which this version does not
+    make), each region's learners at the plan's cadence (``--cadence``)."""
     plan = shard_plan(rf, job)
-    if len(plan.shards) > 1:
+    elsewhere = sorted({kind for kind in kinds.values() if kind not in LOCAL_SHARDS})
+    if len(plan.shards) > 1 and elsewhere:
         raise RegionsError(
-            f"{rf.path}: synchronizer.shards: the plan has {len(plan.shards)} shards (up --plan shows them) but this "
-            "version runs one synchronizer process; allowed: shards: 1",
+            f"{rf.path}: synchronizer.shards: the plan has {len(plan.shards)} shards (up --plan shows them); this version "
+            f"runs several shards on this machine only (local processes or Docker VMs: a dry run), not on "
+            f"{', '.join(elsewhere)}; allowed there: shards: 1",
             path=rf.path,
             key="synchronizer.shards",
         )

@@ -10,8 +10,10 @@ same data shard) that rejoins as a new incarnation; a learner over several VMs
 is replaced as a whole (``reconcile._gang``), node 0 first. When a provider refuses,
 its classified error is remembered (``reconcile.remember``): the next pass
 tries the next zone or region, waits out a quota, stops a cloud whose
-credentials fail, or backs off a transient error. Runs as ``python -m
-ddctl.control.controller --run RUN`` beside the job.
+credentials fail, or backs off a transient error. A sharded run's re-planner
+runs beside it (``control/run_replanning.py``), and its end is the shards' ends
+joined into one result and one model (``control/shard_end.py``). Runs as
+``python -m ddctl.control.controller --run RUN`` beside the job.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ddctl import providers
-from ddctl.control import admission
+from ddctl.control import admission, run_replanning
 from ddctl.control.down import searched
 from ddctl.control.finish import conclude, parse_result
 from ddctl.control.launch import launch_at
@@ -79,7 +81,9 @@ class Controller:
         listed: dict[str, Instance] = {}
         for kind in sorted({r.provider for r in records.values()}):
             listed.update({i.name: i for i in self.provider(kind).list_run(self.run) if i.name in records})
-        if "syncer" in records and "syncer" in listed and self._concluded(records["syncer"], listed["syncer"]):
+        in_shard_order = sorted(records, key=lambda name: (len(name), name))  # syncer, syncer-s1, ..
+        syncers = [records[name] for name in in_shard_order if records[name].role == "syncer"]
+        if syncers and all(r.name in listed for r in syncers) and self._concluded(syncers, listed):
             return []
         desired, observed = [], []
         self.hosts = {}
@@ -112,13 +116,25 @@ class Controller:
         if chosen is not None:
             self.admitted = chosen
 
-    def _concluded(self, r: InstanceRecord, syncer: Instance) -> bool:
-        """The syncer wrote its result: record it, remove the machines (unless kept); nothing is replaced after."""
-        spec = InstanceSpec.from_json(r.detail["spec"])
-        result = parse_result(self.provider(r.provider).read_file(syncer, spec.summary)) if spec.summary else None
-        if result is None:
-            return False
+    def _concluded(self, syncers: list[InstanceRecord], listed: dict[str, Instance]) -> bool:
+        """The syncer (every shard) wrote its result: record it, remove the machines (unless kept); nothing is replaced
+        after. A sharded job's result is its shards' joined, with the final model they hold (``control/shard_end.py``)."""
+        results = []
+        for r in syncers:
+            spec = InstanceSpec.from_json(r.detail["spec"])
+            raw = self.provider(r.provider).read_file(listed[r.name], spec.summary) if spec.summary else None
+            if (read := parse_result(raw)) is None:
+                return False
+            results.append(read)
+        spec = InstanceSpec.from_json(syncers[0].detail["spec"])
         local = next(iter(spec.disks.values()), str(Path(spec.summary).parent))  # where the result is on this machine
+        if len(results) == 1:
+            [result] = results
+        else:
+            from ddctl.control.shard_end import sharded_result  # torch: only where a sharded job ends
+
+            result = sharded_result(self.run, results)
+            local = result.checkpoint or local
         owners = {p.kind: p for p in searched(self.state, self.run)} | self.owners  # the ones it was given win
         summary = conclude(self.run, self.state, result, local, spare=("controller",), owners=list(owners.values()))
         log.info("the job finished (%s): val_bpb %s; result in %s", result.reason, result.val_bpb, summary["result"])
@@ -211,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with State(args.state) as state:
         controller = Controller(args.run, state)
+        run_replanning.start(args.run, args.state, stop)  # a sharded run's re-planner, on its own thread
         while not stop.wait(args.every):
             record = state.run(args.run)
             if record is None or record.state != "training":

@@ -19,6 +19,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ddctl.control.down import down
+from ddctl.control.rundir import RunDir
 from ddctl.control.runs import dollars_so_far
 from ddctl.control.state import State
 from ddctl.errors import DdctlError
@@ -63,8 +64,9 @@ class RunResult(BaseModel):
     bytes_down: Count
     learners_finished: Annotated[list[Annotated[str, Field(max_length=64)]], Field(max_length=4096)]
     state_dir: Annotated[str, Field(max_length=4096)]
-    checkpoint: Annotated[str, Field(max_length=4096)] = ""
-    """The final checkpoint, as the syncer's machine names it (``ddctl pull`` fetches it)."""
+    checkpoint: Annotated[str, Field(max_length=4096)] | None = ""
+    """The final checkpoint, as the syncer's machine names it (``ddctl pull`` fetches it); None from a shard of a
+    sharded synchronizer, which holds part of the model (the controller joins the shards' into the run's)."""
 
 
 def parse_result(raw: bytes | None) -> RunResult | None:
@@ -115,18 +117,20 @@ def conclude(
 
 
 def stop(run: str, state: State, reason: str, timeout_s: float = 600.0) -> dict[str, Any]:
-    """Ask the syncer to end the job now, then wait until the controller recorded the result."""
+    """Ask the syncer (every shard) to end the job now, then wait until the controller recorded the result."""
     from ddctl.control.up import admin_client
 
-    client = admin_client(run)
-    try:
-        answer = client.stop_job(reason)
-    finally:
-        client.close()
+    stopping = False
+    for url in RunDir(run).urls():  # every shard of a sharded synchronizer ends its fragments' part of the job
+        client = admin_client(run, url=url)
+        try:
+            stopping |= bool(client.stop_job(reason).get("stopping"))
+        finally:
+            client.close()
 
     def ended() -> dict[str, Any] | None:
         record = state.run(run)
         return record.detail.get("summary") if record is not None and record.state in ("finished", "kept") else None
 
     summary = wait_until(ended, timeout_s=timeout_s, every_s=0.5, what=f"{run} to finish")
-    return {"run": run, "stopping": bool(answer.get("stopping")), "summary": summary}
+    return {"run": run, "stopping": stopping, "summary": summary}

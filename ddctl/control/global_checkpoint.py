@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ddctl.control.shard_status import PER_LEARNER
+from ddctl.control.shard_status import job_figure
 from ddctl.errors import DdctlError, UnreachableError
 from ddctl_agents.agent.client import SyncerClient, Unavailable, retry
 from ddctl_agents.agent.routes import discover
@@ -95,7 +95,7 @@ def join(parts: list[Checkpoint], shard_map: ShardMap, epoch: int) -> Checkpoint
     tokens: dict[str, int] = {}
     steps: dict[str, int] = {}
     for m in manifests:
-        tokens = {k: _add(k, tokens.get(k, 0), m.tokens.get(k, 0)) for k in sorted({*tokens, *m.tokens})}
+        tokens = {k: job_figure(k, tokens.get(k, 0), m.tokens.get(k, 0)) for k in sorted({*tokens, *m.tokens})}
         steps = {k: max(steps.get(k, 0), m.steps.get(k, 0)) for k in sorted({*steps, *m.steps})}
     clock: dict[str, int] = {}
     for m in manifests:
@@ -107,6 +107,10 @@ def join(parts: list[Checkpoint], shard_map: ShardMap, epoch: int) -> Checkpoint
     return Checkpoint(manifest, params, momentum)
 
 
-def _add(key: str, a: int, b: int) -> int:
-    """Two shards' token figures as the job's: the books add up, what learners report is the same learners' (max)."""
-    return max(a, b) if key in PER_LEARNER else a + b
+def job_assembly(job_dir: Path) -> Any:
+    """The job in ``job_dir`` built as its syncer builds it (its own model's source included): what evaluates it."""
+    from ddctl_agents.service.server import load_job_dir
+    from ddctl_agents.train.assembly import Assembly
+
+    files = load_job_dir(job_dir)
+    return Assembly.build(files.job, model_dir=files.model_dir)

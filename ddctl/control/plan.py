@@ -1,6 +1,7 @@
 """What a run is made of, and what it may cost: the one description ``up`` creates and ``up --plan`` shows (pure).
 
-Names are the run's own: ``syncer`` and ``L0``..``L{M-1}`` (each learner name is a
+Names are the run's own: ``syncer`` (and ``syncer-s1``.. for the other shards of
+a sharded synchronizer) and ``L0``..``L{M-1}`` (each learner name is a
 data shard), handed out region by region in file order; a learner over several
 VMs (``nodes:``) adds ``L0-n1``.. for the rest of them. Providers add the run
 to their labels. Each instance carries its placements, the order failover tries:
@@ -13,9 +14,13 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ddctl.config.regions import Region, RegionsFile
+from ddctl.config import synchronizer
+from ddctl.config.regions import Region, RegionsFile, job_config
 from ddctl.control.reconcile import Action, Desired, Placement
 from ddctl.providers import KINDS
+from ddctl.providers.base import syncer_name
+from ddctl_agents.core import shardmap
+from ddctl_agents.core.shardmap import ShardMap
 
 if TYPE_CHECKING:
     from ddctl.control.quotes import PlanQuotes
@@ -37,6 +42,33 @@ class PlannedInstance:
     node: int = 0
     """Which of its learner's VMs: node 0 hosts the learner's rendezvous and is made first."""
     nodes: int = 1
+    shard: str = ""
+    """The synchronizer shard this instance is (S0, S1, ...) in a sharded run; "" for learners and a lone syncer."""
+
+
+@dataclass(frozen=True, slots=True)
+class SyncerShard:
+    """One synchronizer process of a run: its instance name, its shard ("" when it is the only one) and region."""
+
+    name: str
+    shard: str
+    region: str
+
+
+def syncer_shards(rf: RegionsFile) -> list[SyncerShard]:
+    """The run's synchronizer processes: ``syncer`` alone, or one per shard of the plan (``syncer``, ``syncer-s1``, ...)
+    in the regions the plan places them; shard i owns the fragments the plan assigns it (``shard_map``)."""
+    if rf.synchronizer is None:
+        return [SyncerShard("syncer", "", rf.syncer)]
+    shards = synchronizer.shard_plan(rf, job_config(rf)).shards
+    if len(shards) == 1:
+        return [SyncerShard("syncer", "", shards[0].site)]
+    return [SyncerShard(syncer_name(s.index), f"S{s.index}", s.site) for s in shards]
+
+
+def shard_map(rf: RegionsFile) -> ShardMap:
+    """The map a sharded run's shards start from: the plan's fragment-to-shard assignment, epoch 1."""
+    return shardmap.from_assignment(synchronizer.shard_plan(rf, job_config(rf)).owner)
 
 
 def node_name(learner: str, node: int) -> str:
@@ -71,21 +103,25 @@ def placements(region: Region, kind: str) -> tuple[Placement, ...]:
 
 
 def plan(rf: RegionsFile, kinds: dict[str, str]) -> list[PlannedInstance]:
-    """The syncer (in ``rf.syncer``) and every learner; ``kinds`` is each region's provider (a dry run's local one)."""
+    """The synchronizer (``rf.syncer``, or each shard where the plan places it) and every learner; ``kinds`` is each
+    region's provider (a dry run's local one)."""
     out = []
     names = learner_names(rf)
+    shards = syncer_shards(rf)
     for region in rf.regions:
-        roles = ["syncer"] if region.name == rf.syncer else []
+        syncers = [s for s in shards if s.region == region.name]
         members = [(learner, k) for learner in names[region.name] for k in range(region.nodes)]
-        for role, learner, k in [(r, "", 0) for r in roles] + [("learner", n, k) for n, k in members]:
+        for syncer, learner, k in [(s, "", 0) for s in syncers] + [(None, n, k) for n, k in members]:
+            role = "syncer" if syncer is not None else "learner"
             spot = region.spot and role != "syncer"  # the syncer runs on demand: its loss stalls every merge
             cap = price(region, kinds[region.name])
             out.append(
                 PlannedInstance(
-                    name=node_name(learner, k) if learner else role,
+                    name=syncer.name if syncer is not None else node_name(learner, k),
                     learner=learner,
                     node=k,
                     nodes=region.nodes if learner else 1,
+                    shard=syncer.shard if syncer is not None else "",
                     region=region.name,
                     provider=kinds[region.name],
                     role=role,
@@ -95,7 +131,7 @@ def plan(rf: RegionsFile, kinds: dict[str, str]) -> list[PlannedInstance]:
                     placements=placements(region, kinds[region.name]),
                 )
             )
-    return sorted(out, key=lambda i: (i.role != "syncer", i.learner, i.node))
+    return sorted(out, key=lambda i: (i.role != "syncer", i.learner, i.node, len(i.name), i.name))
 
 
 def desired(instances: list[PlannedInstance]) -> list[Desired]:

@@ -64,11 +64,14 @@ def open_source(where: str) -> Source:
 
 
 def run_source(run: str, state: State) -> Source:
-    """Where the run's checkpoints are, trying its syncer's disk here, its object storage, then its syncer over SSH."""
+    """Where the run's checkpoints are: a sharded run's final model, else its syncer's disk here, its object storage,
+    then its syncer over SSH."""
     record = state.run(run)
     if record is None:
         raise DdctlError(f"no run named {run!r}; `ddctl ls` lists them, or give --from DIR|URL")
     rundir = RunDir(run)
+    if (rundir.final / MANIFEST).is_file():  # a sharded run's final model, joined from its shards when it ended
+        return open_source(str(rundir.final))
     for local in (rundir.checkpoints(local=True), rundir.checkpoints(local=False)):
         if (local / INDEX).exists():
             return open_source(str(local))

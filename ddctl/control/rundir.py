@@ -41,21 +41,44 @@ class RunDir:
 
     @property
     def syncer_url(self) -> Path:
-        """Where ``up`` records the URL this machine reaches the syncer at."""
+        """Where ``up`` records the URL this machine reaches the syncer (a sharded one's first shard) at."""
         return self.root / "syncer.url"
 
     @property
-    def syncer_state(self) -> Path:
-        """The syncer's persistent disk (its snapshots and log), for a syncer on a machine of its own."""
-        return self.root / "syncer-state"
+    def shard_urls(self) -> Path:
+        """Where ``up`` records every shard's URL of a sharded synchronizer, one per line, in shard order."""
+        return self.root / "shards.url"
 
-    def tape(self) -> Path:
-        """The synchronizer's event tape: in its state directory here, or on its persistent disk."""
-        places = [self.job / "state" / "tape.jsonl", self.syncer_state / "tape.jsonl"]
-        found = [place for place in places if place.is_file()]
-        if not found:
-            raise DdctlError(f"run {self.run} has no synchronizer tape (looked at {places[0]} and {places[1]})")
-        return found[0]
+    def urls(self) -> list[str]:
+        """The URL of each synchronizer process of the run: its shards' in order, or its one syncer's."""
+        if self.shard_urls.is_file():
+            return self.shard_urls.read_text().split()
+        return [self.syncer_url.read_text().strip()]
+
+    def disk(self, shard: str = "") -> Path:
+        """A synchronizer's persistent disk (its snapshots, log and tape) on this machine, for one on a machine of its
+        own: ``syncer-state`` for the syncer (a sharded one's S0), ``syncer-state-S1``.."""
+        return self.root / ("syncer-state" if shard in ("", "S0") else f"syncer-state-{shard}")
+
+    def state(self, shard: str = "") -> Path:
+        """A local synchronizer's state directory: ``state`` for the syncer (a sharded one's S0), ``state-S1``.."""
+        return self.job / ("state" if shard in ("", "S0") else f"state-{shard}")
+
+    def tapes(self) -> list[Path]:
+        """The synchronizer's event tapes (every shard's): in its state directories here, or on its persistent disks."""
+        for places in (
+            [self.state(), *sorted(self.job.glob("state-S*"))],
+            [self.disk(), *sorted(self.root.glob("syncer-state-S*"))],
+        ):
+            found = [place / "tape.jsonl" for place in places if (place / "tape.jsonl").is_file()]
+            if found:
+                return found
+        raise DdctlError(f"run {self.run} has no synchronizer tape (looked at {self.state()} and {self.disk()})")
+
+    @property
+    def final(self) -> Path:
+        """A sharded run's final model: the shards' global checkpoint, joined here when the job ends."""
+        return self.root / "final"
 
     @property
     def resume(self) -> Path:
@@ -64,7 +87,7 @@ class RunDir:
 
     def checkpoints(self, local: bool) -> Path:
         """Where the syncer writes checkpoints, as this machine sees them: its state dir, or its persistent disk."""
-        return (self.job / "state" if local else self.syncer_state) / "checkpoints"
+        return (self.state() if local else self.disk()) / "checkpoints"
 
     @property
     def metadata_port(self) -> Path:

@@ -97,7 +97,7 @@ def list_runs(state: State, now: float | None = None) -> list[RunRow]:
                 age_s=round(now - record.created, 1),
                 dollars_per_hour=record.detail.get("dollars_per_hour"),
                 dollars_so_far=dollars_so_far(record, now),
-                result=str(summary.get("state_dir", "")),
+                result=str(summary.get("result") or summary.get("state_dir", "")),  # where it is on this machine
             )
         )
     return rows

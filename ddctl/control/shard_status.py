@@ -22,6 +22,11 @@ PER_LEARNER = ("budget", "planned", "trained")
 """Token figures about learners, which every shard hears in full."""
 
 
+def job_figure(key: str, a: int, b: int) -> int:
+    """Two shards' token figures as the job's: the books add up, what learners report is the same learners' (max)."""
+    return max(a, b) if key in PER_LEARNER else a + b
+
+
 def gather(urls: Sequence[str], connect: Callable[[str], SyncerClient]) -> list[tuple[str, dict[str, Any] | None, str]]:
     """(url, status or None, why not) for each shard."""
     out: list[tuple[str, dict[str, Any] | None, str]] = []

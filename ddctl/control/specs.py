@@ -28,6 +28,10 @@ SYNCER_FILES = ("job.json", "secret", "tls/ca.pem", "tls/server.pem", "tls/serve
 DEAD_MAN_S = 120.0
 """A learner that cannot reach the syncer this long exits (its machine powers off and is replaced)."""
 EVAL_EVERY_S = 30.0
+SHARD_MAP = "shards.json"
+"""A sharded run's starting shard map, in its job directory."""
+SHARD_LINGER_S = 600.0
+"""A finished shard answers this long: the controller joins the shards' final checkpoint meanwhile, then removes them."""
 RENDEZVOUS_PORT = 29400
 """torchrun's usual c10d port, on the first VM of a learner over several (its region's VMs may reach each other)."""
 
@@ -42,36 +46,53 @@ def syncer_port(info: RegionInfo) -> int:
 
 
 def syncer_spec(
-    run: str, info: RegionInfo, port: int, region: Region | None = None, checkpoints: Checkpoints | None = None
+    run: str,
+    info: RegionInfo,
+    port: int,
+    region: Region | None = None,
+    checkpoints: Checkpoints | None = None,
+    shard: tuple[str, str] = ("syncer", ""),
 ) -> InstanceSpec:
     """The synchronizer service of ``run`` in the region ``info`` describes, on ``port``; it checkpoints as
-    ``checkpoints`` says (object storage under ``URL/RUN``) and starts from the run's resume checkpoint if it has one."""
+    ``checkpoints`` says (object storage under ``URL/RUN``) and starts from the run's resume checkpoint if it has one.
+
+    ``shard``: (instance name, shard name) of one shard of a sharded synchronizer (a local process or a VM with an
+    address of its own on every region's network: ``RegionInfo.shard_addresses``), which serves the job's
+    ``shards.json`` with a state directory of its own and lingers after the end until the controller has
+    joined the shards' final global checkpoint (``control/shard_end.py``)."""
     rundir = RunDir(run)
+    name, shard_name = shard
+    if shard_name and info.remote and not info.shard_addresses:
+        raise DdctlError(f"{name}: a shard of a sharded synchronizer runs as a local process or a Docker VM in this "
+                         f"version, not on a {info.provider} VM")  # fmt: skip
     job = f"{REMOTE_ROOT}/job" if info.remote else str(rundir.job)
-    state_dir = f"{REMOTE_ROOT}/state" if info.remote else str(rundir.job / "state")
-    state = ("--state-dir", state_dir) if info.remote else ()
+    state_dir = f"{REMOTE_ROOT}/state" if info.remote else str(rundir.state(shard_name))
+    state = ("--state-dir", state_dir) if info.remote or shard_name else ()
     argv = (info.python, "-m", "ddctl_agents.service", "--job-dir", job, *state, "--bind", f"{info.syncer_bind}:{port}")
     argv += ("--site", info.region)  # its own region's learners never cross its site's link
+    argv += ("--shard-map", f"{job}/{SHARD_MAP}", "--shard", shard_name, "--linger", f"{SHARD_LINGER_S:g}") if shard_name else ()
     policy = checkpoints or Checkpoints()
-    argv += ("--checkpoint-every-rounds", str(policy.every_rounds), "--checkpoint-every", f"{policy.every_minutes * 60:g}")
-    argv += ("--keep-last", str(policy.keep_last), "--keep-every", str(policy.keep_every))
-    argv += ("--checkpoint-url", storage.join(policy.url, run)) if policy.url else ()
+    if not shard_name:  # a shard checkpoints its part only as part of a global checkpoint (``ddctl syncer checkpoint``)
+        argv += ("--checkpoint-every-rounds", str(policy.every_rounds), "--checkpoint-every", f"{policy.every_minutes * 60:g}")
+        argv += ("--keep-last", str(policy.keep_last), "--keep-every", str(policy.keep_every))
+        argv += ("--checkpoint-url", storage.join(policy.url, run)) if policy.url else ()
     resume = sorted(p.name for p in rundir.resume.iterdir()) if rundir.resume.is_dir() else []
     argv += ("--resume-from", f"{job}/resume") if resume else ()
     names = [
         *SYNCER_FILES,
+        *([SHARD_MAP] if shard_name else []),
         *(f"resume/{name}" for name in resume),
         *(f"{MODEL_DIR}/{n}" for n in sorted(pack(rundir.job / MODEL_DIR))),
     ]
     return InstanceSpec(
         run=run,
-        name="syncer",
+        name=name,
         region=info.region,
         role="syncer",
-        argv=(*argv, "--eval-every", f"{EVAL_EVERY_S:g}"),
-        log=rundir.log("syncer"),
+        argv=(*argv, "--eval-every", f"{0 if shard_name else EVAL_EVERY_S:g}"),  # a shard holds part of the model
+        log=rundir.log(name),
         files={f"{job}/{name}": str(rundir.job / name) for name in names} if info.remote else {},
-        disks={f"{REMOTE_ROOT}/state": str(rundir.syncer_state)} if info.remote else {},
+        disks={f"{REMOTE_ROOT}/state": str(rundir.disk(shard_name))} if info.remote else {},
         summary=f"{state_dir}/summary.json",
         cloud_region=region.cloud_region if region is not None else "",
         zone=region.zones[0] if region is not None and region.zones else "",
@@ -101,10 +122,18 @@ def with_rendezvous(spec: InstanceSpec, host: str) -> InstanceSpec:
 
 
 def learner_spec(
-    run: str, info: RegionInfo, region: Region, learner: str, port: int, node: int = 0, meet: int = 0, cadence: int = 1
+    run: str,
+    info: RegionInfo,
+    region: Region,
+    learner: str,
+    ports: tuple[int, ...],
+    node: int = 0,
+    meet: int = 0,
+    cadence: int = 1,
 ) -> InstanceSpec:
-    """Node ``node`` of a learner of ``region``, reaching the syncer at its region's address, sending each fragment
-    every ``cadence`` periods (the plan's for its region).
+    """Node ``node`` of a learner of ``region``, reaching the syncer at its region's address (each shard of a sharded
+    one at ``RegionInfo.shard_host``, on its port of ``ports``: it routes each fragment to its owner), sending each
+    fragment every ``cadence`` periods (the plan's).
 
     Over several VMs (``region.nodes``) every node runs the same command with ``--nodes`` and meets at
     node 0's rendezvous on port ``meet``: loopback until node 0 exists (``with_rendezvous``), which is
@@ -125,7 +154,8 @@ def learner_spec(
         info.python,
         "-m",
         "ddctl_agents.agent",
-        *("--syncer", f"https://{info.syncer_host}:{port}", "--name", learner, "--region", region.name),
+        *(arg for i, port in enumerate(ports) for arg in ("--syncer", f"https://{info.shard_host(i)}:{port}")),
+        *("--name", learner, "--region", region.name),
         *("--token-file", token_path, "--ca", ca, "--syncer-timeout", f"{DEAD_MAN_S:g}", "--summary", summary),
         *(("--notice-url", info.notice_url) if info.notice_url else ()),
         *(("--cadence", str(cadence)) if cadence > 1 else ()),

@@ -11,6 +11,7 @@ one local provider (Docker VMs when an engine answers, else processes). A fresh
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from collections.abc import Callable
@@ -20,21 +21,29 @@ from typing import Any
 
 from ddctl import providers
 from ddctl.config import synchronizer
-from ddctl.config.regions import RegionsFile, job_config
+from ddctl.config.regions import Checkpoints, RegionsFile, job_config
 from ddctl.control import admission
 from ddctl.control import pull as pulling
 from ddctl.control.credentials import init_job_dir, token_for
 from ddctl.control.down import down
 from ddctl.control.jobdata import check_data, local_data
 from ddctl.control.launch import launch_at
-from ddctl.control.plan import PlannedInstance, desired, plan, plan_summary
+from ddctl.control.plan import PlannedInstance, desired, plan, plan_summary, shard_map, syncer_shards
 from ddctl.control.quotes import quote_plan
 from ddctl.control.reconcile import Action, Desired, Memory, Observed, reconcile, remember
 from ddctl.control.rundir import RunDir
 from ddctl.control.runs import ENDED
-from ddctl.control.specs import helper_spec, learner_spec, rendezvous_port, syncer_port, syncer_spec, with_rendezvous
+from ddctl.control.specs import (
+    SHARD_MAP,
+    helper_spec,
+    learner_spec,
+    rendezvous_port,
+    syncer_port,
+    syncer_spec,
+    with_rendezvous,
+)
 from ddctl.control.state import InstanceRecord, State
-from ddctl.errors import DdctlError, ProvisionError
+from ddctl.errors import DdctlError, ProvisionError, RegionsError
 from ddctl.providers import linkshape
 from ddctl.providers.base import Instance, InstanceSpec, Provider, RegionInfo
 from ddctl_agents import storage
@@ -83,8 +92,10 @@ def up(
     ``keep``: when the job finishes, its machines stay (for inspection) until ``ddctl down``.
     ``resume_from``: a checkpoint (or checkpoints folder: its newest) a new run's syncer starts from."""
     job = job_config(rf)
-    cadence = synchronizer.runnable_plan(rf, job).cadence  # each region's learners send every k periods, as planned
     kinds = kinds_for(rf, dry_run, say)
+    runnable = synchronizer.runnable_plan(rf, job, kinds)
+    _check_sharded(rf, len(runnable.shards), resume_from)
+    cadence = runnable.cadence  # each region's learners send every k periods, as planned
     check_data(job, kinds)
     run, rundir = rf.run, RunDir(rf.run)
     record = state.run(run)
@@ -101,31 +112,40 @@ def up(
         owners = {kind: providers.get(kind) for kind in set(kinds.values())}
         infos = _bootstrap(rf, kinds, owners, say)
         if fresh:  # the job (its secret, CA and certificate) is made once; a converging up keeps it
-            hosts = sorted({"127.0.0.1", "localhost", *(info.syncer_host for info in infos.values())})
-            init_job_dir(rundir.job, job, run, hosts)
+            shards = syncer_shards(rf)
+            addresses = {info.shard_host(i) for info in infos.values() for i in range(len(shards))}  # every shard's
+            init_job_dir(rundir.job, job, run, sorted({"127.0.0.1", "localhost", *addresses}))
             if resumed is not None:
                 pulling.stage(resumed[0], rundir)
                 say(f"resuming from {resumed[1]['checkpoint']} of run {resumed[1]['run']} (round {resumed[1]['rounds']})")
-            port = syncer_port(infos[rf.syncer])
+            ports = {s.name: syncer_port(infos[s.region]) for s in shards}
+            port = ports["syncer"]
             cost = plan_summary(rf, kinds, quotes=quote_plan(rf, kinds))["cost"]  # today's prices, read-only
             rate = None if cost["unknown"] else cost["total_dollars_per_hour"]
             detail = {"kinds": kinds, "learners": rf.learners, "port": port, "keep": keep, "dollars_per_hour": rate}
+            detail |= {"shard_ports": ports} if len(shards) > 1 else {}
             detail |= {"checkpoint_url": storage.join(rf.checkpoints.url, run)} if rf.checkpoints.url else {}
             detail |= {"resumed_from": resumed[1]} if resumed is not None else {}
             state.create_run(run, str(rf.path), str(rundir.job), detail)
             rundir.syncer_url.write_text(f"https://{infos[rf.syncer].syncer_host}:{port}")
+            if len(shards) > 1:  # every shard serves the plan's map; this machine reaches each at its region's address
+                (rundir.job / SHARD_MAP).write_text(json.dumps(shard_map(rf).to_json()))
+                urls = [f"https://{infos[s.region].shard_host(i)}:{ports[s.name]}" for i, s in enumerate(shards)]
+                rundir.shard_urls.write_text("".join(f"{url}\n" for url in urls))
             say(f"made the job directory {rundir.job} (secret, CA, certificate)")
         else:
-            port = int(record.detail["port"])  # type: ignore[union-attr]  # not fresh: the record exists
+            detail = record.detail  # type: ignore[union-attr]  # not fresh: the record exists
+            ports = {str(k): int(v) for k, v in detail.get("shard_ports", {"syncer": detail["port"]}).items()}
             state.update_run_detail(run, {"keep": keep})
         planned = plan(rf, kinds)
         meets = {i.learner: rendezvous_port(infos[i.region]) for i in planned if i.nodes > 1 and i.node == 0}
         mounts = local_data(job)
-        specs = {i.name: _spec(run, i, infos, rf, port, meets.get(i.learner, 0), mounts, cadence) for i in planned}
+        specs = {i.name: _spec(run, i, infos, rf, ports, meets.get(i.learner, 0), mounts, cadence) for i in planned}
         actions = reconcile(desired(planned), observe(run, set(kinds.values())), time.time())
         changed = _carry_out(state, owners, planned, specs, actions, say)
         say("waiting for the first merged round")
-        first_round = wait_first_round(run, timeout_s)
+        syncers = {i.name: owners[i.provider] for i in planned if i.role == "syncer"}
+        first_round = wait_first_round(run, timeout_s, lambda: _exited(run, syncers))
         state.set_run_state(run, "training")
         _ensure_controller(run, state, say)
     except BaseException:
@@ -137,6 +157,7 @@ def up(
         "run": run,
         "provider": ",".join(sorted(set(kinds.values()))),
         "url": rundir.syncer_url.read_text(),
+        **({"shards": rundir.urls()} if rundir.shard_urls.is_file() else {}),
         "job_dir": str(rundir.job),
         "changed": [{"action": a.kind, "instance": a.name, "reason": a.reason} for a in changed],
         "seconds_to_first_round": round(time.monotonic() - started, 2),
@@ -144,6 +165,23 @@ def up(
         **first_round,
         **({"resumed_from": resumed[1]} if resumed is not None else {}),
     }
+
+
+def _check_sharded(rf: RegionsFile, shards: int, resume_from: str) -> None:
+    """What a sharded synchronizer does not do in this version, refused before anything starts (never ignored)."""
+    if shards == 1:
+        return
+    if resume_from:
+        raise DdctlError(f"--resume-from starts one synchronizer from a whole model; this plan has {shards} shards: "
+                         "resume with synchronizer: {shards: 1}")  # fmt: skip
+    if rf.checkpoints != Checkpoints():
+        raise RegionsError(
+            f"{rf.path}: checkpoints: a sharded synchronizer ({shards} shards) writes its model when the job ends "
+            "(ddctl pull) and on demand (ddctl syncer checkpoint), not on a schedule; allowed with shards > 1: "
+            "no checkpoints section",
+            path=rf.path,
+            key="checkpoints",
+        )
 
 
 def _archive(run: str, state: State) -> None:
@@ -186,16 +224,18 @@ def _spec(
     planned: PlannedInstance,
     infos: dict[str, RegionInfo],
     rf: RegionsFile,
-    port: int,
+    ports: dict[str, int],
     meet: int,
     mounts: tuple[str, ...],
     cadence: dict[str, int],
 ) -> InstanceSpec:
+    """``ports``: each synchronizer process's (one, or one per shard in shard order)."""
     info, region = infos[planned.region], rf.region(planned.region)
     if planned.role == "syncer":
-        spec = syncer_spec(run, info, port, region, rf.checkpoints)
+        spec = syncer_spec(run, info, ports[planned.name], region, rf.checkpoints, (planned.name, planned.shard))
     else:
-        spec = learner_spec(run, info, region, planned.learner, port, planned.node, meet, cadence[planned.region])
+        at = tuple(ports.values())
+        spec = learner_spec(run, info, region, planned.learner, at, planned.node, meet, cadence[planned.region])
     return replace(spec, mounts=mounts)
 
 
@@ -254,7 +294,8 @@ def _carry_out(
 
     if not starting:
         say("every instance already runs")
-    for group in ([a for a in starting if a.name == "syncer"], [a for a in starting if a.name != "syncer"]):
+    syncers = [a for a in starting if by_name[a.name].role == "syncer"]
+    for group in (syncers, [a for a in starting if by_name[a.name].role != "syncer"]):
         if group:
             say(f"starting {', '.join(a.name for a in group)}{' in parallel' if len(group) > 1 else ''}")
         gangs: dict[str, list[Action]] = {}
@@ -288,20 +329,29 @@ def _run_of(specs: dict[str, InstanceSpec]) -> str:
     return next(iter(specs.values())).run
 
 
-def admin_client(run: str, timeout_s: float = 30.0) -> SyncerClient:
-    """A client of the run's syncer with the admin token."""
+def admin_client(run: str, timeout_s: float = 30.0, url: str = "") -> SyncerClient:
+    """A client of the run's syncer (or of its process at ``url``: one shard of a sharded one) with the admin token."""
     rundir = RunDir(run)
-    url = rundir.syncer_url.read_text().strip()
+    url = url or rundir.syncer_url.read_text().strip()
     return SyncerClient(url, token_for(rundir.job, "admin"), rundir.ca, timeout_s=timeout_s)
 
 
-def wait_first_round(run: str, timeout_s: float) -> dict[str, Any]:
+def _exited(run: str, syncers: dict[str, Provider]) -> list[str]:
+    """The synchronizer processes that are no longer running (a refused flag, a broken job): waiting is pointless."""
+    alive = {i.name for provider in set(syncers.values()) for i in provider.list_run(run) if i.alive}
+    return sorted(set(syncers) - alive)
+
+
+def wait_first_round(run: str, timeout_s: float, exited: Callable[[], list[str]] = list) -> dict[str, Any]:
+    """The first merged round's figures; an error as soon as ``exited`` names a synchronizer process that left."""
     client = admin_client(run)
 
     def merged() -> dict[str, Any] | None:
         try:
             status = client.status()
         except Unavailable:
+            if gone := exited():
+                raise late(f"{', '.join(gone)} exited before the first merged round") from None
             return None
         return {"rounds": status["rounds"], "live": status["live"]} if status["rounds"] >= 1 else None
 

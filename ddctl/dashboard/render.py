@@ -229,7 +229,36 @@ def global_lines(s: dict[str, Any], width: int) -> list[Text]:
     )
     if ledger:
         books.append("balanced" if ledger.get("balanced") else "UNBALANCED", style="green" if ledger.get("balanced") else "red")
-    return [*finished_lines(s), first, rounds, sent, books, *trust_lines(s)]
+    return [*finished_lines(s), first, rounds, sent, books, *shard_lines(s), *trust_lines(s)]
+
+
+def shard_lines(s: dict[str, Any]) -> list[Text]:
+    """A sharded synchronizer's shards, one line each: where, which fragments at which versions, its books, its site."""
+    lines = []
+    for row in s.get("shards") or []:
+        if not row["reachable"]:
+            lines.append(_line((f"shard at {row['url']}: not answering ({row['error']})", "bold red")))
+            continue
+        site = row["site"]
+        link = " / ".join("—" if site[k] is None else f"{site[k]:.1f}" for k in ("up_mbps", "down_mbps"))
+        owned = " ".join(f"f{p}v{row['versions'][p]}" for p in row["owned"] or [])
+        line = _line((f"{row['shard']} ", "bold"), f"{site['name'] or '-'} · {owned} · rounds {row['rounds']} · ")
+        line.append("balanced" if row["balanced"] else "UNBALANCED", style="green" if row["balanced"] else "red")
+        line.append(f" · {row['phase']} · site {link} Mbit/s out / in")
+        lines.append(line)
+    if look := s.get("replanner"):
+        lines.append(_line(("re-planner ", "bold"), replanner_text(look)))
+    return lines
+
+
+def replanner_text(look: dict[str, Any]) -> str:
+    """The re-planner's last look: the busiest site's predicted utilisation now and with the best placement."""
+    if look.get("error"):
+        return f"could not look ({str(look['error'])[:120]}); {look.get('replans', 0)} re-plan(s) so far"
+    return (
+        f"busiest site {_pct(look.get('utilisation'))} of its link, best placement {_pct(look.get('best'))}"
+        f" (seen {look.get('streak') or 0}x) · {look.get('replans', 0)} re-plan(s)"
+    )
 
 
 def finished_lines(s: dict[str, Any]) -> list[Text]:
@@ -297,13 +326,14 @@ EVENT_FORMATS = {
     "task-failed": "syncer task {task} failed and restarted: {reason}",
     "partition": "{region} cut off from the syncer for {seconds}s",
     "partition-healed": "{region} connected again after {seconds}s",
+    "replan": "re-plan: {moves}: {cause}",
 }
 ALARMS = ("preempted", "error", "leave", "rejected", "set-aside", "suspended", "fragment-degraded", "task-failed", "partition")
 
 
 def event_line(e: dict[str, Any]) -> Text:
     when = time.strftime("%H:%M:%S", time.localtime(e.get("t", 0.0)))
-    fields = {k: v for k, v in e.items() if k not in ("t", "event", "source")}
+    fields = {k: v for k, v in e.items() if k not in ("t", "event", "source", "shard")}
     if isinstance(fields.get("bytes"), int):
         fields["bytes"] = _bytes(fields["bytes"])
     kind = e["event"]
@@ -315,7 +345,8 @@ def event_line(e: dict[str, Any]) -> Text:
     calm = kind == "leave" and fields.get("reason") in ("finished", "stopped")  # a learner done with its share
     good = kind in ("join", "readmitted", "finished")
     style = "" if calm else "red" if kind in ALARMS else "yellow" if "notice" in kind else "green" if good else ""
-    return _line((f"{when} ", "dim"), (detail or kind, style))
+    whose = f"{e['shard']}: " if e.get("shard") else ""  # which shard of a sharded synchronizer said it
+    return _line((f"{when} ", "dim"), (f"{whose}{detail or kind}", style))
 
 
 def render(s: dict[str, Any], width: int = 80, height: int = 24) -> RenderableType:

@@ -52,6 +52,8 @@ class RunRecords:
     """The run's state in ddctl's records (``training``, ``finished``, ``kept``, ``down``, ...)."""
     summary: dict[str, Any] | None = None
     """The finished job's result as the controller recorded it (checked), once there is one."""
+    replanner: dict[str, Any] | None = None
+    """A sharded run's re-planner's last look (``control/run_replanning.py``), once it has looked."""
 
 
 def learner_state(record: InstanceRecord, seen: dict[str, Any] | None) -> str:
@@ -158,6 +160,8 @@ def build(records: RunRecords, syncer: SyncerView, now: float) -> dict[str, Any]
         "regions": list(regions.values()),
         "dollars_per_hour": None if None in prices else round(sum(p for p in prices if p is not None), 4),
         "events": merged_events(status.get("events", []), records.events),
+        "shards": status.get("shards"),
+        "replanner": records.replanner,
     }
 
 

@@ -16,9 +16,12 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
+from ddctl.control.rundir import RunDir
+from ddctl.control.shard_status import gather
 from ddctl.control.state import State
 from ddctl.control.up import admin_client
 from ddctl.dashboard.render import render
+from ddctl.dashboard.sharded import job_status
 from ddctl.dashboard.snapshot import RegionInfo, RunRecords, SyncerView, build
 from ddctl.errors import DdctlError
 from ddctl_agents.agent.client import Refused, Unavailable
@@ -38,6 +41,7 @@ def run_records(run: str, state: State) -> RunRecords:
         regions=region_info(record.regions_file),
         state=record.state,
         summary=record.detail.get("summary"),
+        replanner=record.detail.get("replanner"),
     )
 
 
@@ -55,7 +59,10 @@ def region_info(path: str) -> dict[str, RegionInfo]:
 
 
 def ask_syncer(run: str, timeout_s: float = 3.0) -> SyncerView:
-    """One status request; an unreachable syncer is an answer too (with the reason)."""
+    """One status request; an unreachable syncer is an answer too (with the reason). A sharded synchronizer's shards
+    are each asked, and their answers drawn as the job's (``dashboard/sharded.py``); one that does not answer is named."""
+    if RunDir(run).shard_urls.is_file():
+        return _ask_shards(run, timeout_s)
     try:
         client = admin_client(run, timeout_s=timeout_s)
     except OSError as exc:
@@ -66,6 +73,15 @@ def ask_syncer(run: str, timeout_s: float = 3.0) -> SyncerView:
         return SyncerView(None, None, str(exc), client.url)
     finally:
         client.close()
+
+
+def _ask_shards(run: str, timeout_s: float) -> SyncerView:
+    urls = RunDir(run).urls()
+    answers = gather(urls, lambda url: admin_client(run, timeout_s=timeout_s, url=url))
+    missing = [f"{url}: {why}" for url, status, why in answers if status is None]
+    error = f"{len(missing)} of {len(urls)} shards did not answer ({'; '.join(missing)})" if missing else None
+    status = job_status(answers)
+    return SyncerView(status, time.time() if status is not None else None, error, urls[0])
 
 
 def snapshot(run: str, state: State) -> dict[str, Any]:

@@ -68,6 +68,24 @@ class RegionInfo:
     """(up, down) Mbit/s the region's links are shaped to, where they are."""
     machine: dict[str, Any] = field(default_factory=dict)
     """How the provider makes this region's VMs (instance types, image, ...): copied into each instance's spec."""
+    shard_addresses: bool = False
+    """Each shard of a sharded synchronizer has an address of its own: ``shard_host`` (Docker: .250, .249, ...);
+    False: every shard is at ``syncer_host``, each on its own port (local processes)."""
+
+    def shard_host(self, index: int) -> str:
+        """Where this region's learners reach shard ``index`` (0: the syncer's own address)."""
+        return str(ipaddress.IPv4Address(self.syncer_host) - index) if self.shard_addresses else self.syncer_host
+
+
+def syncer_name(index: int) -> str:
+    """The instance name of a synchronizer process: ``syncer`` (alone, or shard S0), ``syncer-s1`` for S1, ..."""
+    return "syncer" if index == 0 else f"syncer-s{index}"
+
+
+def syncer_index(name: str) -> int:
+    """The shard index of a synchronizer instance's name (``syncer_name``'s inverse); 0 for anything else."""
+    number = name.removeprefix("syncer-s")
+    return int(number) if name.startswith("syncer-s") and number.isdigit() else 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

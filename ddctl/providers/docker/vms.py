@@ -27,7 +27,16 @@ from typing import TYPE_CHECKING, Any
 from ddctl.control.rundir import RunDir
 from ddctl.errors import DdctlError, EngineError, ProvisionError
 from ddctl.providers import deploy, linkshape
-from ddctl.providers.base import NAME_LABEL, RUN_LABEL, Instance, InstanceSpec, PreemptionNotice, RegionInfo, ipv4
+from ddctl.providers.base import (
+    NAME_LABEL,
+    RUN_LABEL,
+    Instance,
+    InstanceSpec,
+    PreemptionNotice,
+    RegionInfo,
+    ipv4,
+    syncer_index,
+)
 from ddctl.providers.docker import metadata
 from ddctl.providers.docker.engine import Engine, tar_of
 from ddctl.providers.docker.image import VmImage, ensure_image
@@ -40,7 +49,8 @@ REGION_LABEL = "ddctl-region"
 ROLE_LABEL = "ddctl-role"
 HOST_KEY_LABEL = "ddctl-host-key"
 SYNCER_HOST = 250
-"""The syncer's address on every region network (.250; learners are handed .2-.127)."""
+"""The syncer's address on every region network (.250; a sharded one's S1 .249, S2 .248, ...; learners are handed
+.2-.127)."""
 SYNCER_PORT = 8443
 """The syncer's port inside its VM (each VM has its own network stack)."""
 SUBNET_POOL = ipaddress.IPv4Network("10.213.0.0/16")
@@ -86,6 +96,7 @@ class DockerProvider:
                 remote=True,
                 syncer_host=syncer_host or str(subnets[r.name][SYNCER_HOST]),
                 syncer_port=SYNCER_PORT,
+                shard_addresses=not syncer_host,  # every shard's container joins every region network
                 notice_url=f"http://{subnets[r.name][1]}:{port}{metadata.NOTICE_PATH}",
                 shaped=(r.link.up_mbps, r.link.down_mbps) if r.link is not None and shaping else None,
             )
@@ -136,7 +147,7 @@ class DockerProvider:
         client_public = deploy.ensure_client_key(rundir.ssh_key)
         network = network_name(spec.run, spec.region)
         is_syncer = spec.role == "syncer"
-        endpoint = {"IPAMConfig": {"IPv4Address": str(subnets[spec.region][SYNCER_HOST])}} if is_syncer else {}
+        endpoint = {"IPAMConfig": {"IPv4Address": _syncer_address(subnets[spec.region], spec.name)}} if is_syncer else {}
         for local in spec.disks.values():
             Path(local).mkdir(parents=True, exist_ok=True)
         name = container_name(spec.run, spec.name)
@@ -174,7 +185,7 @@ class DockerProvider:
             if is_syncer:  # reachable from every region, at the same address after a restart
                 for region, subnet in subnets.items():
                     if region != spec.region:
-                        self.engine.connect(network_name(spec.run, region), ident, str(subnet[SYNCER_HOST]))
+                        self.engine.connect(network_name(spec.run, region), ident, _syncer_address(subnet, spec.name))
             self.engine.start(ident)
             info = self.engine.inspect(ident) or {}
             address = info["NetworkSettings"]["Networks"][network]["IPAddress"]
@@ -274,16 +285,19 @@ class DockerProvider:
         """Nothing to open: this machine's regions reach the syncer without firewall rules."""
 
     def cut_link(self, run: str, region: str) -> None:
-        """Disconnect the syncer's container from ``region``'s network: that region's learners lose the syncer."""
-        syncer = self._syncer(run)
-        if syncer["Labels"][REGION_LABEL] == region:
-            raise DdctlError(f"{region} is the syncer's own region; partition another one")
-        self.engine.disconnect(network_name(run, region), syncer["Id"])
+        """Disconnect the syncer's containers (every shard's) from ``region``'s network: its learners lose the syncer."""
+        syncers = self._syncers(run)
+        if any(s["Labels"][REGION_LABEL] == region for s in syncers):
+            raise DdctlError(f"{region} is the syncer's own region (a shard runs there); partition another one")
+        for syncer in syncers:
+            self.engine.disconnect(network_name(run, region), syncer["Id"])
 
     def heal_link(self, run: str, region: str) -> None:
-        """Reconnect the syncer to ``region`` at its usual address (.250), so learners find it where it was."""
+        """Reconnect the syncer (every shard) to ``region`` at its usual address (.250, .249, ...): learners find it
+        where it was."""
         subnet = self.subnets(run)[region]
-        self.engine.connect(network_name(run, region), self._syncer(run)["Id"], str(subnet[SYNCER_HOST]))
+        for syncer in self._syncers(run):
+            self.engine.connect(network_name(run, region), syncer["Id"], _syncer_address(subnet, syncer["Labels"][NAME_LABEL]))
 
     def classify(self, error: Exception) -> ProvisionError:
         """The engine's refusals: 409/403 are this machine's limits (quota), the rest transient."""
@@ -295,11 +309,16 @@ class DockerProvider:
             return ProvisionError(str(error), kind="quota", scope="cloud", code=code, provider=self.kind)
         return ProvisionError(str(error), kind="transient", scope="cloud", code=code, provider=self.kind)
 
-    def _syncer(self, run: str) -> dict[str, Any]:
+    def _syncers(self, run: str) -> list[dict[str, Any]]:
         running = [c for c in self.engine.containers({RUN_LABEL: run, ROLE_LABEL: "syncer"}) if c["State"] == "running"]
         if not running:
             raise DdctlError(f"run {run} has no running syncer container")
-        return running[0]
+        return running
+
+
+def _syncer_address(subnet: ipaddress.IPv4Network, name: str) -> str:
+    """A synchronizer container's fixed address on a region network: .250 for the syncer (shard S0), .249 for S1, ..."""
+    return str(subnet[SYNCER_HOST - syncer_index(name)])
 
 
 def _answers(host: str, port: int) -> bool:

@@ -1,0 +1,142 @@
+"""``ddctl up`` with a sharded synchronizer (``synchronizer: shards: 2``) played by local processes, to the job's end:
+each shard where the plan places it, learners routing to both, the dashboard drawing the job from both, the
+controller joining the shards' final model, ``pull`` and ``replay --run`` of it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from ddctl import providers
+from ddctl.cli.app import app
+from ddctl.control.rundir import RunDir
+from ddctl.control.up import admin_client
+from ddctl.providers.docker.engine import engine_unavailable
+from ddctl.providers.process import ProcessProvider
+from ddctl_agents.train.checkpoint import MANIFEST, read_manifest
+from ddctl_agents.waiting import wait_until
+from tests.builders import dry_run_up, instances_removed, regions_at
+
+runner = CliRunner()
+REGIONS = {
+    "run": "sharded",
+    "synchronizer": {"shards": 2},
+    "training": {"preset": "tiny", "tokens": 300_000, "fragments": 4, "inner_steps": 8, "max_bytes": 1 << 21},
+    "regions": [
+        {"name": "east", "provider": "process", "learners": 1},
+        {"name": "west", "provider": "process", "learners": 1},
+    ],
+}
+
+
+def status(run: str = "sharded") -> dict[str, Any]:
+    shown = runner.invoke(app, ["status", "--run", run, "--json"])
+    assert shown.exit_code == 0, shown.output
+    return dict(json.loads(shown.stdout))
+
+
+def shard_statuses(run: str) -> list[dict[str, Any]]:
+    out = []
+    for url in RunDir(run).urls():
+        client = admin_client(run, url=url)
+        try:
+            out.append(client.status())
+        finally:
+            client.close()
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "process",
+        pytest.param("docker", marks=pytest.mark.skipif(engine_unavailable() is not None, reason=f"{engine_unavailable()}")),
+    ],
+)
+def test_up_runs_each_shard_where_the_plan_puts_it_and_ends_with_one_model(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On Docker VMs each shard's container has an address of its own on every region's network (.250, .249)."""
+    raw = {**REGIONS, "regions": [{**r, "provider": kind} for r in REGIONS["regions"]]}
+    path = regions_at(tmp_path, monkeypatch, raw)
+    plan = json.loads(runner.invoke(app, ["up", "-f", str(path), "--plan", "--json"]).stdout)
+    placed = {s["index"]: (s["region"], s["fragments"]) for s in plan["synchronizer"]["shards"]}
+    assert {i["name"]: i["region"] for i in plan["instances"] if i["role"] == "syncer"} == {
+        "syncer": placed[0][0], "syncer-s1": placed[1][0]
+    }  # fmt: skip
+    made = dry_run_up(path)
+    run = made["run"]
+    try:
+        running = [*providers.get(kind).list_run(run), *(ProcessProvider().list_run(run) if kind != "process" else [])]
+        names = sorted(i.name for i in running if i.name != "metadata")  # Docker regions' metadata endpoint beside them
+        assert names == ["L0", "L1", "controller", "syncer", "syncer-s1"]
+        assert len(RunDir(run).urls()) == 2 and made["shards"] == RunDir(run).urls() and made["url"] == made["shards"][0]
+        shards = wait_until(lambda: (s := status())["shards"] and all(r["reachable"] for r in s["shards"]) and s,
+                            timeout_s=60, what="both shards answering")  # fmt: skip
+        rows = {row["shard"]: row for row in shards["shards"]}
+        assert {name: (row["site"]["name"], row["owned"]) for name, row in rows.items()} == {
+            "S0": placed[0], "S1": placed[1]
+        }  # fmt: skip
+
+        shown = runner.invoke(app, ["syncer", "status", "--run", run, "--json"])  # the shards' own table, by the run
+        assert shown.exit_code == 0, shown.output
+        assert [(r["shard"], r["owned"]) for r in json.loads(shown.stdout)["shards"]] == [
+            ("S0", placed[0][1]),
+            ("S1", placed[1][1]),
+        ]
+
+        # the controller's re-planner looks at the shards' measured links (a look every 10 s) and says what it saw
+        look = wait_until(lambda: (r := status()["replanner"]) and r["utilisation"] is not None and r, timeout_s=60,
+                          what="the re-planner's first look")  # fmt: skip
+        assert look["error"] is None and look["utilisation"] > 0 and look["best"] > 0 and look["replans"] == 0
+
+        # at the end the shards' books stand still (they linger for the controller): the dashboard's job is their sum
+        def ended() -> list[dict[str, Any]] | None:
+            answers = shard_statuses(run)
+            return answers if all(a["job"]["phase"] == "finished" for a in answers) else None
+
+        finals = wait_until(ended, timeout_s=240, what="both shards finished")
+        job = status()
+        assert job["rounds"] == sum(s["rounds"] for s in finals) > 0
+        for key in ("received", "merged", "late_merged", "dropped", "pending"):
+            assert job["ledger"][key] == sum(s["ledger"][key] for s in finals), key
+        assert job["tokens"]["trained"] == max(s["tokens"]["trained"] for s in finals) > 0  # the learners', once
+        assert job["versions"] == [finals[shard_of(p, placed)]["versions"][p] for p in range(4)]
+        assert job["bytes"]["sent"] == sum(s["bytes_up"] + s["bytes_down"] for s in finals)
+
+        def concluded() -> dict[str, Any] | None:
+            runs = json.loads(runner.invoke(app, ["ls", "--json"]).stdout)["runs"]
+            return next((r for r in runs if r["run"] == run and r["state"] == "finished"), None)
+
+        row = wait_until(concluded, timeout_s=120, what="the controller to record the result")
+        final = RunDir(run).final
+        assert row["result"] == str(final)
+        summary = status()["job"]["summary"]
+        manifest = read_manifest((final / MANIFEST).read_bytes())
+        assert summary["val_bpb"] == pytest.approx(manifest.val_bpb, abs=1e-5) and summary["val_bpb"] < 4.5
+        assert summary["tokens"]["merged"] == sum(s["tokens"]["merged"] for s in finals)
+        assert summary["rounds"] == sum(s["rounds"] for s in finals) == manifest.rounds
+        assert summary["learners_finished"] == ["L0", "L1"]
+        assert [i.name for i in providers.get(kind).list_run(run) if i.alive and i.name != "controller"] == []
+
+        pulled = runner.invoke(app, ["pull", "--run", run, "--out", str(tmp_path / "model"), "--json"])
+        assert pulled.exit_code == 0, pulled.output
+        assert json.loads(pulled.stdout)["val_bpb"] == pytest.approx(manifest.val_bpb)
+        replayed = runner.invoke(app, ["replay", "--run", run, "--json"])  # both shards' tapes, found by the run
+        assert replayed.exit_code == 0, replayed.output
+        again = json.loads(replayed.stdout)
+        assert again["match"] and again["shards"] == 2 and again["val_bpb"] == pytest.approx(manifest.val_bpb, abs=1e-5)
+    finally:
+        down = runner.invoke(app, ["down", "--run", run, "--json"])
+    assert down.exit_code == 0, down.output
+    assert ProcessProvider().list_run(run) == [] and providers.get(kind).list_run(run) == []
+    assert set(instances_removed(json.loads(down.stdout))) <= {"controller"}  # the controller removed the rest
+
+
+def shard_of(fragment: int, placed: dict[int, tuple[str, list[int]]]) -> int:
+    return next(index for index, (_, fragments) in placed.items() if fragment in fragments)
