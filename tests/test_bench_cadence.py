@@ -58,7 +58,10 @@ def test_a_slow_learner_at_cadence_4_moves_a_quarter_of_the_bytes_and_its_figure
         assert l1["accepted_tokens"] == l1["acked_tokens"].get("accepted", 0) + l1["acked_tokens"].get("late", 0)
         assert row["ledger"]["balanced"]
         assert row["x_first"]["l1_bytes"] == pytest.approx(l1["bytes"] / every["l1"]["bytes"], rel=1e-3)
-    assert fourth["x_first"]["l1_bytes"] < 0.5  # a version per push and an update every 4 periods
+    # Up: an update every 4 periods (plus the final flush). Down: a version per push at either cadence, and at cadence 1
+    # the downlink is overloaded, so what it carries there depends on the machine's speed: the total is bounded looser.
+    assert fourth["l1"]["bytes_up"] < 0.45 * every["l1"]["bytes_up"]
+    assert fourth["x_first"]["l1_bytes"] < 0.7
     assert fourth["link_load"] < every["link_load"]
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert "ddctl-cad" not in namespaces  # nothing left behind

@@ -266,3 +266,28 @@ def test_the_shard_commands_take_a_job_dir_with_its_shards_or_a_sharded_run(comm
     lone = runner.invoke(app, ["syncer", command, "--run", "r", *extra])  # a run with one synchronizer
     assert lone.exit_code == 2 and "run r has no sharded synchronizer here" in lone.output
     assert not (tmp_path / "ckpt").exists()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"rounds": "many"},
+        {"ledger": None},
+        {"versions": [1]},
+        {"shard": {"name": "S1", "owned": [9]}},
+        {"tokens": {"merged": "x"}},
+    ],
+)
+def test_a_shard_status_that_does_not_add_up_is_an_error_on_the_dashboard_not_a_crash(
+    bad: dict[str, Any], home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ddctl.dashboard import watch
+
+    RunDir("r").shard_urls.write_text("https://h:1\nhttps://h:2\n")
+    good = shard("S0", [0, 2], [3, 0, 5, 0])
+    monkeypatch.setattr(watch, "gather", lambda urls, connect: [(urls[0], good, ""), (urls[1], {**good, **bad}, "")])
+    view = watch.ask_syncer("r")
+    assert view.status is None and view.error is not None and view.error.startswith("a shard's status is malformed (")
+    monkeypatch.setattr(watch, "gather", lambda urls, connect: [(urls[0], good, ""), (urls[1], None, "refused")])
+    partial = watch.ask_syncer("r")  # one shard down: the job from the other, and which one did not answer
+    assert partial.status is not None and partial.error == "1 of 2 shards did not answer (https://h:2: refused)"

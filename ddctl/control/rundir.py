@@ -73,7 +73,9 @@ class RunDir:
             found = [place / "tape.jsonl" for place in places if (place / "tape.jsonl").is_file()]
             if found:
                 return found
-        raise DdctlError(f"run {self.run} has no synchronizer tape (looked at {self.state()} and {self.disk()})")
+        raise DdctlError(
+            f"run {self.run} has no synchronizer tape (looked at {self.state() / 'tape.jsonl'} and {self.disk() / 'tape.jsonl'})"
+        )
 
     @property
     def final(self) -> Path:

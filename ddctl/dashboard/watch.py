@@ -80,7 +80,10 @@ def _ask_shards(run: str, timeout_s: float) -> SyncerView:
     answers = gather(urls, lambda url: admin_client(run, timeout_s=timeout_s, url=url))
     missing = [f"{url}: {why}" for url, status, why in answers if status is None]
     error = f"{len(missing)} of {len(urls)} shards did not answer ({'; '.join(missing)})" if missing else None
-    status = job_status(answers)
+    try:
+        status = job_status(answers)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:  # a shard's answer that does not add up
+        return SyncerView(None, None, f"a shard's status is malformed ({type(exc).__name__}: {exc}"[:300] + ")", urls[0])
     return SyncerView(status, time.time() if status is not None else None, error, urls[0])
 
 
