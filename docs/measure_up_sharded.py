@@ -43,6 +43,7 @@ def one(shards: int, tokens: int, link_mbps: float, root: Path) -> dict[str, Any
     raw = {"run": run, "training": {"preset": "tiny", "tokens": tokens, "fragments": 4, "inner_steps": 8},
            "regions": [{"name": "east", **region}, {"name": "west", **region}]}  # fmt: skip
     raw |= {"synchronizer": {"shards": shards}} if shards > 1 else {"syncer": "east"}
+    root.mkdir(parents=True, exist_ok=True)
     path = root / f"regions-{shards}.yaml"
     path.write_text(yaml.safe_dump(raw))
     started = time.monotonic()
