@@ -183,6 +183,36 @@ def test_the_syncer_checkpoints_the_merged_model_keeps_the_policys_and_a_new_run
     assert books["merged"] == newest.manifest.tokens["merged"] * 4 and books["pending"] == 0  # fragment-tokens
 
 
+@pytest.mark.parametrize("owners", [(0, 1, 0, 1), (0, 0, 0, 1), (2, 0, 1, 1), (1, 1, 1, 0)])
+def test_each_shard_resumed_from_a_whole_checkpoint_serves_its_fragments_and_the_shards_books_add_up_to_its(
+    tmp_path: Path, assembly: Assembly, owners: tuple[int, ...]
+) -> None:
+    """Books of 1001 merged tokens over 4 fragments do not split evenly: the owner of fragment 0 takes the rest."""
+    from ddctl_agents.core.shardmap import ShardMap, ShardRole
+    from ddctl_agents.service.resume import seed
+
+    tokens = {"merged": 1001, "late_merged": 7, "dropped": 3, "rejected": 0}
+    params = {n: t + 0.5 for n, t in assembly.initial.items()}
+    for name, data in encode(params, None, _manifest(assembly, tokens=tokens, versions=[5, 6, 7, 8])).items():
+        (tmp_path / name).write_bytes(data)
+    checkpoint = read_local(tmp_path, assembly)
+    shard_map = ShardMap(epoch=1, shards=tuple(f"S{i}" for i in range(max(owners) + 1)), owners=owners)
+    shards = [assembly.new_syncer(ShardRole(name=name, map=shard_map)) for name in shard_map.shards]
+    for shard in shards:
+        seed(shard, checkpoint)
+        assert shard.versions == [5, 6, 7, 8] and shard.clock["syncer"] == 7
+        books = shard.ledger.as_dict()
+        assert books["received"] == sum(books[k] for k in tokens) and books["pending"] == 0
+        owned = shard_map.owned(shard.role.name)
+        fair = {k: v * len(owned) // 4 for k, v in tokens.items()}
+        extra = {k: v - sum(v * len(shard_map.owned(s)) // 4 for s in shard_map.shards) for k, v in tokens.items()}
+        assert {k: books[k] // 4 for k in tokens} == {k: fair[k] + (extra[k] if 0 in owned else 0) for k in tokens}
+        for p in owned:
+            assert all(torch.equal(t, params[n]) for n, t in shard.fragments[p].items())
+    for key, total in tokens.items():  # what each shard reports (its ledger // fragments) adds up to the checkpoint's
+        assert sum(shard.ledger.as_dict()[key] // 4 for shard in shards) == total, key
+
+
 def test_a_checkpoint_of_another_model_is_refused_before_the_syncer_serves(tmp_path: Path, assembly: Assembly) -> None:
     other = Assembly.build(small_run(learners=2, preset="small"))
     files = encode(other.initial, None, _manifest(other))

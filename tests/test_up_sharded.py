@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from ddctl import providers
@@ -140,3 +141,73 @@ def test_up_runs_each_shard_where_the_plan_puts_it_and_ends_with_one_model(
 
 def shard_of(fragment: int, placed: dict[int, tuple[str, list[int]]]) -> int:
     return next(index for index, (_, fragments) in placed.items() if fragment in fragments)
+
+
+@pytest.mark.slow
+def test_a_sharded_run_checkpoints_on_its_schedule_and_a_new_sharded_run_resumes_from_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The controller takes the shards' global checkpoint every 12 rounds the job merged, keeps the newest two (its
+    final model the newest), ``pull`` lists and fetches them, and a new sharded run starts every shard from one: the
+    versions and books go on from the checkpoint's, the books split between the shards so they still add up."""
+    from ddctl.control.state import State
+
+    raw = {**REGIONS, "run": "scheduled", "training": {**REGIONS["training"], "tokens": 200_000},
+           "checkpoints": {"every_rounds": 12, "every_minutes": 0, "keep_last": 2}}  # fmt: skip
+    path = regions_at(tmp_path, monkeypatch, raw)
+    run = dry_run_up(path)["run"]
+    try:
+        summary = concluded(run)
+        with State() as state:
+            taken = [e for e in state.events(run) if e["kind"] == "checkpoint"]
+            figures = state.run(run).detail["checkpoints"]  # type: ignore[union-attr]
+        assert taken and all(e["rounds"] >= 12 * (i + 1) for i, e in enumerate(taken)), taken  # on the schedule
+        assert [e["cut"] for e in taken] == sorted({e["cut"] for e in taken})  # each a new consistent cut
+        assert figures["taken"] == len(taken) and figures["error"] is None and figures["name"] == taken[-1]["name"]
+        listed = runner.invoke(app, ["pull", "--run", run, "--list", "--json"])
+        assert listed.exit_code == 0, listed.output
+        entries = json.loads(listed.stdout)["checkpoints"]
+        newest = f"ckpt-{len(taken) + 1:06d}"  # the periodic ones, then the final model
+        assert [e["name"] for e in entries] == [taken[-1]["name"], newest]  # keep_last: 2
+        final = RunDir(run).final
+        kept = RunDir(run).global_checkpoints / newest
+        assert (kept / "model.safetensors").read_bytes() == (final / "model.safetensors").read_bytes()
+        assert entries[-1]["rounds"] == summary["rounds"]
+        assert entries[-1]["val_bpb"] == pytest.approx(summary["val_bpb"], abs=1e-5)
+        out = str(tmp_path / "older")
+        older = runner.invoke(app, ["pull", "--run", run, "--checkpoint", taken[-1]["name"], "--out", out, "--json"])
+        assert older.exit_code == 0, older.output
+        assert json.loads(older.stdout)["rounds"] == taken[-1]["rounds"] < summary["rounds"]
+    finally:
+        down = runner.invoke(app, ["down", "--run", run, "--json"])
+    assert down.exit_code == 0, down.output
+
+    start = read_manifest((final / MANIFEST).read_bytes())
+    raw |= {"run": "resumed", "training": {**raw["training"], "tokens": 300_000}}
+    path.write_text(yaml.safe_dump(raw))
+    up = runner.invoke(app, ["up", "-f", str(path), "--dry-run", "--resume-from", str(RunDir(run).global_checkpoints), "--json"])
+    assert up.exit_code == 0, up.output
+    try:
+        assert json.loads(up.stdout)["resumed_from"]["rounds"] == start.rounds
+        first = status("resumed")
+        assert all(v >= s for v, s in zip(first["versions"], start.versions, strict=True))  # every shard's, from the start
+        assert first["ledger"]["merged"] >= 4 * start.tokens["merged"]  # fragment-tokens: the books go on, not twice
+        summary = concluded("resumed")
+        trained_here = 100_000  # the budget's last third: each learner from its recorded step to its share's end
+        assert start.tokens["merged"] < summary["tokens"]["merged"] <= start.tokens["merged"] + trained_here
+        assert summary["val_bpb"] is not None and summary["val_bpb"] < 4.5
+    finally:
+        down = runner.invoke(app, ["down", "--run", "resumed", "--json"])
+    assert down.exit_code == 0, down.output
+    assert ProcessProvider().list_run("resumed") == []
+
+
+def concluded(run: str) -> dict[str, Any]:
+    """The run's result, once the controller has recorded it (the shards' joined model on disk)."""
+
+    def recorded() -> bool:
+        runs = json.loads(runner.invoke(app, ["ls", "--json"]).stdout)["runs"]
+        return any(r["run"] == run and r["state"] == "finished" for r in runs)
+
+    wait_until(recorded, timeout_s=300, what=f"the controller to record run {run}'s result")
+    return dict(status(run)["job"]["summary"])

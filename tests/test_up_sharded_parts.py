@@ -5,6 +5,7 @@ The processes themselves run in ``test_up_sharded.py``."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -117,17 +118,88 @@ def test_on_docker_vms_each_shard_has_an_address_of_its_own_and_a_disk_of_its_ow
     assert syncer_spec("r", vm, 8443).disks == {f"{REMOTE_ROOT}/state": str(RunDir("r").disk())}
 
 
-def test_up_refuses_what_a_sharded_synchronizer_does_not_do_before_anything_starts(tmp_path: Path, home: Path) -> None:
-    scheduled = regions(tmp_path, checkpoints={"every_rounds": 10})
-    out = runner.invoke(app, ["up", "-f", str(scheduled), "--dry-run"])
-    assert (
-        out.exit_code != 0 and "checkpoints: a sharded synchronizer (2 shards) writes its model when the job ends" in out.output
-    )
-    resumed = runner.invoke(app, ["up", "-f", str(regions(tmp_path)), "--dry-run", "--resume-from", str(tmp_path)])
-    assert resumed.exit_code != 0 and "--resume-from starts one synchronizer from a whole model" in resumed.output
-    with State() as state:
-        assert state.run("r") is None  # nothing was recorded, nothing made
-    assert not RunDir("r").shard_urls.exists()
+def test_a_resumed_sharded_run_starts_every_shard_from_the_checkpoint_and_none_checkpoints_on_its_own(home: Path) -> None:
+    from ddctl.config.regions import Checkpoints
+    from ddctl.providers.deploy import REMOTE_ROOT
+
+    RunDir("r").resume.mkdir()
+    (RunDir("r").resume / "manifest.json").write_text("{}")
+    (RunDir("r").job / "shards.json").write_text("{}")
+    vm = RegionInfo(region="west", provider="docker", python="python3", remote=True, syncer_host="10.213.4.250",
+                    shard_addresses=True)  # fmt: skip
+    for info, job in ((INFO, str(RunDir("r").job)), (vm, f"{REMOTE_ROOT}/job")):
+        for shard in (("syncer", "S0"), ("syncer-s1", "S1")):
+            spec = syncer_spec("r", info, 9000, None, Checkpoints(every_rounds=5, url="s3://bucket/ckpt"), shard)
+            argv = list(spec.argv)
+            assert argv[argv.index("--resume-from") + 1] == f"{job}/resume", (info.provider, shard)
+            assert not any(a.startswith("--checkpoint") for a in argv)  # the controller takes a sharded run's checkpoints
+            if info.remote:
+                assert spec.files[f"{job}/resume/manifest.json"] == str(RunDir("r").resume / "manifest.json")
+
+
+def test_a_sharded_runs_schedule_is_its_checkpoints_section_and_counts_the_rounds_every_shard_merged() -> None:
+    from ddctl.config.regions import Checkpoints
+    from ddctl.control.run_checkpoints import job_rounds, policy_for
+
+    policy = policy_for(Checkpoints(every_rounds=8, every_minutes=1.5, keep_last=2, keep_every=5, url="s3://b/p"), "r")
+    assert (policy.every_rounds, policy.every_s, policy.keep_last, policy.keep_every, policy.url) == (8, 90.0, 2, 5, "s3://b/p/r")
+    assert policy_for(Checkpoints(), "r").url == "" and policy_for(Checkpoints(), "r").every_s == 600.0
+    assert job_rounds([("https://a", {"rounds": 7}, ""), ("https://b", {"rounds": 5}, "")]) == 12
+    for answer, words in (
+        ((None, "ConnectError: refused"), "shard https://b did not answer: ConnectError: refused"),
+        (({"rounds": "7"}, ""), "shard https://b answered rounds='7'; a count (an integer >= 0) was expected"),
+        (({"rounds": -1}, ""), "answered rounds='-1'"),
+        (({"rounds": True}, ""), "answered rounds='True'"),
+        (({}, ""), "answered rounds='None'"),
+    ):
+        with pytest.raises(DdctlError, match=re.escape(words)):
+            job_rounds([("https://a", {"rounds": 7}, ""), ("https://b", *answer)])
+
+
+class Answers:
+    """A shard's client that answers status with what it is given (or fails), and counts what it was asked."""
+
+    def __init__(self, status: dict[str, Any] | Exception) -> None:
+        self.answer, self.asked = status, 0
+
+    def status(self) -> dict[str, Any]:
+        self.asked += 1
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_look_takes_a_checkpoint_only_when_due_and_a_failing_one_is_recorded_once_not_raised(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ddctl.control.run_checkpoints import RunCheckpoints
+    from ddctl_agents.agent.client import Unavailable
+    from ddctl_agents.service.checkpoints import CheckpointPolicy
+
+    state = State()
+    state.create_run("r", "regions.yaml", str(RunDir("r").job), {})
+    shards = {"https://a": Answers({"rounds": 3}), "https://b": Answers({"rounds": 4})}
+    schedule = RunCheckpoints("r", state, CheckpointPolicy(every_rounds=10, every_s=0), list(shards), shards.__getitem__,
+                              assembly=None, root=RunDir("r").global_checkpoints, last_at=0.0)  # fmt: skip
+    taken: list[float] = []
+    monkeypatch.setattr(RunCheckpoints, "take", lambda self, now: taken.append(now) or {"name": "ckpt-000001"})
+    assert schedule.look(1.0) is None and taken == [] and all(c.asked == 1 for c in shards.values())  # 7 rounds: not due
+    shards["https://b"].answer = {"rounds": 7, "job": {"phase": "finishing"}}
+    assert schedule.look(2.0) is None and taken == []  # 10 rounds, but the job's end takes the final model
+    shards["https://b"].answer = {"rounds": 7, "job": {"phase": "training"}}
+    assert schedule.look(2.0) == {"name": "ckpt-000001"} and taken == [2.0]
+    shards["https://b"].answer = Unavailable("https://b: connection refused")
+    assert schedule.look(3.0) is None and schedule.look(4.0) is None and taken == [2.0]
+    errors = [e for e in state.events("r") if e["kind"] == "error"]
+    assert len(errors) == 1 and errors[0]["where"] == "checkpoints" and "connection refused" in errors[0]["message"]
+    figures = state.run("r").detail["checkpoints"]  # type: ignore[union-attr]
+    assert "connection refused" in figures["error"] and figures["taken"] == 0
+    taken_event = {"t": 1.0, "event": "checkpoint", "name": "ckpt-000002", "cut": 2, "rounds": 24, "val_bpb": 3.91234,
+                   "bytes": 2_400_000, "seconds": 1.234}  # fmt: skip
+    assert event_line(taken_event).plain.endswith("checkpoint ckpt-000002: round 24, val_bpb 3.9123, 2.4 MB in 1.2s")
 
 
 # -- the job's figures from its shards' ---------------------------------------------------------------------------
@@ -205,7 +277,7 @@ def test_the_controller_ends_a_sharded_job_once_every_shard_has_its_result(
     tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     state = State()
-    state.create_run("r", "regions.yaml", str(RunDir("r").job), {})
+    state.create_run("r", str(regions(tmp_path, checkpoints={"keep_last": 2, "every_minutes": 5})), str(RunDir("r").job), {})
     state.set_run_state("r", "training")
     fake = FakeProvider()
     for name, shard_name in (("syncer", "S0"), ("syncer-s1", "S1")):
@@ -215,7 +287,14 @@ def test_the_controller_ends_a_sharded_job_once_every_shard_has_its_result(
         state.put_instance(InstanceRecord("r", name, "eu", "fake", "syncer", "running", started.provider_id, time.time(),
                                           {"spec": spec.to_json()}))  # fmt: skip
     joins: list[str] = []
-    monkeypatch.setattr(shard_end, "final_model", lambda run: joins.append(run) or {"path": "/final", "val_bpb": 3.123456})
+    policies: list[Any] = []
+
+    def final_model(run: str, policy: Any) -> dict[str, Any]:
+        joins.append(run)
+        policies.append(policy)
+        return {"path": "/final", "val_bpb": 3.123456}
+
+    monkeypatch.setattr(shard_end, "final_model", final_model)
     controller = Controller("r", state, owners={"fake": fake})
     fake.write_summary("r", "syncer-s1", json.dumps(result(rounds=5, checkpoint=None)).encode())
     controller.once()
@@ -224,6 +303,7 @@ def test_the_controller_ends_a_sharded_job_once_every_shard_has_its_result(
     assert controller.once() == []
     record = state.run("r")
     assert joins == ["r"] and record is not None and record.state == "finished"
+    assert [(p.every_s, p.keep_last, p.url) for p in policies] == [(300.0, 2, "")]  # the run's schedule keeps its final
     summary = record.detail["summary"]
     assert summary["rounds"] == 12 and summary["val_bpb"] == 3.12346 and summary["result"] == "/final"
     assert summary["tokens"]["merged"] == 1800 and summary["tokens"]["trained"] == 960

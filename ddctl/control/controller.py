@@ -11,7 +11,8 @@ is replaced as a whole (``reconcile._gang``), node 0 first. When a provider refu
 its classified error is remembered (``reconcile.remember``): the next pass
 tries the next zone or region, waits out a quota, stops a cloud whose
 credentials fail, or backs off a transient error. A sharded run's re-planner
-runs beside it (``control/run_replanning.py``), and its end is the shards' ends
+and checkpoint schedule run beside it (``control/run_replanning.py``,
+``control/run_checkpoints.py``), and its end is the shards' ends
 joined into one result and one model (``control/shard_end.py``). Runs as
 ``python -m ddctl.control.controller --run RUN`` beside the job.
 """
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ddctl import providers
-from ddctl.control import admission, run_replanning
+from ddctl.control import admission, run_checkpoints, run_replanning
 from ddctl.control.down import searched
 from ddctl.control.finish import conclude, parse_result
 from ddctl.control.launch import launch_at
@@ -133,7 +134,7 @@ class Controller:
         else:
             from ddctl.control.shard_end import sharded_result  # torch: only where a sharded job ends
 
-            result = sharded_result(self.run, results)
+            result = sharded_result(self.run, results, run_checkpoints.run_policy(self.run, self.state))
             local = result.checkpoint or local
         owners = {p.kind: p for p in searched(self.state, self.run)} | self.owners  # the ones it was given win
         summary = conclude(self.run, self.state, result, local, spare=("controller",), owners=list(owners.values()))
@@ -228,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     with State(args.state) as state:
         controller = Controller(args.run, state)
         run_replanning.start(args.run, args.state, stop)  # a sharded run's re-planner, on its own thread
+        run_checkpoints.start(args.run, args.state, stop)  # and its checkpoints, on another
         while not stop.wait(args.every):
             record = state.run(args.run)
             if record is None or record.state != "training":

@@ -34,6 +34,15 @@ def take(urls: list[str], connect: Callable[[str], SyncerClient], out: Path,
     """A global checkpoint of the shards at ``urls`` (every shard of one job), written to the new directory ``out``."""
     if out.exists():
         raise DdctlError(f"{out} exists; give a new directory for the checkpoint (nothing was written)")
+    files, result = take_files(urls, connect, evaluate, shapes)
+    write_directory(out, files)
+    return {"path": str(out), **result}
+
+
+def take_files(urls: list[str], connect: Callable[[str], SyncerClient],
+               evaluate: Callable[[dict[str, torch.Tensor]], float] | None = None,
+               shapes: Mapping[str, tuple[int, ...]] | None = None) -> tuple[dict[str, bytes], dict[str, Any]]:  # fmt: skip
+    """A global checkpoint of the shards at ``urls`` as a checkpoint's files, and what it is (cut, rounds, val_bpb)."""
     clients = {url: connect(url) for url in urls}
     try:
         routes = discover(urls, lambda url: retry(clients[url].shards, give_up_after_s=30.0))
@@ -52,9 +61,8 @@ def take(urls: list[str], connect: Callable[[str], SyncerClient], out: Path,
     val_bpb = evaluate(joined.params) if evaluate is not None else None
     manifest = joined.manifest.model_dump(exclude={"format", "files"}) | {"val_bpb": val_bpb}
     files = encode(joined.params, joined.momentum, manifest)
-    write_directory(out, files)
-    return {"path": str(out), "cut": epoch, "shards": list(routes.map.shards), "val_bpb": val_bpb,
-            "rounds": manifest["rounds"], "versions": manifest["versions"], "bytes": sum(map(len, files.values()))}  # fmt: skip
+    return files, {"cut": epoch, "shards": list(routes.map.shards), "val_bpb": val_bpb, "rounds": manifest["rounds"],
+                   "versions": manifest["versions"], "bytes": sum(map(len, files.values()))}  # fmt: skip
 
 
 def _part(client: SyncerClient, epoch: int) -> Checkpoint:

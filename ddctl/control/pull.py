@@ -1,7 +1,8 @@
 """A run's checkpoints on this machine: where they are, ``ddctl pull``, and what ``up --resume-from`` starts from.
 
 A checkpoint is read from wherever it is: a local directory, object storage (``s3://``, ``gs://``),
-or a run's own places, tried in order: the syncer's disk as this machine sees it (a local syncer's
+or a run's own places, tried in order: a sharded run's checkpoints, which the controller takes and
+keeps here (``control/run_checkpoints.py``), the syncer's disk as this machine sees it (a local syncer's
 state directory, a Docker syncer's persistent disk), the run's ``checkpoints.url``, then the syncer's
 machine over SSH. A source is either one checkpoint (it has a manifest) or a checkpoints folder (its
 ``index.json`` lists them; the newest is the default). Every file is checked against the manifest
@@ -64,12 +65,14 @@ def open_source(where: str) -> Source:
 
 
 def run_source(run: str, state: State) -> Source:
-    """Where the run's checkpoints are: a sharded run's final model, else its syncer's disk here, its object storage,
-    then its syncer over SSH."""
+    """Where the run's checkpoints are: a sharded run's (the controller's, or its final model), else its syncer's disk
+    here, its object storage, then its syncer over SSH."""
     record = state.run(run)
     if record is None:
         raise DdctlError(f"no run named {run!r}; `ddctl ls` lists them, or give --from DIR|URL")
     rundir = RunDir(run)
+    if (rundir.global_checkpoints / INDEX).is_file():  # a sharded run's, taken by the controller (its final one newest)
+        return open_source(str(rundir.global_checkpoints))
     if (rundir.final / MANIFEST).is_file():  # a sharded run's final model, joined from its shards when it ended
         return open_source(str(rundir.final))
     for local in (rundir.checkpoints(local=True), rundir.checkpoints(local=False)):

@@ -83,6 +83,11 @@ class RunDir:
         return self.root / "final"
 
     @property
+    def global_checkpoints(self) -> Path:
+        """A sharded run's checkpoints, each the shards' global checkpoint taken by the controller on the run's schedule."""
+        return self.root / "checkpoints"
+
+    @property
     def resume(self) -> Path:
         """The checkpoint a resumed run's syncer starts from (``up --resume-from``), copied into the job."""
         return self.job / "resume"

@@ -21,7 +21,7 @@ from typing import Any
 
 from ddctl import providers
 from ddctl.config import synchronizer
-from ddctl.config.regions import Checkpoints, RegionsFile, job_config
+from ddctl.config.regions import RegionsFile, job_config
 from ddctl.control import admission
 from ddctl.control import pull as pulling
 from ddctl.control.credentials import init_job_dir, token_for
@@ -43,7 +43,7 @@ from ddctl.control.specs import (
     with_rendezvous,
 )
 from ddctl.control.state import InstanceRecord, State
-from ddctl.errors import DdctlError, ProvisionError, RegionsError
+from ddctl.errors import DdctlError, ProvisionError
 from ddctl.providers import linkshape
 from ddctl.providers.base import Instance, InstanceSpec, Provider, RegionInfo
 from ddctl_agents import storage
@@ -94,7 +94,6 @@ def up(
     job = job_config(rf)
     kinds = kinds_for(rf, dry_run, say)
     runnable = synchronizer.runnable_plan(rf, job, kinds)
-    _check_sharded(rf, len(runnable.shards), resume_from)
     cadence = runnable.cadence  # each region's learners send every k periods, as planned
     check_data(job, kinds)
     run, rundir = rf.run, RunDir(rf.run)
@@ -165,23 +164,6 @@ def up(
         **first_round,
         **({"resumed_from": resumed[1]} if resumed is not None else {}),
     }
-
-
-def _check_sharded(rf: RegionsFile, shards: int, resume_from: str) -> None:
-    """What a sharded synchronizer does not do in this version, refused before anything starts (never ignored)."""
-    if shards == 1:
-        return
-    if resume_from:
-        raise DdctlError(f"--resume-from starts one synchronizer from a whole model; this plan has {shards} shards: "
-                         "resume with synchronizer: {shards: 1}")  # fmt: skip
-    if rf.checkpoints != Checkpoints():
-        raise RegionsError(
-            f"{rf.path}: checkpoints: a sharded synchronizer ({shards} shards) writes its model when the job ends "
-            "(ddctl pull) and on demand (ddctl syncer checkpoint), not on a schedule; allowed with shards > 1: "
-            "no checkpoints section",
-            path=rf.path,
-            key="checkpoints",
-        )
 
 
 def _archive(run: str, state: State) -> None:

@@ -327,6 +327,7 @@ EVENT_FORMATS = {
     "partition": "{region} cut off from the syncer for {seconds}s",
     "partition-healed": "{region} connected again after {seconds}s",
     "replan": "re-plan: {moves}: {cause}",
+    "checkpoint": "checkpoint {name}: round {rounds}, val_bpb {val_bpb:.4f}, {bytes} in {seconds:.1f}s",
 }
 ALARMS = ("preempted", "error", "leave", "rejected", "set-aside", "suspended", "fragment-degraded", "task-failed", "partition")
 

@@ -152,13 +152,17 @@ def capture(rt: SyncerRuntime) -> tuple[dict[str, torch.Tensor], dict[str, torch
 def _write(
     rt: SyncerRuntime, params: dict[str, torch.Tensor], momentum: dict[str, torch.Tensor], manifest: dict[str, Any]
 ) -> dict[str, Any]:
-    """On the I/O thread: the files, the manifest last, then the index; the same to object storage."""
-    root = rt.settings.state_dir / "checkpoints"
+    """On the I/O thread: the checkpoint's files, stored with the syncer's others."""
+    return store(rt.settings.state_dir / "checkpoints", encode(params, momentum, manifest), rt.settings.checkpoints)
+
+
+def store(root: Path, files: dict[str, bytes], policy: CheckpointPolicy) -> dict[str, Any]:
+    """A checkpoint's files as the next ``ckpt-<n>`` under ``root``: the files, the manifest last, then the index; the
+    same to object storage; what ``policy`` does not keep removed. Also the controller's, for a sharded run's global
+    checkpoints (``ddctl/control/run_checkpoints.py``)."""
     number = max(numbers(root), default=0) + 1
-    files = encode(params, momentum, manifest)
     final = root / name(number)
     write_directory(final, files)
-    policy = rt.settings.checkpoints
     keep = kept(numbers(root), policy.keep_last, policy.keep_every)
     for old in set(numbers(root)) - set(keep):
         shutil.rmtree(root / name(old), ignore_errors=True)

@@ -4,8 +4,10 @@
 syncer starts with ``--resume-from``. Every fresh syncer of the run (its first life, and each
 recovery before its first snapshot) is seeded from it, so the write-ahead log always replays on top
 of the same start. Learners bootstrap from the seeded fragments as from any others, and register at
-the step the checkpoint recorded for them, so their schedules and data streams continue. A checkpoint
-of another model is refused here, naming what differs, before anything is served.
+the step the checkpoint recorded for them, so their schedules and data streams continue. A shard of a
+sharded synchronizer is seeded from the same whole checkpoint and serves its own fragments of it, its
+books the share of the checkpoint's that its fragments carry (the shards' books add up to them). A
+checkpoint of another model is refused here, naming what differs, before anything is served.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from ddctl_agents import storage
 from ddctl_agents.core.ledger import TokenLedger
 from ddctl_agents.core.links import LearnerLinks
+from ddctl_agents.core.shard_syncer import ShardSynchronizer
 from ddctl_agents.core.syncer import Synchronizer
 from ddctl_agents.jsonable import to_json
 from ddctl_agents.train.assembly import Assembly
@@ -41,6 +44,17 @@ def read_local(path: Path, assembly: Assembly) -> Checkpoint:
     return checkpoint
 
 
+def share(tokens: int, syncer: Synchronizer) -> int:
+    """A shard's part of the checkpoint's ``tokens``: its fragments' share, the rest of the division to the owner of
+    fragment 0, so the shards' books (``tokens`` each reports) add up to the checkpoint's exactly."""
+    if not isinstance(syncer, ShardSynchronizer):
+        return tokens
+    role = syncer.role
+    count, owned = syncer.fragmentation.count, role.owned
+    rest = tokens - sum(tokens * len(role.map.owned(shard)) // count for shard in role.map.shards)
+    return tokens * len(owned) // count + (rest if 0 in owned else 0)
+
+
 def seed(syncer: Synchronizer, checkpoint: Checkpoint) -> None:
     """Overwrite a freshly built syncer with the checkpoint's model and books (it was checked against the job)."""
     manifest, count = checkpoint.manifest, syncer.fragmentation.count
@@ -55,7 +69,7 @@ def seed(syncer: Synchronizer, checkpoint: Checkpoint) -> None:
             syncer.buffers[p] = {n: checkpoint.momentum[n].clone() for n in names if n in checkpoint.momentum}
     syncer.versions = list(manifest.versions)
     syncer.clock = {**syncer.clock, **manifest.vclock}
-    books = {k: manifest.tokens.get(k, 0) * count for k in BOOKS}  # tokens -> fragment-tokens
+    books = {k: share(manifest.tokens.get(k, 0), syncer) * count for k in BOOKS}  # tokens -> fragment-tokens
     syncer.ledger = TokenLedger(received=sum(books.values()), **books)
     for learner, step in manifest.steps.items():
         syncer.links.setdefault(learner, LearnerLinks()).pace.last_step = step

@@ -155,8 +155,9 @@ def shard_role(args: argparse.Namespace, files: JobFiles) -> ShardRole | None:
         role.map.check_fragments(files.job.sync.fragments)
     except ConfigError as exc:
         raise ConfigError(f"{args.shard_map}: {exc}") from None
+    # a shard may start from a whole checkpoint (``--resume-from``: it serves its fragments of it), not evaluate or write one
     whole_model = {"--eval-every": args.eval_every, "--checkpoint-every-rounds": args.checkpoint_every_rounds,
-                   "--checkpoint-every": args.checkpoint_every, "--resume-from": args.resume_from}  # fmt: skip
+                   "--checkpoint-every": args.checkpoint_every}  # fmt: skip
     for flag, value in whole_model.items():
         if value:
             raise ConfigError(f"{flag} needs the whole model, and a shard holds only its fragments; drop it with --shard")
