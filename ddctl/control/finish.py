@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Annotated, Any
 
@@ -22,8 +23,9 @@ from ddctl.control.down import down
 from ddctl.control.rundir import RunDir
 from ddctl.control.runs import dollars_so_far
 from ddctl.control.state import State
-from ddctl.errors import DdctlError
+from ddctl.errors import DdctlError, UnreachableError
 from ddctl.providers.base import Provider
+from ddctl_agents.errors import Unavailable
 from ddctl_agents.waiting import wait_until
 
 Count = Annotated[int, Field(ge=0, le=2**62)]
@@ -116,21 +118,45 @@ def conclude(
     return summary
 
 
-def stop(run: str, state: State, reason: str, timeout_s: float = 600.0) -> dict[str, Any]:
-    """Ask the syncer (every shard) to end the job now, then wait until the controller recorded the result."""
-    from ddctl.control.up import admin_client
+def stop(run: str, state: State, reason: str, timeout_s: float = 600.0, ask: StopAsk | None = None) -> dict[str, Any]:
+    """Ask the syncer (every shard) to end the job now, then wait until the controller recorded the result.
 
+    A shard that does not answer (restarting, a network blip) is asked again while we wait, so
+    the others are not left running on its account; past ``timeout_s`` the error names every
+    shard that never answered, or says the job is still finishing."""
+    ask = ask or _ask_shard
+    unasked = list(RunDir(run).urls())
     stopping = False
-    for url in RunDir(run).urls():  # every shard of a sharded synchronizer ends its fragments' part of the job
-        client = admin_client(run, url=url)
-        try:
-            stopping |= bool(client.stop_job(reason).get("stopping"))
-        finally:
-            client.close()
 
     def ended() -> dict[str, Any] | None:
+        nonlocal stopping
+        for url in list(unasked):  # every shard of a sharded synchronizer ends its fragments' part of the job
+            try:
+                stopping |= ask(run, url, reason)
+            except Unavailable:
+                continue
+            unasked.remove(url)
         record = state.run(run)
         return record.detail.get("summary") if record is not None and record.state in ("finished", "kept") else None
 
-    summary = wait_until(ended, timeout_s=timeout_s, every_s=0.5, what=f"{run} to finish")
+    def late(message: str) -> DdctlError:
+        if unasked:
+            return UnreachableError(f"{message}: the synchronizer at {', '.join(unasked)} never answered the stop")
+        return DdctlError(f"{message}; every synchronizer was asked to stop, `ddctl status --run {run}` shows where it is")
+
+    summary = wait_until(ended, timeout_s=timeout_s, every_s=0.5, what=f"{run} to finish", error=late)
     return {"run": run, "stopping": stopping, "summary": summary}
+
+
+StopAsk = Callable[[str, str, str], bool]
+"""(run, url, reason) -> whether that syncer began ending the job now (False: it already was); Unavailable if unreached."""
+
+
+def _ask_shard(run: str, url: str, reason: str) -> bool:
+    from ddctl.control.up import admin_client
+
+    client = admin_client(run, url=url)
+    try:
+        return bool(client.stop_job(reason).get("stopping"))
+    finally:
+        client.close()
