@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +105,31 @@ def test_up_converging_a_live_run_says_nothing_is_missing(tmp_path: Path, fake_u
         said: list[str] = []
         up_module.up(rf, state, dry_run=True, say=said.append)
     assert "every instance already runs" in said and not any(line.startswith("made the job") for line in said)
+
+
+def test_converging_a_live_run_never_starts_again_a_learner_that_finished(tmp_path: Path, fake_up: FakeProvider) -> None:
+    rf = load_regions(write_regions(tmp_path, REGIONS))
+    with State() as state:
+        up_module.up(rf, state, dry_run=True, say=lambda _: None)
+        [l1] = [r for r in state.instances("quiet") if r.name == "L1"]
+        state.put_instance(replace(l1, state="finished"))  # what the controller records when L1 trained its share
+        fake_up.end("quiet", "L1")
+        fake_up.end("quiet", "L2")  # L2 did not finish: it is started again
+        result = up_module.up(rf, state, dry_run=True, say=lambda _: None)
+    started = {c["instance"] for c in result["changed"] if c["action"] in ("create", "replace")}
+    assert started == {"L2"}, result["changed"]
+    assert {i.name for i in fake_up.list_run("quiet") if i.alive} == {"controller", "syncer", "L0", "L2"}
+    planned = runner.invoke(app, ["up", "--dry-run", "--plan", "--json", "-f", str(write_regions(tmp_path, REGIONS))])
+    assert planned.exit_code == 0, planned.output
+    actions = {i["name"]: (i["action"], i["reason"]) for i in json.loads(planned.stdout)["instances"]}
+    assert actions["L1"] == ("done", "finished its work; not started again") and actions["L0"] == ("keep", "running")
+
+
+def test_a_plan_with_no_state_file_makes_none(tmp_path: Path, fake_up: FakeProvider) -> None:
+    planned = runner.invoke(app, ["up", "--dry-run", "--plan", "--json", "-f", str(write_regions(tmp_path, REGIONS))])
+    assert planned.exit_code == 0, planned.output
+    assert {i["action"] for i in json.loads(planned.stdout)["instances"]} == {"create"}
+    assert not State.default_path().exists()
 
 
 def test_the_cli_prints_the_stages_plainly_off_a_terminal(tmp_path: Path, fake_up: FakeProvider) -> None:

@@ -43,8 +43,11 @@ def up(
 
     def body() -> dict[str, Any]:
         rf = load_regions(file)
-        if plan_only:
+        if plan_only and not State.default_path().is_file():  # read only: no state file made for a plan
             return plan_actions(rf, dry_run=dry_run, say=say)
+        if plan_only:
+            with State() as state:
+                return plan_actions(rf, dry_run=dry_run, say=say, state=state)
         with State() as state, progress_lines(f"bringing {rf.run} up") as progress:  # a spinner on a terminal
             return up(rf, state, dry_run=dry_run, keep=keep, resume_from=resume_from, say=progress)
 

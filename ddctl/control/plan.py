@@ -11,6 +11,7 @@ its region's zones, then its fallback regions.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -134,19 +135,30 @@ def plan(rf: RegionsFile, kinds: dict[str, str]) -> list[PlannedInstance]:
     return sorted(out, key=lambda i: (i.role != "syncer", i.learner, i.node, len(i.name), i.name))
 
 
-def desired(instances: list[PlannedInstance]) -> list[Desired]:
-    return [Desired(name=i.name, role=i.role, placements=i.placements, group=i.learner, node=i.node) for i in instances]
+def desired(instances: list[PlannedInstance], done: Collection[str] = ()) -> list[Desired]:
+    """The plan as reconcile wants it; ``done``: the instances whose work is finished (never started again)."""
+    return [
+        Desired(name=i.name, role=i.role, placements=i.placements, group=i.learner, node=i.node, done=i.name in done)
+        for i in instances
+    ]
 
 
 def plan_summary(
-    rf: RegionsFile, kinds: dict[str, str], actions: list[Action] | None = None, quotes: PlanQuotes | None = None
+    rf: RegionsFile,
+    kinds: dict[str, str],
+    actions: list[Action] | None = None,
+    quotes: PlanQuotes | None = None,
+    done: Collection[str] = (),
 ) -> dict[str, Any]:
     """The plan as ``up --plan`` prints it; ``gpus``, ``nodes``: each region's ranks per VM and VMs per learner;
-    with ``actions``, what ``up`` would do about each instance now; with ``quotes``, each region's prices, egress
-    and warnings, and the totals (a learner's every VM counted)."""
+    with ``actions``, what ``up`` would do about each instance now (``done``: those whose work is finished); with
+    ``quotes``, each region's prices, egress and warnings, and the totals (a learner's every VM counted)."""
     instances = plan(rf, kinds)
     known = [i.max_dollars_per_hour for i in instances if i.max_dollars_per_hour is not None]
-    todo = {a.name: a for a in actions or [] if a.kind in ("create", "replace", "wait", "give_up")}
+    todo: dict[str, tuple[str, str]] = {
+        a.name: (a.kind, a.reason) for a in actions or [] if a.kind in ("create", "replace", "wait", "give_up")
+    }
+    todo |= {name: ("done", "finished its work; not started again") for name in done}
     return {
         "run": rf.run,
         "syncer_region": rf.syncer,
@@ -162,8 +174,8 @@ def plan_summary(
                 "instance_type": i.instance_type,
                 "spot": i.spot,
                 "max_dollars_per_hour": i.max_dollars_per_hour,
-                "action": todo[i.name].kind if i.name in todo else "keep",
-                "reason": todo[i.name].reason if i.name in todo else "running",
+                "action": todo.get(i.name, ("keep", "running"))[0],
+                "reason": todo.get(i.name, ("keep", "running"))[1],
             }
             for i in instances
         ],

@@ -81,8 +81,12 @@ class InstanceRecord:
 class State:
     """The SQLite file; one connection, foreign keys on, WAL journal so readers never block writers."""
 
+    @staticmethod
+    def default_path() -> Path:
+        return data_dir() / "state.sqlite3"
+
     def __init__(self, path: Path | None = None) -> None:
-        self.path = path or data_dir() / "state.sqlite3"
+        self.path = path or self.default_path()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
         self.db.execute("PRAGMA journal_mode=WAL")
