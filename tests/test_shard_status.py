@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddctl.control.shard_status import summarize
+import pytest
+
+from ddctl.control.shard_status import gather, summarize
+from ddctl_agents.errors import Unavailable
 
 
 def status(name: str, epoch: int, owned: list[int], versions: list[int], received: int, trained: int) -> dict[str, Any]:
@@ -51,3 +54,35 @@ def test_each_shard_shows_its_own_site_reading_and_a_malformed_one_reads_as_not_
     rows = summarize([("a", good, ""), ("b", odd, ""), ("c", old, "")])["shards"]
     assert rows[0]["site"] == {"name": "h1", "up_mbps": 58.2, "down_mbps": 49.0}
     assert rows[1]["site"] == rows[2]["site"] == {"name": "", "up_mbps": None, "down_mbps": None}
+
+
+class Shard:
+    """A shard's client that answers ``answer`` (an exception: raised), and notes that it was closed."""
+
+    def __init__(self, answer: Any) -> None:
+        self.answer, self.closed = answer, False
+
+    def status(self) -> Any:
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [["not", "a", "status"], {"rounds": 3}, {"ledger": None}, {"versions": [1]}, {"shard": {"name": "S1", "owned": [9]}},
+     {"tokens": {"merged": "x"}}, {"job": "finished"}],
+)  # fmt: skip
+def test_a_shard_whose_status_is_malformed_is_listed_as_not_answering_and_the_job_reads_from_the_others(bad: Any) -> None:
+    good = status("S0", 1, [0, 1], [1, 1, 0, 0], received=10, trained=10)
+    odd = bad if isinstance(bad, list) or bad == {"rounds": 3} else {**status("S1", 1, [2, 3], [0, 0, 1, 1], 10, 10), **bad}
+    clients = {"https://a": Shard(good), "https://b": Shard(odd), "https://c": Shard(Unavailable("connection refused"))}
+    answers = gather(list(clients), clients.__getitem__)
+    assert [a[0] for a in answers] == list(clients) and answers[0] == ("https://a", good, "")
+    assert answers[1][1] is None and answers[1][2].startswith("its status is malformed (") and len(answers[1][2]) <= 301
+    assert answers[2] == ("https://c", None, "connection refused") and all(c.closed for c in clients.values())
+    job = summarize(answers)["job"]
+    assert job["partial"] and job["reachable"] == 1 and job["rounds"] == 2 and job["versions"] == [1, 1, None, None]

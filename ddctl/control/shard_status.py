@@ -20,6 +20,8 @@ BOOKS = ("received", "merged", "late_merged", "dropped", "rejected", "pending")
 """The ledger's entries (fragment-tokens): each shard counts its own fragments'."""
 PER_LEARNER = ("budget", "planned", "trained")
 """Token figures about learners, which every shard hears in full."""
+MALFORMED = (KeyError, TypeError, ValueError, IndexError, AttributeError)
+"""What reading a status that does not have the service's shape raises."""
 
 
 def job_figure(key: str, a: int, b: int) -> int:
@@ -27,15 +29,28 @@ def job_figure(key: str, a: int, b: int) -> int:
     return max(a, b) if key in PER_LEARNER else a + b
 
 
-def gather(urls: Sequence[str], connect: Callable[[str], SyncerClient]) -> list[tuple[str, dict[str, Any] | None, str]]:
-    """(url, status or None, why not) for each shard."""
+def readable(status: Any) -> None:
+    """Raises one of MALFORMED unless ``status`` holds every figure the job's are made of."""
+    summarize([("", status, "")])
+
+
+def gather(
+    urls: Sequence[str], connect: Callable[[str], SyncerClient], check: Callable[[Any], None] | None = readable
+) -> list[tuple[str, dict[str, Any] | None, str]]:
+    """(url, status or None, why not) for each shard; a status that fails ``check`` counts as no answer, so one
+    shard's malformed answer cannot hide the others' figures (None: the caller checks what it reads itself)."""
     out: list[tuple[str, dict[str, Any] | None, str]] = []
     for url in urls:
         client = connect(url)
         try:
-            out.append((url, client.status(), ""))
+            status = client.status()
+            if check is not None:
+                check(status)
+            out.append((url, status, ""))
         except (Unavailable, AgentError) as exc:
             out.append((url, None, str(exc)))
+        except MALFORMED as exc:
+            out.append((url, None, f"its status is malformed ({type(exc).__name__}: {exc}"[:300] + ")"))
         finally:
             client.close()
     return out

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.live import Live
 
 from ddctl.control.rundir import RunDir
-from ddctl.control.shard_status import gather
+from ddctl.control.shard_status import MALFORMED, gather
 from ddctl.control.state import State
 from ddctl.control.up import admin_client
 from ddctl.dashboard.render import render
@@ -82,7 +82,7 @@ def _ask_shards(run: str, timeout_s: float) -> SyncerView:
     error = f"{len(missing)} of {len(urls)} shards did not answer ({'; '.join(missing)})" if missing else None
     try:
         status = job_status(answers)
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:  # a shard's answer that does not add up
+    except MALFORMED as exc:  # shards' answers that do not add up together
         return SyncerView(None, None, f"a shard's status is malformed ({type(exc).__name__}: {exc}"[:300] + ")", urls[0])
     return SyncerView(status, time.time() if status is not None else None, error, urls[0])
 
