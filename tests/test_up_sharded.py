@@ -107,7 +107,10 @@ def test_up_runs_each_shard_where_the_plan_puts_it_and_ends_with_one_model(
         for key in ("received", "merged", "late_merged", "dropped", "pending"):
             assert job["ledger"][key] == sum(s["ledger"][key] for s in finals), key
         assert job["tokens"]["trained"] == max(s["tokens"]["trained"] for s in finals) > 0  # the learners', once
-        assert job["versions"] == [finals[shard_of(p, placed)]["versions"][p] for p in range(4)]
+        owners = {p: s for s in sorted(finals, key=lambda s: s["shard"]["epoch"]) for p in s["shard"]["owned"]}
+        assert job["versions"] == [owners[p]["versions"][p] for p in range(4)]  # each fragment's, at its owner at the end
+        if {s["shard"]["epoch"] for s in finals} == {row["epoch"] for row in rows.values()}:  # no re-plan moved one
+            assert [finals.index(owners[p]) for p in range(4)] == [shard_of(p, placed) for p in range(4)]
         assert job["bytes"]["sent"] == sum(s["bytes_up"] + s["bytes_down"] for s in finals)
 
         def concluded() -> dict[str, Any] | None:
