@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -43,10 +44,8 @@ def up(
 
     def body() -> dict[str, Any]:
         rf = load_regions(file)
-        if plan_only and not State.default_path().is_file():  # read only: no state file made for a plan
-            return plan_actions(rf, dry_run=dry_run, say=say)
-        if plan_only:
-            with State() as state:
+        if plan_only:  # read only: a plan reads the state file where there is one and makes none
+            with State() if State.default_path().is_file() else nullcontext(None) as state:
                 return plan_actions(rf, dry_run=dry_run, say=say, state=state)
         with State() as state, progress_lines(f"bringing {rf.run} up") as progress:  # a spinner on a terminal
             return up(rf, state, dry_run=dry_run, keep=keep, resume_from=resume_from, say=progress)

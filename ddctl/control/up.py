@@ -140,8 +140,7 @@ def up(
         meets = {i.learner: rendezvous_port(infos[i.region]) for i in planned if i.nodes > 1 and i.node == 0}
         mounts = local_data(job)
         specs = {i.name: _spec(run, i, infos, rf, ports, meets.get(i.learner, 0), mounts, cadence) for i in planned}
-        done = () if fresh else finished_instances(state, run)
-        actions = reconcile(desired(planned, done), observe(run, set(kinds.values())), time.time())
+        actions = reconcile(desired(planned, finished_instances(state, run)), observe(run, set(kinds.values())), time.time())
         changed = _carry_out(state, owners, planned, specs, actions, say)
         say("waiting for the first merged round")
         syncers = {i.name: owners[i.provider] for i in planned if i.role == "syncer"}
@@ -368,8 +367,12 @@ def _ensure_controller(run: str, state: State, say: Any) -> None:
     state.put_instance(record)
 
 
-def finished_instances(state: State, run: str) -> set[str]:
-    """The run's instances whose work is done (a learner that trained its share): converging never starts them again."""
+def finished_instances(state: State | None, run: str) -> set[str]:
+    """A live run's instances whose work is done (a learner that trained its share): converging never starts them
+    again. None for a new run, an ended one (``up`` starts it afresh) or no state file."""
+    record = None if state is None else state.run(run)
+    if state is None or record is None or record.state in ENDED:
+        return set()
     return {r.name for r in state.instances(run) if r.state == "finished"}
 
 
@@ -378,7 +381,6 @@ def plan_actions(rf: RegionsFile, *, dry_run: bool, say: Any = print, state: Sta
     kinds = kinds_for(rf, dry_run, say)
     job = job_config(rf)
     check_data(job, kinds)
-    record = None if state is None else state.run(rf.run)
-    done = finished_instances(state, rf.run) if state is not None and record is not None and record.state not in ENDED else ()
+    done = finished_instances(state, rf.run)
     actions = reconcile(desired(plan(rf, kinds), done), observe(rf.run, set(kinds.values())), time.time())
     return plan_summary(rf, kinds, actions, quote_plan(rf, kinds), done) | {"synchronizer": synchronizer.summary(rf, job)}
