@@ -86,3 +86,32 @@ def test_a_wait_that_runs_out_after_every_shard_answered_says_so_and_is_no_crash
         stop("r", state, "enough", timeout_s=0.6, ask=ask)
     assert not isinstance(caught.value, UnreachableError) and exit_code_for(caught.value) == EXIT_USAGE
     assert "every synchronizer was asked to stop" in str(caught.value) and "ddctl status --run r" in str(caught.value)
+
+
+ANSWERS = [
+    ({"stopping": True}, True),
+    ({"stopping": False}, False),
+    ({"stopping": "yes"}, False),
+    (["stopping"], False),
+    (None, False),
+]
+
+
+@pytest.mark.parametrize(("answer", "stopping"), ANSWERS)
+def test_a_shards_answer_to_the_stop_is_checked_and_the_client_closed(
+    answer: object, stopping: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ddctl.control import finish, up
+
+    closed: list[bool] = []
+
+    class Client:
+        def stop_job(self, reason: str) -> object:
+            assert reason == "enough"
+            return answer
+
+        def close(self) -> None:
+            closed.append(True)
+
+    monkeypatch.setattr(up, "admin_client", lambda run, url: Client())
+    assert finish._ask_shard("r", SHARDS[0], "enough") is stopping and closed == [True]

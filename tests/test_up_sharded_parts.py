@@ -200,6 +200,8 @@ def test_a_look_takes_a_checkpoint_only_when_due_and_a_failing_one_is_recorded_o
     taken_event = {"t": 1.0, "event": "checkpoint", "name": "ckpt-000002", "cut": 2, "rounds": 24, "val_bpb": 3.91234,
                    "bytes": 2_400_000, "seconds": 1.234}  # fmt: skip
     assert event_line(taken_event).plain.endswith("checkpoint ckpt-000002: round 24, val_bpb 3.9123, 2.4 MB in 1.2s")
+    unevaluated = event_line(taken_event | {"val_bpb": None}).plain  # a field not of its kind: every field, no crash
+    assert "name=ckpt-000002" in unevaluated and "rounds=24" in unevaluated and "val_bpb" not in unevaluated
 
 
 # -- the job's figures from its shards' ---------------------------------------------------------------------------

@@ -118,6 +118,10 @@ def conclude(
     return summary
 
 
+StopAsk = Callable[[str, str, str], bool]
+"""(run, url, reason) -> whether that syncer began ending the job now (False: it already was); Unavailable if unreached."""
+
+
 def stop(run: str, state: State, reason: str, timeout_s: float = 600.0, ask: StopAsk | None = None) -> dict[str, Any]:
     """Ask the syncer (every shard) to end the job now, then wait until the controller recorded the result.
 
@@ -148,15 +152,12 @@ def stop(run: str, state: State, reason: str, timeout_s: float = 600.0, ask: Sto
     return {"run": run, "stopping": stopping, "summary": summary}
 
 
-StopAsk = Callable[[str, str, str], bool]
-"""(run, url, reason) -> whether that syncer began ending the job now (False: it already was); Unavailable if unreached."""
-
-
 def _ask_shard(run: str, url: str, reason: str) -> bool:
     from ddctl.control.up import admin_client
 
     client = admin_client(run, url=url)
     try:
-        return bool(client.stop_job(reason).get("stopping"))
+        answer = client.stop_job(reason)
     finally:
         client.close()
+    return isinstance(answer, dict) and answer.get("stopping") is True  # checked: another process's answer

@@ -20,7 +20,7 @@ BOOKS = ("received", "merged", "late_merged", "dropped", "rejected", "pending")
 """The ledger's entries (fragment-tokens): each shard counts its own fragments'."""
 PER_LEARNER = ("budget", "planned", "trained")
 """Token figures about learners, which every shard hears in full."""
-MALFORMED = (KeyError, TypeError, ValueError, IndexError, AttributeError)
+MALFORMED = (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError)
 """What reading a status that does not have the service's shape raises."""
 
 

@@ -341,7 +341,7 @@ def event_line(e: dict[str, Any]) -> Text:
     chosen = "recovered-from-log" if kind == "recovered" and not fields.get("snapshot") else kind
     try:
         detail = EVENT_FORMATS[chosen].format(**fields)
-    except (KeyError, IndexError, ValueError):
+    except (KeyError, IndexError, ValueError, TypeError):  # a field missing or not of its kind (a None val_bpb)
         detail = " ".join(f"{k}={v}" for k, v in fields.items() if v not in (None, ""))
     calm = kind == "leave" and fields.get("reason") in ("finished", "stopped")  # a learner done with its share
     good = kind in ("join", "readmitted", "finished")
