@@ -81,3 +81,31 @@ def test_a_replan_moves_only_fragments_that_relieve_a_site_never_a_relabelling()
     assert replan is not None and [(m.source, m.target) for m in replan.moves] == [("b", "a")]
     assert replan.after == pytest.approx(plan_shards(sites, flow, settings).utilisation)  # one move reaches the plan's load
     assert replan.after < replan.before * 0.8
+
+
+def test_a_replan_moves_half_the_way_so_an_overloaded_reading_does_not_overshoot() -> None:
+    """h1 read at a third of its link (its transfers queueing while it is overloaded) calls for moving two of its
+    three fragments; the re-plan moves one, past the gain and half the way. Read at what the link really is (half),
+    the one move was the whole way: no second re-plan, and none moving a fragment back."""
+    from ddctl.bench.wan_replan import HUBS, hub_case, hub_layout
+    from ddctl.config.synchronizer import traffic
+
+    case = hub_case()
+    layout = hub_layout(case)
+    owned = [layout.shard_sites[o] for o in layout.owner]
+    settings = PlanSettings(shards=2, relays=False, cadence=layout.cadence)
+
+    def h1_slower(by: float) -> list[Site]:
+        return [
+            dataclasses.replace(s, candidate=s.name in HUBS, up_bytes_s=s.up_bytes_s / (by if s.name == "h1" else 1),
+                                down_bytes_s=s.down_bytes_s / (by if s.name == "h1" else 1))
+            for s in case.sites()
+        ]  # fmt: skip
+
+    planner = Replanner(ReplanSettings(confirmations=1, dwell_s=0))
+    replan = planner.consider(0.0, h1_slower(3), traffic(case.job()), owned, settings)
+    assert replan is not None and [(m.source, m.target) for m in replan.moves] == [("h1", "h2")]
+    assert planner.best < replan.after <= min(replan.before * 0.8, (replan.before + planner.best) / 2)
+    owned[replan.moves[0].fragment] = "h2"
+    assert owned.count("h1") == 2
+    assert all(planner.consider(float(t), h1_slower(2), traffic(case.job()), owned, settings) is None for t in range(1, 30))
