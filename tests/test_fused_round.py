@@ -17,7 +17,7 @@ import torch
 from builders import small_syncer, update_for
 from ddctl_agents.core import _native
 from ddctl_agents.core import syncer as syncer_module
-from ddctl_agents.core.admission import UpdateLimits, check_update
+from ddctl_agents.core.admission import MeasuredTensors, UpdateLimits, check_result, check_update
 from ddctl_agents.core.codec import encode
 from ddctl_agents.core.config import OuterConfig
 from ddctl_agents.core.fused_round import fused_outer_step
@@ -89,6 +89,9 @@ def _checked(packed, decoded, params, buffers, method, config, taken):  # type: 
     want = _reference(params, buffers, decoded, method, config, taken)
     _assert_close(fused[0], want[0])
     _assert_close(fused[1], want[1])
+    for tensors in fused:  # what the step kept for the result's check is every new tensor's exact max |value|
+        assert isinstance(tensors, MeasuredTensors) and set(tensors.largest) == set(tensors)
+        assert all(tensors.largest[name] == float(t.abs().max()) for name, t in tensors.items())
     return fused
 
 
@@ -122,6 +125,32 @@ def test_fused_round_takes_the_references_rda_or_mean_decision(m: int, shared: f
         assert float(step.norm()) > 0.9 * math.sqrt(m) * float(mean.norm())
     else:
         torch.testing.assert_close(step, mean, rtol=1e-3, atol=5e-7)  # RDA would be 15-33% longer
+
+
+@pytest.mark.parametrize("where", [0, 4771])  # in the eight-wide body and in the tail of w's 4,773 values
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_the_results_check_sees_a_non_finite_value_the_step_wrote(where: int, bad: float) -> None:
+    """The step keeps NaN where it wrote one (a max would drop it) and Inf as the largest, so the check the round
+    runs on its result (no second read) refuses it, as it refuses the same values measured afresh."""
+    packed, _ = _contributions(_random(3, seed=11), "int4", 64)
+    params, buffers = _state(3, with_buffers=True)
+    params["w"].view(-1)[where] = bad
+    fused = fused_outer_step(params, buffers, packed, embeddings=frozenset({"emb"}), method="rda",
+                             config=OuterConfig(lr=0.7, momentum=0.5), taken=4)  # fmt: skip
+    assert fused is not None and isinstance(fused[0], MeasuredTensors)
+    kept = fused[0].largest["w"]
+    assert math.isnan(kept) if math.isnan(bad) else kept == math.inf
+    limits = UpdateLimits(drift_per_step=1.0, max_steps=100, tokens_per_step=1.0, param_bound=100.0)
+    assert "'w' would become NaN or Inf" in str(check_result(*fused, limits))
+    assert check_result(dict(fused[0]), dict(fused[1]), limits) == check_result(*fused, limits)
+
+
+def test_the_results_check_reads_what_the_step_kept_and_measures_the_rest() -> None:
+    limits = UpdateLimits(drift_per_step=1.0, max_steps=100, tokens_per_step=1.0, param_bound=10.0)
+    kept = MeasuredTensors({"w": torch.ones(3)}, {"w": 11.0})  # the step's own figure is what counts for w
+    assert "beyond the bound 10" in str(check_result(kept, {}, limits))
+    partly = MeasuredTensors({"w": torch.ones(3), "b": torch.full((2,), 12.0)}, {"w": 1.0})  # b: measured afresh
+    assert "'b' would reach |12|" in str(check_result(partly, {}, limits))
 
 
 def test_zero_weight_contributions_count_for_nothing_and_momentum_starts_at_the_delta() -> None:

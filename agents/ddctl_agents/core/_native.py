@@ -26,7 +26,7 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
     # native/fused.c: the syncer's round on packed updates
     "ddctl_q_stats": ([ctypes.c_int, _P, _P, _I64, _I64, _P], None),
     "ddctl_q_combine": ([ctypes.c_int, ctypes.c_int, _I64, _P, _P, _P, _I64, _I64, _P, _P], None),
-    "ddctl_step_from": ([_P, _F, _I64, _P, _P, _F, _F, ctypes.c_int, _P, _P], None),
+    "ddctl_step_from": ([_P, _F, _I64, _P, _P, _F, _F, ctypes.c_int, _P, _P, _P], None),
     # native/crc32.c
     "ddctl_crc32": ([ctypes.c_uint32, _P, ctypes.c_size_t], ctypes.c_uint32),
 }
@@ -119,12 +119,15 @@ def packed_combine(
 
 def step_from(
     delta: int, scale: float, numel: int, theta: int, buf: int | None, momentum: tuple[float, float, bool], out: tuple[int, int]
-) -> None:
-    """The outer step with delta = ``scale`` * the float32 values at ``delta`` (which may be one of ``out``).
+) -> tuple[float, float]:
+    """The outer step with delta = ``scale`` * the float32 values at ``delta`` (which may be one of ``out``); the
+    largest |value| it wrote to each of ``out`` (NaN if it wrote a NaN), for the result's check.
 
     ``momentum`` is (mu, lr, nesterov); ``buf`` None starts the momentum at delta."""
     mu, lr, nesterov = momentum
-    _library().ddctl_step_from(delta, scale, numel, theta, buf, mu, lr, int(nesterov), out[0], out[1])
+    largest = (ctypes.c_float * 2)()
+    _library().ddctl_step_from(delta, scale, numel, theta, buf, mu, lr, int(nesterov), out[0], out[1], largest)
+    return largest[0], largest[1]
 
 
 def crc32(address: int, nbytes: int, value: int) -> int:

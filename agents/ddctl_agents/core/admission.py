@@ -103,11 +103,21 @@ def check_update(update: Update, expected: Mapping[str, torch.Tensor], limits: U
     return None
 
 
+class MeasuredTensors(dict[str, torch.Tensor]):
+    """Tensors whose max |value| the pass that wrote them also kept (``largest``, NaN where one holds a NaN), so the
+    result's check reads none of them again: the fused round's step writes the new values and momentum this way."""
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor], largest: Mapping[str, float]) -> None:
+        super().__init__(tensors)
+        self.largest = dict(largest)
+
+
 def check_result(params: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor], limits: UpdateLimits) -> str | None:
     """None if a fragment's new values and momentum may be published; else why not."""
     for kind, tensors in (("parameter", params), ("momentum", buffers)):
+        known = tensors.largest if isinstance(tensors, MeasuredTensors) else {}
         for name, t in tensors.items():
-            largest = _absmax(t)
+            largest = known[name] if name in known else _absmax(t)
             if not math.isfinite(largest):
                 return f"{kind} {name!r} would become NaN or Inf"
             if largest > limits.param_bound:

@@ -8,6 +8,8 @@ the updates: one pass over their codes writes it into the result's memory (``pac
 and a light pass takes the step from it (``step_from``). RDA needs the norms of the mean and of
 the summed unit directions before it can choose: the updates' norms come from their codes
 (``Packed.stats``), and the same one pass writes both combinations with their norms.
+The step keeps the largest |value| it writes, so the result's check (``admission``)
+reads neither new tensor again.
 
 The result agrees with the reference to float32 rounding, not bit for bit, so a run and
 its replay must take the same path; both decode updates with ``decode_update``, which
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from ddctl_agents.core import _native
+from ddctl_agents.core.admission import MeasuredTensors
 from ddctl_agents.core.choices import MERGES
 from ddctl_agents.core.config import OuterConfig
 from ddctl_agents.core.merge import PREMISE_MARGIN, Contribution, rda_scale
@@ -56,6 +59,7 @@ def fused_outer_step(
     shares = [share for _, share in live]
     new_params: Fragment = {}
     new_buffers: Fragment = {}
+    largest: dict[str, tuple[float, float]] = {}
     for name, theta in params.items():
         tensors = [p[name] for p, _ in live]
         buf = buffers.get(name)
@@ -65,9 +69,12 @@ def fused_outer_step(
         out = torch.empty_like(theta), torch.empty_like(theta)
         momentum = (config.momentum, config.lr_at(taken), config.nesterov)
         step = _Step(theta, None if buf is None else buf.contiguous(), momentum, out)
-        (_mean_step if method == "mean" or name in embeddings else _rda_step)(tensors, shares, step)
+        largest[name] = (_mean_step if method == "mean" or name in embeddings else _rda_step)(tensors, shares, step)
         new_params[name], new_buffers[name] = out
-    return new_params, new_buffers
+    return (
+        MeasuredTensors(new_params, {name: top for name, (top, _) in largest.items()}),
+        MeasuredTensors(new_buffers, {name: top for name, (_, top) in largest.items()}),
+    )
 
 
 def _uniform(tensors: list[Packed], theta: torch.Tensor, buf: torch.Tensor | None) -> bool:
@@ -92,21 +99,22 @@ class _Step:
     momentum: tuple[float, float, bool]
     out: tuple[torch.Tensor, torch.Tensor]
 
-    def take(self, delta: torch.Tensor, scale: float) -> None:
-        """The step with delta = ``scale`` * ``delta`` (one of ``out``: each element is read before it is written)."""
+    def take(self, delta: torch.Tensor, scale: float) -> tuple[float, float]:
+        """The step with delta = ``scale`` * ``delta`` (one of ``out``: each element is read before it is written);
+        the largest |value| of each of ``out`` (NaN where one is NaN)."""
         buf = None if self.buf is None else self.buf.data_ptr()
         theta, out = self.theta, (self.out[0].data_ptr(), self.out[1].data_ptr())
-        _native.step_from(delta.data_ptr(), scale, theta.numel(), theta.data_ptr(), buf, self.momentum, out)
+        return _native.step_from(delta.data_ptr(), scale, theta.numel(), theta.data_ptr(), buf, self.momentum, out)
 
 
-def _mean_step(tensors: list[Packed], shares: list[float], step: _Step) -> None:
+def _mean_step(tensors: list[Packed], shares: list[float], step: _Step) -> tuple[float, float]:
     """outer.outer_step of merge.weighted_mean: the mean into ``out[0]``, then the step from it."""
     first, mean = tensors[0], step.out[0]
     _native.packed_combine(first.codec, *_addresses(tensors), [shares], first.numel, first.block, [mean.data_ptr()])
-    step.take(mean, 1.0)
+    return step.take(mean, 1.0)
 
 
-def _rda_step(tensors: list[Packed], shares: list[float], step: _Step) -> None:
+def _rda_step(tensors: list[Packed], shares: list[float], step: _Step) -> tuple[float, float]:
     """outer.outer_step of merge.premise_checked_rda: both combinations into ``out``, then the step from one."""
     norms = [t.norm() for t in tensors]
     if not all(math.isfinite(n) for n in norms):
@@ -119,4 +127,4 @@ def _rda_step(tensors: list[Packed], shares: list[float], step: _Step) -> None:
         first.codec, *_addresses(tensors), [shares, directions], first.numel, first.block, [mean.data_ptr(), direction.data_ptr()]
     )
     scale = rda_scale(radius, squares, math.sqrt(mean2), math.sqrt(strength2), PREMISE_MARGIN)
-    step.take(mean, 1.0) if scale is None else step.take(direction, scale)
+    return step.take(mean, 1.0) if scale is None else step.take(direction, scale)
