@@ -24,7 +24,7 @@ from ddctl_agents.core.fused_round import fused_outer_step
 from ddctl_agents.core.merge import Contribution, merge_fragment
 from ddctl_agents.core.messages import Update, decode_update, encode_update
 from ddctl_agents.core.outer import outer_step
-from ddctl_agents.core.packed import Packed, PackedTensors
+from ddctl_agents.core.packed import Packed, PackedSum, PackedTensors
 from ddctl_agents.core.rounds import accumulate
 
 pytestmark = pytest.mark.usefixtures("native_kernels")
@@ -167,13 +167,54 @@ def test_zero_weight_contributions_count_for_nothing_and_momentum_starts_at_the_
     _assert_close(fused[0], without[0])
 
 
+def test_a_learners_updates_added_for_one_round_stay_packed_and_read_as_the_eager_sum() -> None:
+    packed, decoded = _contributions(_random(3, seed=5), "int4", 64)
+    two, three = accumulate(packed[0], packed[1]), accumulate(accumulate(packed[0], packed[1]), packed[2])
+    assert isinstance(two.tensors, PackedSum) and isinstance(three.tensors, PackedSum) and len(three.tensors.parts) == 3
+    eager = accumulate(accumulate(decoded[0], decoded[1]), decoded[2])  # decoded values: added at once, as before
+    assert not isinstance(eager.tensors, PackedSum) and sorted(three.tensors) == sorted(eager.tensors)
+    assert all(torch.equal(three.tensors[name], eager.tensors[name]) for name in SHAPES)  # bit for bit
+    assert (three.c_steps, three.c_tokens) == (eager.c_steps, eager.c_tokens)
+    mixed = accumulate(packed[0], decoded[1])  # one of them decoded (restored from a snapshot): decoded values
+    assert not isinstance(mixed.tensors, PackedSum)
+    assert all(torch.equal(mixed.tensors[n], decoded[0].tensors[n] + decoded[1].tensors[n]) for n in SHAPES)
+
+
+@pytest.mark.parametrize("codec", ["int4", "int8"])
+@pytest.mark.parametrize("method", ["rda", "mean"])
+@pytest.mark.parametrize("shared", [0.0, 1.0])
+def test_a_round_with_a_learners_added_updates_stays_fused_and_matches_the_reference(
+    codec: str, method: str, shared: float
+) -> None:
+    """L0's three updates and L1's two are added for the round; L2 sent one. The fused path takes them packed, with
+    RDA's norm of each learner's sum, and publishes what the reference does with the added, decoded values."""
+    vectors = _random(6, seed=21, shared=shared)
+    packed, decoded = _contributions(vectors, codec, 64, tokens=[500, 600, 700, 800, 900, 1000])
+    learners = {"L0": [0, 1, 2], "L1": [3, 4], "L2": [5]}
+
+    def added(contributions: list[Contribution]) -> list[Contribution]:
+        out = []
+        for name, members in learners.items():
+            total = None
+            for m in members:
+                total = accumulate(total, dataclasses.replace(contributions[m], learner=name))
+            assert total is not None
+            out.append(total)
+        return out
+
+    summed_packed, summed_decoded = added(packed), added(decoded)
+    assert isinstance(summed_packed[0].tensors, PackedSum) and not isinstance(summed_decoded[0].tensors, PackedSum)
+    params, buffers = _state(6, with_buffers=True)
+    _checked(summed_packed, summed_decoded, params, buffers, method, OuterConfig(lr=0.7, momentum=0.5), 2)
+
+
 def test_what_the_fused_path_cannot_do_goes_to_the_reference() -> None:
-    packed, _ = _contributions(_random(2, seed=9), "int4", 64)
+    packed, decoded = _contributions(_random(2, seed=9), "int4", 64)
     params, _ = _state(4, with_buffers=False)
     kw = {"embeddings": frozenset({"emb"}), "method": "rda", "config": OuterConfig(), "taken": 0}
-    summed = accumulate(packed[0], packed[0])  # two updates of one learner, added: decoded values
-    assert not isinstance(summed.tensors, PackedTensors)
-    assert fused_outer_step(params, {}, [summed, packed[1]], **kw) is None  # type: ignore[arg-type]
+    restored = accumulate(packed[0], decoded[0])  # one update of the sum restored from a snapshot: decoded values
+    assert not isinstance(restored.tensors, PackedSum | PackedTensors)
+    assert fused_outer_step(params, {}, [restored, packed[1]], **kw) is None  # type: ignore[arg-type]
     int8, _ = _contributions(_random(1, seed=9), "int8", 64)
     assert fused_outer_step(params, {}, [packed[0], int8[0]], **kw) is None  # type: ignore[arg-type]
     other_block, _ = _contributions(_random(1, seed=9), "int4", 32)
@@ -259,23 +300,32 @@ def test_admission_refuses_a_packed_update_of_the_wrong_shape_without_decoding_i
     assert packed.tensors._decoded == {}  # type: ignore[attr-defined]
 
 
-def test_a_syncer_fed_packed_updates_publishes_what_one_fed_decoded_updates_does(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Three rounds of three learners through the whole core: the fused path is taken and agrees."""
+@pytest.mark.parametrize(
+    "senders",
+    [("L0", "L1", "L2"), ("L0", "L0", "L1")],  # the second: L0 sends its next period's drift before the round closes
+)
+def test_a_syncer_fed_packed_updates_publishes_what_one_fed_decoded_updates_does(
+    monkeypatch: pytest.MonkeyPatch, senders: tuple[str, ...]
+) -> None:
+    """Three rounds through the whole core: the fused path is taken (a learner's two updates added packed) and
+    publishes what a syncer fed the decoded updates does."""
     reference_rounds: list[int] = []
 
     def counted(contributions, *args):  # type: ignore[no-untyped-def]
-        reference_rounds.append(isinstance(contributions[0].tensors, PackedTensors))
+        reference_rounds.append(isinstance(contributions[0].tensors, PackedTensors | PackedSum))
         return merge_fragment(contributions, *args)
 
     monkeypatch.setattr(syncer_module, "merge_fragment", counted)
-    syncers = {"packed": small_syncer(quorum=3, fragments=1), "decoded": small_syncer(quorum=3, fragments=1)}
+    learners = sorted(set(senders))
+    quorum = len(learners)
+    syncers = {"packed": small_syncer(quorum=quorum, fragments=1), "decoded": small_syncer(quorum=quorum, fragments=1)}
     gen = torch.Generator().manual_seed(11)
     for s in syncers.values():
-        for learner in ("L0", "L1", "L2"):
+        for learner in learners:
             s.register(0.0, learner)
     for r in range(3):
-        for m, learner in enumerate(("L0", "L1", "L2")):
-            base = update_for(syncers["packed"], learner, 0, c_tokens=400 + 100 * m, update_id=f"{learner}.{r}")
+        for m, learner in enumerate(senders):
+            base = update_for(syncers["packed"], learner, 0, c_tokens=400 + 100 * m, update_id=f"{learner}.{r}.{m}")
             tensors = {k: 1e-3 * torch.randn(t.shape, generator=gen) for k, t in base.tensors.items()}
             frame = encode_update(dataclasses.replace(base, tensors=tensors), "int4", 64)
             for kind, s in syncers.items():
@@ -283,9 +333,12 @@ def test_a_syncer_fed_packed_updates_publishes_what_one_fed_decoded_updates_does
                 assert isinstance(update.tensors, PackedTensors) == (kind == "packed")
                 ack, _ = s.receive(float(r), update)
                 assert ack.status == "accepted"
+        twice = [name for name in learners if senders.count(name) > 1]
+        assert all(isinstance(syncers["packed"].rounds[0].fresh[name].tensors, PackedSum) for name in twice)
         for s in syncers.values():
             s.close_round(float(r), 0, "all_arrived", "test")
     assert syncers["packed"].versions == syncers["decoded"].versions == [3]
     assert reference_rounds == [False] * 3  # only the decoded syncer took the reference path
     _assert_close(syncers["packed"].fragments[0], syncers["decoded"].fragments[0])
     _assert_close(syncers["packed"].buffers[0], syncers["decoded"].buffers[0])
+    assert syncers["packed"].ledger.merged == syncers["decoded"].ledger.merged > 0

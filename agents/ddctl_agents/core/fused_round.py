@@ -13,9 +13,11 @@ reads neither new tensor again.
 
 The result agrees with the reference to float32 rounding, not bit for bit, so a run and
 its replay must take the same path; both decode updates with ``decode_update``, which
-keeps int8/int4 updates packed whenever the kernels are there. Anything else (a round
-with an update restored from a snapshot, two updates of one learner added together, an
-fp32 codec, a layout the reference would refuse) answers None and takes the reference path.
+keeps int8/int4 updates packed whenever the kernels are there. A learner's updates added
+together for one round (``packed.PackedSum``) stay packed too: each enters the pass with
+the learner's coefficient, and RDA takes the norm of their sum in a pass of its own.
+Anything else (a round with an update restored from a snapshot, an fp32 codec, a layout
+the reference would refuse) answers None and takes the reference path.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from ddctl_agents.core.admission import MeasuredTensors
 from ddctl_agents.core.choices import MERGES
 from ddctl_agents.core.config import OuterConfig
 from ddctl_agents.core.merge import PREMISE_MARGIN, Contribution, rda_scale
-from ddctl_agents.core.packed import Packed, PackedTensors
+from ddctl_agents.core.packed import Packed, packed_parts
 
 Fragment = dict[str, torch.Tensor]
 
@@ -48,22 +50,23 @@ def fused_outer_step(
 ) -> tuple[Fragment, Fragment] | None:
     """(params, buffers) after merging ``contributions`` and stepping; None where the reference path must run."""
     ordered = sorted(contributions, key=lambda c: c.learner)
-    packs = [c.tensors.packed for c in ordered if isinstance(c.tensors, PackedTensors)]
+    found = [packed_parts(c.tensors) for c in ordered]
+    packs = [[part.packed for part in parts] for parts in found if parts is not None]
     weights = [c.weight for c in ordered]
     total = float(sum(weights))
     if method not in MERGES or not packs or len(packs) < len(ordered) or total <= 0.0 or _native.kernels() is None:
         return None
-    if any(set(p) != set(params) for p in packs) or any(w < 0 for w in weights):
+    if any(set(part) != set(params) for parts in packs for part in parts) or any(w < 0 for w in weights):
         return None
-    live = [(p, w / total) for p, w in zip(packs, weights, strict=True) if w]
+    live = [(parts, w / total) for parts, w in zip(packs, weights, strict=True) if w]
     shares = [share for _, share in live]
     new_params: Fragment = {}
     new_buffers: Fragment = {}
     largest: dict[str, tuple[float, float]] = {}
     for name, theta in params.items():
-        tensors = [p[name] for p, _ in live]
+        tensors = [[part[name] for part in parts] for parts, _ in live]
         buf = buffers.get(name)
-        if not _uniform(tensors, theta, buf):
+        if not _uniform([t for parts in tensors for t in parts], theta, buf):
             return None
         theta = theta.contiguous()
         out = torch.empty_like(theta), torch.empty_like(theta)
@@ -85,8 +88,26 @@ def _uniform(tensors: list[Packed], theta: torch.Tensor, buf: torch.Tensor | Non
     return same and state_ok
 
 
-def _addresses(tensors: list[Packed]) -> tuple[list[int], list[int]]:
-    return [t.scales for t in tensors], [t.codes for t in tensors]
+Learners = list[list[Packed]]
+"""One tensor of each learner's contribution: its packed updates (several where ``rounds.accumulate`` added them)."""
+
+
+def _combine(tensors: Learners, coefficients: list[list[float]], out: list[torch.Tensor]) -> list[float]:
+    """``packed_combine`` with one coefficient per learner, given to each of its updates: out[k] = sum_m c[k][m] v_m
+    where v_m is learner m's updates added up; their squared norms."""
+    flat = [t for parts in tensors for t in parts]
+    per_update = [[c for c, parts in zip(row, tensors, strict=True) for _ in parts] for row in coefficients]
+    first = flat[0]
+    addresses = [t.scales for t in flat], [t.codes for t in flat]
+    return _native.packed_combine(first.codec, *addresses, per_update, first.numel, first.block, [o.data_ptr() for o in out])
+
+
+def _norm(parts: list[Packed]) -> float:
+    """The L2 norm of one learner's tensor: from its codes' stats, or for updates added up, one pass over them."""
+    if len(parts) == 1:
+        return parts[0].norm()
+    scratch = torch.empty(parts[0].numel)
+    return math.sqrt(_combine([parts], [[1.0]], [scratch])[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,24 +128,21 @@ class _Step:
         return _native.step_from(delta.data_ptr(), scale, theta.numel(), theta.data_ptr(), buf, self.momentum, out)
 
 
-def _mean_step(tensors: list[Packed], shares: list[float], step: _Step) -> tuple[float, float]:
+def _mean_step(tensors: Learners, shares: list[float], step: _Step) -> tuple[float, float]:
     """outer.outer_step of merge.weighted_mean: the mean into ``out[0]``, then the step from it."""
-    first, mean = tensors[0], step.out[0]
-    _native.packed_combine(first.codec, *_addresses(tensors), [shares], first.numel, first.block, [mean.data_ptr()])
-    return step.take(mean, 1.0)
+    _combine(tensors, [shares], [step.out[0]])
+    return step.take(step.out[0], 1.0)
 
 
-def _rda_step(tensors: list[Packed], shares: list[float], step: _Step) -> tuple[float, float]:
+def _rda_step(tensors: Learners, shares: list[float], step: _Step) -> tuple[float, float]:
     """outer.outer_step of merge.premise_checked_rda: both combinations into ``out``, then the step from one."""
-    norms = [t.norm() for t in tensors]
+    norms = [_norm(parts) for parts in tensors]
     if not all(math.isfinite(n) for n in norms):
         return _mean_step(tensors, shares, step)  # refused at admission; the result's check decides
     radius = sum(a * n for a, n in zip(shares, norms, strict=True))
     squares = sum((a * n) ** 2 for a, n in zip(shares, norms, strict=True))
     directions = [a / n if n > 0.0 else 0.0 for a, n in zip(shares, norms, strict=True)]
-    first, (mean, direction) = tensors[0], step.out
-    mean2, strength2 = _native.packed_combine(
-        first.codec, *_addresses(tensors), [shares, directions], first.numel, first.block, [mean.data_ptr(), direction.data_ptr()]
-    )
+    mean, direction = step.out
+    mean2, strength2 = _combine(tensors, [shares, directions], [mean, direction])
     scale = rda_scale(radius, squares, math.sqrt(mean2), math.sqrt(strength2), PREMISE_MARGIN)
     return step.take(mean, 1.0) if scale is None else step.take(direction, scale)

@@ -13,7 +13,7 @@ the wire layer has already checked every size, so decoding later cannot fail.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -81,6 +81,38 @@ class PackedTensors(Mapping[str, torch.Tensor]):
 
     def __len__(self) -> int:
         return len(self.packed)
+
+
+class PackedSum(Mapping[str, torch.Tensor]):
+    """A learner's consecutive updates for one round (``rounds.accumulate``), each still packed: the fused round
+    merges their codes; indexing decodes and adds them in arrival order (once), what adding them eagerly gives."""
+
+    def __init__(self, parts: Sequence[PackedTensors]) -> None:
+        self.parts = tuple(parts)
+        self._sums: dict[str, torch.Tensor] = {}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._sums:
+            total = self.parts[0].packed[name].decode()
+            for part in self.parts[1:]:
+                total = total + part.packed[name].decode()
+            self._sums[name] = total
+        return self._sums[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.parts[-1])
+
+    def __len__(self) -> int:
+        return len(self.parts[-1])
+
+
+def packed_parts(tensors: Mapping[str, torch.Tensor]) -> tuple[PackedTensors, ...] | None:
+    """The packed updates ``tensors`` adds up (one for a single frame); None when its values are already decoded."""
+    if isinstance(tensors, PackedTensors):
+        return (tensors,)
+    if isinstance(tensors, PackedSum):
+        return tensors.parts
+    return None
 
 
 def measure(tensors: Mapping[str, torch.Tensor]) -> None:

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import torch
+
 from ddctl_agents.core.merge import Contribution
+from ddctl_agents.core.packed import PackedSum, packed_parts
 
 
 @dataclass(slots=True)
@@ -55,10 +59,16 @@ class Round:
 
 
 def accumulate(previous: Contribution | None, new: Contribution) -> Contribution:
-    """Two updates of one learner for one round are consecutive drifts: add them."""
+    """Two updates of one learner for one round are consecutive drifts: add them (still packed where both are, so
+    the round stays on the fused path)."""
     if previous is None:
         return new
-    tensors = {k: previous.tensors[k] + new.tensors[k] for k in new.tensors}
+    before, after = packed_parts(previous.tensors), packed_parts(new.tensors)
+    tensors: Mapping[str, torch.Tensor]
+    if before is not None and after is not None:
+        tensors = PackedSum((*before, *after))
+    else:
+        tensors = {k: previous.tensors[k] + new.tensors[k] for k in new.tensors}
     return Contribution(
         learner=new.learner,
         tensors=tensors,
