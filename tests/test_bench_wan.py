@@ -180,7 +180,10 @@ def test_one_synchronizer_against_the_full_scheduler_over_the_wan() -> None:
     from ddctl.bench.wan import measure_wan
 
     said: list[str] = []
-    result = measure_wan(WanCase(seconds=16.0), ["N", "W"], said.append)
+    # 24 s, not 16: the steady window starts once every learner has stepped, and on a loaded CI machine eight learners
+    # importing torch on two cores started 14 s apart, leaving a 16 s run a window of 0.17 s (its figures then read
+    # 3% off through the rounding of window_s alone, and no region was due to send in it)
+    result = measure_wan(WanCase(seconds=24.0), ["N", "W"], said.append)
     assert said[0].startswith("building the WAN: 5 regions") and said[-2].startswith("layout W (2 of 2): 3 shard(s)")
     assert said[-1].startswith("layout W: efficiency ") and said[-1].endswith("books balanced: True")
     n, w = result["rows"]
@@ -193,7 +196,7 @@ def test_one_synchronizer_against_the_full_scheduler_over_the_wan() -> None:
         for region, site in row["sites"].items():
             up_mbit, down_mbit = result["case"]["links_mbit"][region]
             busier = max(site["bytes_up"] * 8 / up_mbit, site["bytes_down"] * 8 / down_mbit) / row["window_s"] / 1e6
-            assert site["measured"] == pytest.approx(busier, rel=0.01)
+            assert site["measured"] == pytest.approx(busier, rel=0.01), (row["layout"], region, row["window_s"])
         # A region due to send twice in the window carried traffic; a slow one at cadence 8 sends every 64 steps
         # (6.4 s and more), which a 6-9 s window can miss entirely (CI saw 0 bytes there once).
         period = {r: row["cadence"][r] * result["case"]["inner_steps"] * row["step_s"][r] for r in row["sites"]}
