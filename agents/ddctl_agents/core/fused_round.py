@@ -62,7 +62,8 @@ def fused_outer_step(
     shares = [share for _, share in live]
     new_params: Fragment = {}
     new_buffers: Fragment = {}
-    largest: dict[str, tuple[float, float]] = {}
+    top_params: dict[str, float] = {}
+    top_buffers: dict[str, float] = {}
     for name, theta in params.items():
         tensors = [[part[name] for part in parts] for parts, _ in live]
         buf = buffers.get(name)
@@ -72,12 +73,9 @@ def fused_outer_step(
         out = torch.empty_like(theta), torch.empty_like(theta)
         momentum = (config.momentum, config.lr_at(taken), config.nesterov)
         step = _Step(theta, None if buf is None else buf.contiguous(), momentum, out)
-        largest[name] = (_mean_step if method == "mean" or name in embeddings else _rda_step)(tensors, shares, step)
-        new_params[name], new_buffers[name] = out
-    return (
-        MeasuredTensors(new_params, {name: top for name, (top, _) in largest.items()}),
-        MeasuredTensors(new_buffers, {name: top for name, (_, top) in largest.items()}),
-    )
+        kept = (_mean_step if method == "mean" or name in embeddings else _rda_step)(tensors, shares, step)
+        (new_params[name], new_buffers[name]), (top_params[name], top_buffers[name]) = out, kept
+    return MeasuredTensors(new_params, top_params), MeasuredTensors(new_buffers, top_buffers)
 
 
 def _uniform(tensors: list[Packed], theta: torch.Tensor, buf: torch.Tensor | None) -> bool:
