@@ -13,9 +13,10 @@ setup(
             sources=[
                 "agents/ddctl_agents/native/kernels.c",
                 "agents/ddctl_agents/native/fused.c",
+                "agents/ddctl_agents/native/step.c",
                 "agents/ddctl_agents/native/crc32.c",
             ],
-            depends=["agents/ddctl_agents/native/common.h"],
+            depends=["agents/ddctl_agents/native/common.h", "agents/ddctl_agents/native/packed.h"],
             extra_compile_args=["-O3", "-std=c11", "-fno-math-errno", "-ffp-contract=off"],
             optional=True,
         )

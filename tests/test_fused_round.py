@@ -129,13 +129,14 @@ def test_fused_round_takes_the_references_rda_or_mean_decision(m: int, shared: f
 
 @pytest.mark.parametrize("where", [0, 4771])  # in the eight-wide body and in the tail of w's 4,773 values
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
-def test_the_results_check_sees_a_non_finite_value_the_step_wrote(where: int, bad: float) -> None:
+@pytest.mark.parametrize("method", ["rda", "mean"])  # the step from a written combination, and the one-pass step
+def test_the_results_check_sees_a_non_finite_value_the_step_wrote(where: int, bad: float, method: str) -> None:
     """The step keeps NaN where it wrote one (a max would drop it) and Inf as the largest, so the check the round
     runs on its result (no second read) refuses it, as it refuses the same values measured afresh."""
     packed, _ = _contributions(_random(3, seed=11), "int4", 64)
     params, buffers = _state(3, with_buffers=True)
     params["w"].view(-1)[where] = bad
-    fused = fused_outer_step(params, buffers, packed, embeddings=frozenset({"emb"}), method="rda",
+    fused = fused_outer_step(params, buffers, packed, embeddings=frozenset({"emb"}), method=method,
                              config=OuterConfig(lr=0.7, momentum=0.5), taken=4)  # fmt: skip
     assert fused is not None and isinstance(fused[0], MeasuredTensors)
     kept = fused[0].largest["w"]

@@ -27,6 +27,7 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
     "ddctl_q_stats": ([ctypes.c_int, _P, _P, _I64, _I64, _P], None),
     "ddctl_q_combine": ([ctypes.c_int, ctypes.c_int, _I64, _P, _P, _P, _I64, _I64, _P, _P], None),
     "ddctl_step_from": ([_P, _F, _I64, _P, _P, _F, _F, ctypes.c_int, _P, _P, _P], None),
+    "ddctl_q_combine_step": ([ctypes.c_int, _I64, _P, _P, _P, _I64, _I64, _F, _P, _P, _F, _F, ctypes.c_int, _P, _P, _P], None),
     # native/crc32.c
     "ddctl_crc32": ([ctypes.c_uint32, _P, ctypes.c_size_t], ctypes.c_uint32),
 }
@@ -107,13 +108,16 @@ def packed_stats(codec: str, scales: int, codes: int, numel: int, block: int) ->
 def packed_combine(
     codec: str, scales: list[int], codes: list[int], coefficients: list[list[float]], numel: int, block: int, out: list[int]
 ) -> list[float]:
-    """out[k] = sum_m coefficients[k][m] v_m over packed tensors v_m (k < 2), decoding each once; their squared norms."""
+    """out[k] = sum_m coefficients[k][m] v_m over packed tensors v_m (k < 2), decoding each once; their squared norms.
+
+    ``out`` empty: the norms only, nothing written."""
     count = len(coefficients)
-    assert 1 <= count <= 2 and len(out) == count and all(len(c) == len(codes) for c in coefficients)
+    assert 1 <= count <= 2 and len(out) in (0, count) and all(len(c) == len(codes) for c in coefficients)
     norms = (ctypes.c_double * count)()
     fn = _library().ddctl_q_combine
     flat = _floats([x for row in coefficients for x in row])
-    fn(_CODEC_BITS[codec], count, len(codes), _pointers(scales), _pointers(codes), flat, numel, block, _pointers(out), norms)
+    outs = _pointers(out) if out else None
+    fn(_CODEC_BITS[codec], count, len(codes), _pointers(scales), _pointers(codes), flat, numel, block, outs, norms)
     return list(norms)
 
 
@@ -127,6 +131,28 @@ def step_from(
     mu, lr, nesterov = momentum
     largest = (ctypes.c_float * 2)()
     _library().ddctl_step_from(delta, scale, numel, theta, buf, mu, lr, int(nesterov), out[0], out[1], largest)
+    return largest[0], largest[1]
+
+
+def packed_combine_step(
+    codec: str,
+    packed: tuple[list[int], list[int]],
+    coefficients: list[float],
+    block: int,
+    scale: float,
+    step: tuple[int, int, int | None, tuple[float, float, bool], tuple[int, int]],
+) -> tuple[float, float]:
+    """``packed_combine`` of one combination, then ``step_from`` with delta = ``scale`` * it, in one pass that never
+    writes the combination: the same values. ``packed`` is (scales, codes) of the updates; ``step`` is (numel, theta,
+    buf, momentum, out) as ``step_from`` takes them."""
+    scales, codes = packed
+    numel, theta, buf, (mu, lr, nesterov), out = step
+    assert len(coefficients) == len(codes) == len(scales)
+    largest = (ctypes.c_float * 2)()
+    _library().ddctl_q_combine_step(
+        _CODEC_BITS[codec], len(codes), _pointers(scales), _pointers(codes), _floats(coefficients), numel, block, scale,
+        theta, buf, mu, lr, int(nesterov), out[0], out[1], largest,
+    )  # fmt: skip
     return largest[0], largest[1]
 
 

@@ -4,12 +4,12 @@ Why: the round is the syncer's hot loop (``packed`` says what it costs decoded).
 decisions are merge.py's and outer.py's, unchanged: token weights, RDA where its premise
 holds and the weighted mean elsewhere (and for embeddings), the Nesterov step with its
 warm-up. Only the arithmetic moves. Every choice is a linear combination ``sum c_m v_m`` of
-the updates: one pass over their codes writes it into the result's memory (``packed_combine``),
-and a light pass takes the step from it (``step_from``). RDA needs the norms of the mean and of
-the summed unit directions before it can choose: the updates' norms come from their codes
-(``Packed.stats``), and the same one pass writes both combinations with their norms.
-The step keeps the largest |value| it writes, so the result's check (``admission``)
-reads neither new tensor again.
+the updates. The mean is formed and stepped in one pass over the codes (``packed_combine_step``)
+and never written. RDA needs the norms of the mean and of the summed unit directions before it
+can choose: the updates' norms come from their codes (``Packed.stats``), one pass writes both
+combinations with their norms (``packed_combine``), and a light pass takes the step from the
+one chosen (``step_from``). The step keeps the largest |value| it writes, so the result's check
+(``admission``) reads neither new tensor again.
 
 The result agrees with the reference to float32 rounding, not bit for bit, so a run and
 its replay must take the same path; both decode updates with ``decode_update``, which
@@ -90,50 +90,66 @@ Learners = list[list[Packed]]
 """One tensor of each learner's contribution: its packed updates (several where ``rounds.accumulate`` added them)."""
 
 
+def _per_update(tensors: Learners, coefficients: list[float]) -> tuple[list[Packed], list[float]]:
+    """Every learner's updates in one list, each given its learner's coefficient (so sum_m c_m v_m, where v_m is
+    learner m's updates added up)."""
+    return [t for parts in tensors for t in parts], [c for c, parts in zip(coefficients, tensors, strict=True) for _ in parts]
+
+
+def _addresses(flat: list[Packed]) -> tuple[list[int], list[int]]:
+    return [t.scales for t in flat], [t.codes for t in flat]
+
+
 def _combine(tensors: Learners, coefficients: list[list[float]], out: list[torch.Tensor]) -> list[float]:
-    """``packed_combine`` with one coefficient per learner, given to each of its updates: out[k] = sum_m c[k][m] v_m
-    where v_m is learner m's updates added up; their squared norms."""
-    flat = [t for parts in tensors for t in parts]
-    per_update = [[c for c, parts in zip(row, tensors, strict=True) for _ in parts] for row in coefficients]
-    first = flat[0]
-    addresses = [t.scales for t in flat], [t.codes for t in flat]
-    return _native.packed_combine(first.codec, *addresses, per_update, first.numel, first.block, [o.data_ptr() for o in out])
+    """out[k] = sum_m c[k][m] v_m for each row k (at most two), in one pass over the codes; their squared norms.
+    ``out`` empty: the norms only, nothing written."""
+    rows = [_per_update(tensors, row) for row in coefficients]
+    flat, addresses = rows[0][0], _addresses(rows[0][0])
+    return _native.packed_combine(
+        flat[0].codec, *addresses, [c for _, c in rows], flat[0].numel, flat[0].block, [o.data_ptr() for o in out]
+    )
 
 
 def _norm(parts: list[Packed]) -> float:
     """The L2 norm of one learner's tensor: from its codes' stats, or for updates added up, one pass over them."""
-    if len(parts) == 1:
-        return parts[0].norm()
-    scratch = torch.empty(parts[0].numel)
-    return math.sqrt(_combine([parts], [[1.0]], [scratch])[0])
+    return parts[0].norm() if len(parts) == 1 else math.sqrt(_combine([parts], [[1.0]], [])[0])
 
 
 @dataclass(frozen=True, slots=True)
 class _Step:
     """One tensor's outer step: its values, its momentum (None: it starts at the delta), (mu, lr, nesterov), and the
-    two new tensors (theta', buf') it writes, which also hold the combinations before the step reads them."""
+    two new tensors (theta', buf') it writes (which may hold combinations before the step reads them)."""
 
     theta: torch.Tensor
     buf: torch.Tensor | None
     momentum: tuple[float, float, bool]
     out: tuple[torch.Tensor, torch.Tensor]
 
-    def take(self, delta: torch.Tensor, scale: float) -> tuple[float, float]:
-        """The step with delta = ``scale`` * ``delta`` (one of ``out``: each element is read before it is written);
-        the largest |value| of each of ``out`` (NaN where one is NaN)."""
+    def take(self, tensors: Learners, coefficients: list[float], scale: float) -> tuple[float, float]:
+        """The step with delta = ``scale`` * sum_m c_m v_m, combined and stepped in one native pass; the largest
+        |value| of each of ``out`` (NaN where one is NaN)."""
+        flat, per_update = _per_update(tensors, coefficients)
+        buf = None if self.buf is None else self.buf.data_ptr()
+        step = (self.theta.numel(), self.theta.data_ptr(), buf, self.momentum, (self.out[0].data_ptr(), self.out[1].data_ptr()))
+        return _native.packed_combine_step(flat[0].codec, _addresses(flat), per_update, flat[0].block, scale, step)
+
+    def take_from(self, delta: torch.Tensor, scale: float) -> tuple[float, float]:
+        """The step with delta = ``scale`` * ``delta``, a combination already written (one of ``out``: each element is
+        read before it is written); the largest |value| of each of ``out`` (NaN where one is NaN)."""
         buf = None if self.buf is None else self.buf.data_ptr()
         theta, out = self.theta, (self.out[0].data_ptr(), self.out[1].data_ptr())
         return _native.step_from(delta.data_ptr(), scale, theta.numel(), theta.data_ptr(), buf, self.momentum, out)
 
 
 def _mean_step(tensors: Learners, shares: list[float], step: _Step) -> tuple[float, float]:
-    """outer.outer_step of merge.weighted_mean: the mean into ``out[0]``, then the step from it."""
-    _combine(tensors, [shares], [step.out[0]])
-    return step.take(step.out[0], 1.0)
+    """outer.outer_step of merge.weighted_mean: the mean formed and stepped in one pass, never written."""
+    return step.take(tensors, shares, 1.0)
 
 
 def _rda_step(tensors: Learners, shares: list[float], step: _Step) -> tuple[float, float]:
-    """outer.outer_step of merge.premise_checked_rda: both combinations into ``out``, then the step from one."""
+    """outer.outer_step of merge.premise_checked_rda: both combinations into ``out`` with their norms in one pass, then
+    the step from the one chosen. (Forming the chosen one again with the step, as the mean does, costs more: a pass
+    over the codes is bound by decoding them, not by writing the result.)"""
     norms = [_norm(parts) for parts in tensors]
     if not all(math.isfinite(n) for n in norms):
         return _mean_step(tensors, shares, step)  # refused at admission; the result's check decides
@@ -143,4 +159,4 @@ def _rda_step(tensors: Learners, shares: list[float], step: _Step) -> tuple[floa
     mean, direction = step.out
     mean2, strength2 = _combine(tensors, [shares, directions], [mean, direction])
     scale = rda_scale(radius, squares, math.sqrt(mean2), math.sqrt(strength2), PREMISE_MARGIN)
-    return step.take(mean, 1.0) if scale is None else step.take(direction, scale)
+    return step.take_from(mean, 1.0) if scale is None else step.take_from(direction, scale)

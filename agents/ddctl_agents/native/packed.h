@@ -1,0 +1,142 @@
+/* What fused.c and step.c share: reading int8/int4 codes a block and a tile
+ * at a time (codec.py's wire contract), portable and on AVX2. */
+#ifndef DDCTL_NATIVE_PACKED_H
+#define DDCTL_NATIVE_PACKED_H
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(DDCTL_NO_CLONES)
+#include <immintrin.h>
+#define DDCTL_AVX2_PATH 1
+#endif
+
+#define TILE 1024 /* elements per tile: its accumulators stay in L1 */
+
+static inline float load_scale(const uint8_t *scales, int64_t b) {
+    float s;
+    memcpy(&s, scales + 4 * b, sizeof s);
+    return s;
+}
+
+static inline int32_t low_nibble(uint32_t b) { return (int32_t)((b & 0x0fu) ^ 0x08u) - 8; }
+static inline int32_t high_nibble(uint32_t b) { return (int32_t)(((b >> 4) & 0x0fu) ^ 0x08u) - 8; }
+
+/* A tile's weighted sum of codes, kept the way int4 stores them so every loop
+ * runs over contiguous memory and vectorizes: int4 element 2j goes to even[j]
+ * and 2j+1 to odd[j]; int8 element i goes to even[i]. */
+typedef struct {
+    float even[TILE];
+    float odd[TILE / 2];
+} Acc;
+
+static inline void acc_clear(Acc *acc) { memset(acc, 0, sizeof *acc); }
+
+/* One block of codes added, scaled by s[k], into accumulator k < K (e[k], and
+ * o[k] for int4's odd elements): the codes are decoded once for all K. */
+__attribute__((always_inline)) static inline void add_block(int bits, int K, const uint8_t *restrict codes, int64_t n,
+                                                           const float *s, float *restrict *e, float *restrict *o) {
+    if (bits == 8) {
+        const int8_t *restrict q = (const int8_t *)codes;
+        for (int64_t i = 0; i < n; i++)
+            for (int k = 0; k < K; k++) e[k][i] += s[k] * (float)q[i];
+        return;
+    }
+    int64_t pairs = n / 2;
+    for (int64_t j = 0; j < pairs; j++) {
+        float lo = (float)low_nibble(codes[j]), hi = (float)high_nibble(codes[j]);
+        for (int k = 0; k < K; k++) {
+            e[k][j] += s[k] * lo;
+            o[k][j] += s[k] * hi;
+        }
+    }
+    if (n & 1)
+        for (int k = 0; k < K; k++) e[k][pairs] += s[k] * (float)low_nibble(codes[pairs]);
+}
+
+/* acc[k] += coef[k] * (the values of elements [start, start + len)), k < K, one
+ * block (or the part of one inside the tile) at a time. start is even, and so is
+ * every block boundary (blocks are multiples of 8): int4 pieces start on a byte. */
+__attribute__((always_inline)) static inline void acc_add_blocks(int bits, int K, const uint8_t *scales,
+                                                                const uint8_t *codes, int64_t start, int64_t len,
+                                                                int64_t block, const float *coef, Acc *const *acc) {
+    int64_t per_byte = bits == 8 ? 1 : 2;
+    for (int64_t at = start, end = start + len; at < end;) {
+        int64_t b = at / block, stop = (b + 1) * block < end ? (b + 1) * block : end, off = at - start;
+        float scale = load_scale(scales, b), s[2];
+        float *e[2], *o[2];
+        for (int k = 0; k < K; k++) {
+            s[k] = coef[k] * scale;
+            e[k] = acc[k]->even + off / per_byte;
+            o[k] = acc[k]->odd + off / 2;
+        }
+        add_block(bits, K, codes + at / per_byte, stop - at, s, e, o);
+        at = stop;
+    }
+}
+
+/* The same for a tile of whole blocks of a constant size: no remainders per block. */
+__attribute__((always_inline)) static inline void acc_add_whole(int bits, int K, const uint8_t *scales,
+                                                               const uint8_t *codes, int64_t start, int64_t len,
+                                                               const int64_t block, const float *coef,
+                                                               Acc *const *acc) {
+    int64_t per_byte = bits == 8 ? 1 : 2;
+    for (int64_t off = 0; off < len; off += block) {
+        float scale = load_scale(scales, (start + off) / block), s[2];
+        float *e[2], *o[2];
+        for (int k = 0; k < K; k++) {
+            s[k] = coef[k] * scale;
+            e[k] = acc[k]->even + off / per_byte;
+            o[k] = acc[k]->odd + off / 2;
+        }
+        add_block(bits, K, codes + (start + off) / per_byte, block, s, e, o);
+    }
+}
+
+/* Specialised copies for K = 1 or 2 accumulators, with the default block (64) constant. */
+#define ACC_ADD(K)                                                                                                      \
+    static inline void acc_add##K(int bits, const uint8_t *scales, const uint8_t *codes, int64_t start, int64_t len,  \
+                                  int64_t block, const float *coef, Acc *const *acc) {                                \
+        if (block == 64 && len % 64 == 0 && bits == 4)                                                                  \
+            acc_add_whole(4, K, scales, codes, start, len, 64, coef, acc);                                              \
+        else if (block == 64 && len % 64 == 0)                                                                          \
+            acc_add_whole(8, K, scales, codes, start, len, 64, coef, acc);                                              \
+        else                                                                                                            \
+            acc_add_blocks(bits, K, scales, codes, start, len, block, coef, acc);                                       \
+    }
+ACC_ADD(1)
+ACC_ADD(2)
+
+/* The tile's values in element order. */
+static inline void acc_values(int bits, const Acc *restrict acc, int64_t len, float *restrict out) {
+    if (bits == 8) {
+        memcpy(out, acc->even, sizeof(float) * (size_t)len);
+        return;
+    }
+    for (int64_t j = 0; j < len / 2; j++) {
+        out[2 * j] = acc->even[j];
+        out[2 * j + 1] = acc->odd[j];
+    }
+    if (len & 1) out[len - 1] = acc->even[len / 2];
+}
+
+#ifdef DDCTL_AVX2_PATH
+/* One int4 block of 64 codes as floats, on AVX2: elements 2j in even[j / 8]
+ * lane j % 8, elements 2j + 1 in odd (the Acc layout, eight lanes at a time). */
+__attribute__((target("avx2"))) static inline void nibbles64(const uint8_t *p, __m256 even[4], __m256 odd[4]) {
+    const __m256i mask = _mm256_set1_epi8(0x0f), eight = _mm256_set1_epi8(8);
+    __m256i bytes = _mm256_loadu_si256((const __m256i *)p);
+    __m256i lo = _mm256_sub_epi8(_mm256_xor_si256(_mm256_and_si256(bytes, mask), eight), eight);
+    __m256i hi = _mm256_sub_epi8(_mm256_xor_si256(_mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask), eight), eight);
+    __m128i halves[4] = {_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1), _mm256_castsi256_si128(hi),
+                         _mm256_extracti128_si256(hi, 1)};
+    for (int h = 0; h < 2; h++) {
+        even[2 * h] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(halves[h]));
+        even[2 * h + 1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(halves[h], 8)));
+        odd[2 * h] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(halves[2 + h]));
+        odd[2 * h + 1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(halves[2 + h], 8)));
+    }
+}
+#endif
+
+#endif
