@@ -276,6 +276,33 @@ def test_packed_stats_read_codes_an_encoder_never_writes_as_what_they_decode_to(
         assert math.isnan(squares) and math.isnan(largest)
 
 
+def _stats_block_by_block(codes: bytes, scales: list[float]) -> tuple[float, float]:
+    """ddctl_q_stats's definition, a block of 64 at a time in order: sum of float64 s*s*sq, max of float32 |s|*top."""
+    nibbles = torch.tensor(list(codes), dtype=torch.int32)
+    q = torch.stack([(nibbles & 15) ^ 8, ((nibbles >> 4) & 15) ^ 8], dim=1).reshape(-1, 64) - 8
+    squares, largest = 0.0, torch.tensor(0.0)
+    for s, block in zip(torch.tensor(scales, dtype=torch.float32), q, strict=True):
+        squares += float(s.double()) * float(s.double()) * float(block.square().sum())
+        largest = torch.maximum(largest, s.abs() * block.abs().max().float())
+    return squares, float(largest)
+
+
+@pytest.mark.parametrize("blocks", [1, 4, 7, 64])  # four at a time on AVX2, and the blocks left over
+def test_packed_stats_over_many_blocks_are_the_block_by_block_figures_bit_for_bit(blocks: int) -> None:
+    gen = torch.Generator().manual_seed(blocks)
+    raw = bytes(torch.randint(0, 256, (32 * blocks,), generator=gen, dtype=torch.uint8).tolist())  # -8 included
+    scales = (torch.randn(blocks, generator=gen) * 1e-3).tolist()
+    assert _hostile(raw, scales, 64 * blocks, block=64).stats() == _stats_block_by_block(raw, scales)
+    for k, at in [(k, at) for k in range(blocks) for at in range(64)][:: max(1, blocks // 7)]:
+        lone = bytearray(32 * blocks)  # every code 0, but one -8: the largest is found wherever it sits
+        lone[32 * k + at // 2] = 0x08 << 4 * (at % 2)
+        assert _hostile(bytes(lone), [1.0] * blocks, 64 * blocks, block=64).stats() == (64.0, 8.0), (k, at)
+    for where in {0, blocks - 1, blocks // 2}:  # a scale that is not finite, in the four-wide body or the rest
+        for bad in (math.nan, math.inf):
+            spoilt = [bad if b == where else s for b, s in enumerate(scales)]
+            assert all(math.isnan(x) for x in _hostile(raw, spoilt, 64 * blocks, block=64).stats())
+
+
 def _packed_update(tensors: dict[str, Packed]) -> Update:
     return _update("L0", PackedTensors(tensors), c_steps=4)  # type: ignore[arg-type]
 

@@ -77,27 +77,75 @@ static inline void block_codes(int bits, const uint8_t *codes, int64_t start, in
 }
 
 #ifdef DDCTL_AVX2_PATH
-/* block_codes for one int4 block of 64 on AVX2: |q| <= 8, so q^2 sums fit in
- * 16 bits pairwise (maddubs) and the largest |q| is a byte max. */
-__attribute__((target("avx2"))) static void block_codes64_avx2(const uint8_t *p, int64_t *sq, int32_t *top) {
+/* One int4 block of 64's |q| as bytes (low and high nibbles), and its q^2 summed in eight int32 lanes: |q| <= 8,
+ * so q^2 sums fit in 16 bits pairwise (maddubs). */
+__attribute__((target("avx2"), always_inline)) static inline __m256i block_abs64(const uint8_t *p, __m256i *quads) {
     const __m256i mask = _mm256_set1_epi8(0x0f), eight = _mm256_set1_epi8(8);
     __m256i bytes = _mm256_loadu_si256((const __m256i *)p);
     __m256i lo = _mm256_abs_epi8(_mm256_sub_epi8(_mm256_xor_si256(_mm256_and_si256(bytes, mask), eight), eight));
     __m256i hi = _mm256_abs_epi8(
         _mm256_sub_epi8(_mm256_xor_si256(_mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask), eight), eight));
     __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, lo), _mm256_maddubs_epi16(hi, hi));
-    __m256i quads = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+    *quads = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+    return _mm256_max_epu8(lo, hi);
+}
+
+/* block_codes for one int4 block of 64 on AVX2. */
+__attribute__((target("avx2"))) static void block_codes64_avx2(const uint8_t *p, int64_t *sq, int32_t *top) {
+    __m256i quads, big = block_abs64(p, &quads);
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(quads), _mm256_extracti128_si256(quads, 1));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
     *sq = _mm_cvtsi128_si32(s);
-    __m256i big = _mm256_max_epu8(lo, hi);
     __m128i m = _mm_max_epu8(_mm256_castsi256_si128(big), _mm256_extracti128_si256(big, 1));
     m = _mm_max_epu8(m, _mm_srli_si128(m, 8));
     m = _mm_max_epu8(m, _mm_srli_si128(m, 4));
     m = _mm_max_epu8(m, _mm_srli_si128(m, 2));
     m = _mm_max_epu8(m, _mm_srli_si128(m, 1));
     *top = _mm_cvtsi128_si32(m) & 0xff;
+}
+
+/* 32 bytes' max reduced to 8 (two 32-bit lanes' worth, in the low 64 bits of a 128-bit half-pair). */
+__attribute__((target("avx2"), always_inline)) static inline __m128i max16(__m256i big) {
+    return _mm_max_epu8(_mm256_castsi256_si128(big), _mm256_extracti128_si256(big, 1));
+}
+
+/* ddctl_q_stats's loop for int4 blocks of 64, four blocks at a time: the four blocks' sums of q^2 and largest
+ * |q| are reduced together (a block at a time spends most of its work on horizontal reductions). Per block the
+ * same products as the scalar loop, and the squares are added in block order: the same result. Returns the
+ * blocks done, or -1 at a scale that is not finite. */
+__attribute__((target("avx2"))) static int64_t stats64x4_avx2(const uint8_t *scales, const uint8_t *codes, int64_t blocks,
+                                                              double *squares, float *largest) {
+    const __m128i exponent = _mm_set1_epi32(0x7f800000), low_byte = _mm_set1_epi32(0xff);
+    __m128 top = _mm_setzero_ps();
+    int64_t b = 0;
+    for (; b + 4 <= blocks; b += 4) {
+        __m128 s = _mm_loadu_ps((const float *)(const void *)(scales + 4 * b));
+        __m128i bits = _mm_castps_si128(s);
+        if (_mm_movemask_epi8(_mm_cmpeq_epi32(_mm_and_si128(bits, exponent), exponent))) return -1;
+        __m256i q[4], m[4];
+        for (int j = 0; j < 4; j++) m[j] = block_abs64(codes + 32 * (b + j), &q[j]);
+        __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(q[0], q[1]), _mm256_hadd_epi32(q[2], q[3]));
+        __m128i sums = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        __m256d wide = _mm256_cvtps_pd(s);
+        double part[4];
+        _mm256_storeu_pd(part, _mm256_mul_pd(_mm256_mul_pd(wide, wide), _mm256_cvtepi32_pd(sums)));
+        for (int j = 0; j < 4; j++) *squares += part[j];
+        __m128i m0 = max16(m[0]), m1 = max16(m[1]), m2 = max16(m[2]), m3 = max16(m[3]);
+        __m128i u01 = _mm_max_epu8(_mm_unpacklo_epi64(m0, m1), _mm_unpackhi_epi64(m0, m1)); /* [b0 b0 b1 b1] */
+        __m128i u23 = _mm_max_epu8(_mm_unpacklo_epi64(m2, m3), _mm_unpackhi_epi64(m2, m3)); /* [b2 b2 b3 b3] */
+        u01 = _mm_max_epu8(u01, _mm_shuffle_epi32(u01, 0xb1));
+        u23 = _mm_max_epu8(u23, _mm_shuffle_epi32(u23, 0xb1));
+        __m128i x = _mm_castps_si128(_mm_shuffle_ps(_mm_castsi128_ps(u01), _mm_castsi128_ps(u23), 0x88)); /* b0..b3 */
+        x = _mm_max_epu8(x, _mm_srli_epi32(x, 16));
+        x = _mm_and_si128(_mm_max_epu8(x, _mm_srli_epi32(x, 8)), low_byte);
+        __m128 magnitude = _mm_andnot_ps(_mm_set1_ps(-0.0f), s);
+        top = _mm_max_ps(top, _mm_mul_ps(magnitude, _mm_cvtepi32_ps(x)));
+    }
+    float lanes[4];
+    _mm_storeu_ps(lanes, top);
+    for (int j = 0; j < 4; j++) *largest = lanes[j] > *largest ? lanes[j] : *largest;
+    return b;
 }
 #endif
 
@@ -107,10 +155,18 @@ DDCTL_EXPORT DDCTL_CLONES void ddctl_q_stats(int bits, const uint8_t *scales, co
                                              double *out) {
     double squares = 0.0;
     float largest = 0.0f;
+    int64_t b = 0;
 #ifdef DDCTL_AVX2_PATH
     const int fast = bits == 4 && __builtin_cpu_supports("avx2");
+    if (fast && block == 64) {
+        b = stats64x4_avx2(scales, codes, n / 64, &squares, &largest);
+        if (b < 0) {
+            out[0] = out[1] = (double)NAN;
+            return;
+        }
+    }
 #endif
-    for (int64_t start = 0, b = 0; start < n; start += block, b++) {
+    for (int64_t start = b * block; start < n; start += block, b++) {
         int64_t len = n - start < block ? n - start : block;
         float s = load_scale(scales, b);
         if (!isfinite(s)) {
