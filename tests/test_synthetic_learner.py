@@ -136,3 +136,42 @@ def test_round_trips_run_from_a_fragments_send_to_its_next_adoption() -> None:
     assert trips.seconds == [0.75, 2.0]
     assert trips.summary() == {"count": 2, "p50_s": 1.375, "p95_s": 2.0}
     assert RoundTrips().summary() == {"count": 0, "p50_s": None, "p95_s": None}
+
+
+def test_a_learner_given_a_start_file_registers_and_waits_for_it_before_its_first_step(tmp_path: Path) -> None:
+    """``--start-when``: how ``bench wan`` starts its learners together (their imports alone spread them apart)."""
+    job = tiny_job(learners=1, tokens=40_000, inner_steps=4)
+    start, summary, wait_s = tmp_path / "start", tmp_path / "L0.json", 6.0
+    with LocalSyncer(tmp_path / "syncer", job, run="gated") as syncer:
+        syncer.start()
+        argv = [sys.executable, "-m", "ddctl_agents.agent", "--syncer", syncer.url, "--name", "L0", "--token",
+                syncer.token("L0"), "--ca", str(syncer.ca), "--summary", str(summary), "--synthetic-step", "0.02",
+                "--start-when", str(start)]  # fmt: skip
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)
+        client = syncer.client()
+        try:
+            deadline = time.monotonic() + 120
+            while not client.status()["learners"] and time.monotonic() < deadline:  # registered
+                time.sleep(0.1)
+            assert client.status()["learners"], "the learner never registered"
+            time.sleep(wait_s)
+            assert proc.poll() is None and [r["step"] for r in client.status()["learners"]] == [0]  # waiting, not stepping
+            assert (tmp_path / "start.L0.ready").exists()  # it says it waits (bench wan starts its learners once all do)
+            start.touch()
+            _, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, err[-3000:]
+        finally:
+            client.close()
+            if proc.poll() is None:
+                proc.kill()
+    out = json.loads(summary.read_text())
+    assert out["step"] - out["start_step"] > 0
+    assert out["train_seconds"] < wait_s  # the wait is not training time: 39 steps of 0.02 s
+
+
+def test_a_start_file_over_several_machines_is_refused() -> None:
+    argv = [sys.executable, "-m", "ddctl_agents.agent", "--syncer", "https://127.0.0.1:9", "--name", "L0", "--token", "t",
+            "--nodes", "2", "--rendezvous", "127.0.0.1:29500", "--start-when", "/tmp/never"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, env=ENV, timeout=60)
+    assert done.returncode == 2
+    assert "--start-when names a file on one machine; give it with --nodes 1 only" in done.stderr

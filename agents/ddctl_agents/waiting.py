@@ -12,6 +12,7 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -84,3 +85,9 @@ def retry(
                 raise
             sleep(delay * random.uniform(0.5, 1.0))
             delay = min(delay * 2, max_s)
+
+
+def ready_file(start_file: Path, name: str) -> Path:
+    """What process ``name`` makes beside a start file it waits for (a learner's ``--start-when``): whoever makes the
+    start file can wait for every ready file first, and so start them all at once."""
+    return start_file.with_name(f"{start_file.name}.{name}.ready")

@@ -37,9 +37,11 @@ from ddctl.local.service import LocalSyncer
 from ddctl_agents.agent.client import SyncerClient, Unavailable
 from ddctl_agents.core import shardmap
 from ddctl_agents.core.pacing import in_flight_text
-from ddctl_agents.waiting import wait_until
+from ddctl_agents.waiting import ready_file, wait_until
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+START_FILE = "start"
+"""The file learners started ``together`` wait for (``--start-when``)."""
 ACCEPTED = ("accepted", "late")
 
 
@@ -81,9 +83,9 @@ def _run_layout(net: Wan, case: WanCase, layout: Layout) -> dict[str, Any]:
         root = Path(tmp)
         shards = start_shards(root, net, case, layout)
         try:
-            learners = start_learners(root, net, case, layout, shards)
+            learners = start_learners(root, net, case, layout, shards, together=True)
             try:
-                window = steady_window(net, case, shards, learners, root)
+                window = steady_window(net, case, shards, learners, root, together=True)
             finally:
                 for proc in learners.values():
                     if proc.poll() is None:
@@ -142,8 +144,12 @@ def start_shards(root: Path, net: Wan, case: WanCase, layout: Layout) -> list[Lo
 
 
 def start_learners(
-    root: Path, net: Wan, case: WanCase, layout: Layout, shards: list[LocalSyncer]
+    root: Path, net: Wan, case: WanCase, layout: Layout, shards: list[LocalSyncer], together: bool = False
 ) -> dict[str, subprocess.Popen[bytes]]:
+    """Every learner of ``case`` in its region's namespace. ``together``: each waits, registered and bootstrapped,
+    until ``steady_window`` has seen them all ready, so they take their first steps together: on two loaded cores
+    their imports alone spread their starts over 14 s, and a slow region's bootstrap takes seconds more; the steady
+    window (every learner stepping) shrinks by as much."""
     urls = [arg for shard in shards for arg in ("--syncer", shard.url)]
     procs: dict[str, subprocess.Popen[bytes]] = {}
     for name, region in case.learner_regions.items():
@@ -152,13 +158,19 @@ def start_learners(
         argv += ["--synthetic-step", str(case.step_s)] if not case.train_tokens else []
         argv += ["--cadence", str(layout.cadence[region])]
         argv += ["--parallel-uploads", in_flight_text(layout.in_flight)]
+        argv += ["--start-when", str(root / START_FILE)] if together else []
         with (root / f"{name}.log").open("ab") as log:
             procs[name] = subprocess.Popen(net.regions[region].command(*argv), stdout=log, stderr=log, env=ENV)
     return procs
 
 
 def steady_window(
-    net: Wan, case: WanCase, shards: list[LocalSyncer], learners: dict[str, subprocess.Popen[bytes]], root: Path
+    net: Wan,
+    case: WanCase,
+    shards: list[LocalSyncer],
+    learners: dict[str, subprocess.Popen[bytes]],
+    root: Path,
+    together: bool = False,
 ) -> dict[str, Any]:
     """The links' counters over the steady part of the run: from the moment every learner has stepped to the moment
     the first one is 90% through its steps (bootstraps, final flushes and drains left out); then every learner's exit.
@@ -174,6 +186,15 @@ def steady_window(
                 return []
             return [int(r["step"]) for r in rows] if len(rows) == len(learners) else []
 
+        if together:
+            go = root / START_FILE
+
+            def ready() -> bool:
+                _exited_or_raise(learners, root)
+                return all(ready_file(go, name).exists() for name in learners)
+
+            wait_until(ready, timeout_s=300, every_s=0.2, what="every learner to be ready")
+            go.touch()
         wait_until(lambda: min(steps() or [0]) >= 1, timeout_s=300, every_s=0.2, what="every learner to take its first step")
         start, began = net.sent(), time.monotonic()
         wait_until(lambda: max(steps() or [0]) >= 0.9 * case.steps or all(p.poll() is not None for p in learners.values()),

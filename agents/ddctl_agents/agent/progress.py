@@ -7,13 +7,15 @@ answers with the lines that are due: an INFO line at the first step and then
 every ``every_s`` seconds (step/total, loss, tokens/s, sends, adoptions, bytes),
 and a WARNING when the syncer starts refusing updates or stops answering (with
 an INFO line when it answers again). ``report`` and ``finish`` are the thin
-shell that samples the learner and its comms and logs those lines.
+shell that samples the learner and its comms and logs those lines. ``Pace`` keeps
+the step times and the last loss that heartbeats and the summary report.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -148,3 +150,24 @@ def sample_of(now: float, learner: Learner, comms: Comms) -> ProgressSample:
         versions=tuple(s.version for s in learner.state),
         silent_s=max(0.0, now - comms.last_contact),
     )
+
+
+@dataclass(slots=True)
+class Pace:
+    """Step times, training seconds, the last loss read and the step of the last adoption, for reports."""
+
+    tick: float
+    last_adopt: int
+    train_s: float = 0.0
+    loss: float | None = None
+    adopted: int = 0
+    step_times: deque[float] = field(default_factory=lambda: deque(maxlen=16))
+
+    def stepped(self, now: float, loss: float | None, adopted: int, step: int) -> None:
+        self.step_times.append(now - self.tick)
+        self.train_s += now - self.tick
+        self.tick = now
+        if loss is not None:
+            self.loss = loss
+        if adopted != self.adopted:
+            self.adopted, self.last_adopt = adopted, step

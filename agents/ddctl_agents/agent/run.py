@@ -24,9 +24,8 @@ import statistics
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +34,11 @@ from ddctl_agents.agent.comm import JOB_OVER, Comms, Identity
 from ddctl_agents.agent.launch import own_address, report_exit, run_ranks
 from ddctl_agents.agent.loop import GO, STOP, STOP_NOW, StepLoop
 from ddctl_agents.agent.notice import Stop, watch
-from ddctl_agents.agent.progress import Progress
+from ddctl_agents.agent.progress import Pace, Progress
 from ddctl_agents.agent.roundtrip import RoundTrips
 from ddctl_agents.agent.routes import discover
 from ddctl_agents.agent.slots import in_flight_argument
+from ddctl_agents.agent.summary import write as write_summary
 from ddctl_agents.core.ending import FINISHED, STOPPED
 from ddctl_agents.core.pacing import AUTO_MOST
 from ddctl_agents.core.schedule import CADENCES
@@ -51,6 +51,7 @@ from ddctl_agents.train.inner import Placement
 from ddctl_agents.train.job import JobConfig
 from ddctl_agents.train.modelfiles import unpack
 from ddctl_agents.train.ranks import Decisions, Ranks, join, leave, share_text
+from ddctl_agents.waiting import ready_file, wait_until
 
 log = logging.getLogger(__name__)
 
@@ -81,27 +82,9 @@ class LearnerOptions:
     compile: bool = False
     synthetic_step: float = 0.0
     """> 0: no training; each step waits this long and drifts the model (``train/synthetic.py``, for ``bench wan``)."""
-
-
-@dataclass(slots=True)
-class _Pace:
-    """Step times, training seconds, the last loss read and the step of the last adoption, for reports."""
-
-    tick: float
-    last_adopt: int
-    train_s: float = 0.0
-    loss: float | None = None
-    adopted: int = 0
-    step_times: deque[float] = field(default_factory=lambda: deque(maxlen=16))
-
-    def stepped(self, now: float, loss: float | None, adopted: int, step: int) -> None:
-        self.step_times.append(now - self.tick)
-        self.train_s += now - self.tick
-        self.tick = now
-        if loss is not None:
-            self.loss = loss
-        if adopted != self.adopted:
-            self.adopted, self.last_adopt = adopted, step
+    start_when: Path | None = None
+    """Registered and bootstrapped, say so (``ready_file``) and wait for this file before the first step (a benchmark
+    starts its learners together)."""
 
 
 def _register(opts: LearnerOptions) -> tuple[Assembly, Comms, dict[str, Any]]:
@@ -195,9 +178,13 @@ def _train(opts: LearnerOptions, stop: threading.Event, ranks: Ranks, device: An
     started_at, start_step = time.monotonic(), learner.step
     loop.bootstrap(lambda: time.sleep(0.01))
     bootstrap_s = time.monotonic() - started_at
+    if opts.start_when is not None:  # heartbeats go on meanwhile; a stop ends the wait and then the run
+        start_file = opts.start_when
+        ready_file(start_file, opts.name).touch()
+        wait_until(lambda: start_file.exists() or stop.is_set(), timeout_s=3600, every_s=0.05, what=f"the file {start_file}")
     budget = learner.total_steps if opts.max_steps <= 0 else min(learner.total_steps, learner.step + opts.max_steps)
     progress, waits = Progress(total=budget), RoundTrips()
-    pace = _Pace(tick=time.perf_counter(), last_adopt=learner.step)
+    pace = Pace(tick=time.perf_counter(), last_adopt=learner.step)
 
     def on_step(loss: Any, value: float | None) -> None:
         loss_read = None if opts.synthetic_step else value  # a synthetic step has no loss to report
@@ -259,12 +246,7 @@ def _train(opts: LearnerOptions, stop: threading.Event, ranks: Ranks, device: An
         "ended_at": round(time.time(), 3),
     }
     if opts.summary is not None:
-        opts.summary.parent.mkdir(parents=True, exist_ok=True)
-        tmp = opts.summary.with_suffix(".tmp")
-        tmp.write_text(json.dumps(summary, indent=2))
-        os.replace(tmp, opts.summary)
-        with opts.summary.with_suffix(".history.jsonl").open("a") as history:  # one line per incarnation
-            history.write(json.dumps(summary) + "\n")
+        write_summary(opts.summary, summary)
     return summary
 
 
@@ -351,8 +333,12 @@ def _main(argv: list[str] | None) -> int:
         metavar="SECONDS",
         help="Do not train: each step waits SECONDS and drifts the model by a fixed amount (many learners on few cores).",
     )
+    parser.add_argument("--start-when", type=Path, metavar="FILE",
+                        help="Registered and bootstrapped, make FILE.NAME.ready, then wait for FILE to step.")  # fmt: skip
     args = parser.parse_args(argv)
     configure_logging()
+    if args.start_when is not None and args.nodes > 1:
+        return report(parser.prog, AgentError("--start-when names a file on one machine; give it with --nodes 1 only"))
     if (args.gpus != 1 or args.nodes != 1) and "WORLD_SIZE" not in os.environ:
         try:
             command_line = list(sys.argv[1:] if argv is None else argv)
@@ -380,6 +366,7 @@ def _main(argv: list[str] | None) -> int:
             shard=args.shard,
             compile=args.compile,
             synthetic_step=args.synthetic_step,
+            start_when=args.start_when,
         )
         if not (opts.synthetic_step == 0 or 0 < opts.synthetic_step <= 3600):
             raise AgentError(f"--synthetic-step must be 0 (train) or in (0, 3600] seconds, got {opts.synthetic_step}")
