@@ -95,18 +95,24 @@ def test_the_replan_table_shows_each_scenarios_figures() -> None:
 
 @NEEDS_ROOT
 @pytest.mark.slow
-def test_a_halved_hub_link_is_replanned_once_over_the_emulated_wan() -> None:
+def test_a_halved_hub_link_is_replanned_toward_the_other_hub_without_flapping_over_the_emulated_wan() -> None:
     """h1 is halved at 16 s; the re-plan follows within a few looks, and the 10 s dwell leaves the rest of the run
-    free for a second one, which must not come (the move reached what the measurements call for)."""
+    free for a second one. On an idle machine none comes (the move reached what the measurements call for). Under a
+    CI run's load the loaded h1 reads slower than its link (the known bias), and the damped move can take one more
+    confirmed re-plan, past the dwell, to finish (CI at 04fdb6f: 222% -> 148%, then 169% -> 128%, one fragment each).
+    What must hold either way: every move follows the halving, h1 -> h2; none goes back (no flapping); each re-plan
+    gains; at most that one continuation."""
     result = measure_replan(hub_case(seconds=48), ["halve"], settings=ReplanSettings(dwell_s=10), every_s=1.0)
     row = result["rows"][0]
     assert len(row["changes"]) == 1 and row["changes"][0]["mbit"] == {"h1": [30.0, 30.0]}
-    assert len(row["replans"]) == 1, row["replans"]
+    assert 1 <= len(row["replans"]) <= 2, row["replans"]
     replan = row["replans"][0]
-    assert row["changes"][0]["t"] < replan["t"] and replan["after"] < replan["before"] * 0.8
-    assert replan["t"] + 10 + 3 < row["last_look_t"]  # past the dwell, room for three more looks: no second re-plan
-    assert replan["moves"] and all((m["from"], m["to"], m["shard"]) == ("h1", "h2", "S1") for m in replan["moves"])
-    moved = {m["fragment"] for m in replan["moves"]}
+    assert row["changes"][0]["t"] < replan["t"] and all(r["after"] < r["before"] * 0.8 for r in row["replans"])
+    assert replan["t"] + 10 + 3 < row["last_look_t"]  # past the dwell, room for three more looks
+    assert all(later["t"] >= replan["t"] + 10 for later in row["replans"][1:])  # a continuation waits out the dwell
+    moves = [m for r in row["replans"] for m in r["moves"]]
+    assert replan["moves"] and all((m["from"], m["to"], m["shard"]) == ("h1", "h2", "S1") for m in moves)
+    moved = {m["fragment"] for m in moves}
     assert row["owned_at_end"][1] == sorted(set(row["owned_at_end"][1]) | moved) and not moved & set(row["owned_at_end"][0])
     assert row["balanced"] and row["ledger"]["pending"] == 0 and not row["failed_looks"]
     last = row["measured_last"]
