@@ -197,6 +197,13 @@ def test_a_look_takes_a_checkpoint_only_when_due_and_a_failing_one_is_recorded_o
     assert len(errors) == 1 and errors[0]["where"] == "checkpoints" and "connection refused" in errors[0]["message"]
     figures = state.run("r").detail["checkpoints"]  # type: ignore[union-attr]
     assert "connection refused" in figures["error"] and figures["taken"] == 0
+    shards["https://a"].answer = {"rounds": 3, "job": {"phase": "finishing"}}  # one finishing, one gone: the end's
+    shards["https://b"].answer = Unavailable("https://b: gone, its job over")
+    assert schedule.look(5.0) is None and len([e for e in state.events("r") if e["kind"] == "error"]) == 1  # no new one
+    RunDir("r").final.mkdir(parents=True)
+    (RunDir("r").final / "manifest.json").write_text("{}")  # the job's end took its final model: the schedule is over
+    asked = [c.asked for c in shards.values()]
+    assert schedule.look(6.0) is None and [c.asked for c in shards.values()] == asked
     taken_event = {"t": 1.0, "event": "checkpoint", "name": "ckpt-000002", "cut": 2, "rounds": 24, "val_bpb": 3.91234,
                    "bytes": 2_400_000, "seconds": 1.234}  # fmt: skip
     assert event_line(taken_event).plain.endswith("checkpoint ckpt-000002: round 24, val_bpb 3.9123, 2.4 MB in 1.2s")
