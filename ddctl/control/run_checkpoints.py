@@ -124,9 +124,8 @@ class RunCheckpoints:
         Once the job's end has taken its final model the schedule is over: its shards leave, and a shard that no
         longer answers then is no error (CI saw one recorded as the run's last checkpoint error)."""
         from ddctl_agents.service.checkpoints import due
-        from ddctl_agents.train.checkpoint import MANIFEST
 
-        if (RunDir(self.run).final / MANIFEST).is_file():
+        if self._final_taken():
             return None
         try:
             statuses = gather(self.urls, self.connect, check=None)  # job_rounds and ending check what they read
@@ -149,13 +148,12 @@ class RunCheckpoints:
         the job's end took its final model meanwhile: that one is the newest, and this one would only repeat it."""
         from ddctl.control.global_checkpoint import take_files
         from ddctl_agents.service.checkpoints import store
-        from ddctl_agents.train.checkpoint import MANIFEST
 
         started = time.perf_counter()
         shapes = {name: tuple(t.shape) for name, t in self.assembly.initial.items()}
         files, cut = take_files(self.urls, self.connect, self.assembly.evaluate, shapes)
         with STORING:
-            if (RunDir(self.run).final / MANIFEST).is_file():
+            if self._final_taken():
                 return None
             stored = store(self.root, files, self.policy)
         self.taken, self.last_rounds, self.last_at = self.taken + 1, int(cut["rounds"]), now
@@ -166,6 +164,12 @@ class RunCheckpoints:
         self.state.event(self.run, "checkpoint", **self.last)
         log.info("sharded checkpoint %s: cut %s, %s rounds", stored["name"], cut["cut"], cut["rounds"])
         return {**self.last, "uploaded": stored["uploaded"]}
+
+    def _final_taken(self) -> bool:
+        """Whether the job's end has taken its final model (``control/shard_end.py``): the schedule is over then."""
+        from ddctl_agents.train.checkpoint import MANIFEST
+
+        return (RunDir(self.run).final / MANIFEST).is_file()
 
     def _record(self, **extra: Any) -> None:
         """The run's ``checkpoints`` figures: how many were taken, the last one, the last error (None after a success)."""
