@@ -181,3 +181,18 @@ def syncer_row(run: str, name: str) -> dict[str, Any]:
 def merged(row: dict[str, Any]) -> int:
     """A learner's updates merged into the model (on time or late)."""
     return int(row["updates"].get("accepted", 0) + row["updates"].get("late", 0))
+
+
+def shard_statuses(run: str) -> list[dict[str, Any]]:
+    """Every shard's own status of a sharded run (``RUN/shards.url``), asked with the admin token."""
+    from ddctl.control.rundir import RunDir
+    from ddctl.control.up import admin_client
+
+    out = []
+    for url in RunDir(run).urls():
+        client = admin_client(run, url=url)
+        try:
+            out.append(client.status())
+        finally:
+            client.close()
+    return out

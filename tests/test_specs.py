@@ -9,7 +9,8 @@ import pytest
 
 from ddctl.config.regions import Region
 from ddctl.control.rundir import RunDir
-from ddctl.control.specs import learner_spec
+from ddctl.control.specs import learner_spec, syncer_spec
+from ddctl.errors import DdctlError
 from ddctl.providers.base import RegionInfo
 
 INFO = RegionInfo(region="east", provider="process", python="/usr/bin/python3", remote=False, syncer_host="127.0.0.1")
@@ -70,7 +71,6 @@ def test_a_vm_of_its_own_hosts_the_rendezvous_on_torchruns_port_and_this_machine
 
 def test_a_node_is_not_pointed_at_a_node_0_without_an_address() -> None:
     from ddctl.control.specs import with_rendezvous
-    from ddctl.errors import DdctlError
 
     spec = learner_spec("r", INFO, Region(name="east", provider="process", nodes=2), "L0", (9000,), node=1, meet=29500)
     with pytest.raises(DdctlError, match="L0-n1: its learner's node 0 came up without a private address"):
@@ -82,3 +82,18 @@ def test_a_learner_is_told_its_regions_planned_cadence(cadence: int, flag: list[
     argv = list(learner_spec("r", INFO, Region(name="east", provider="process"), "L0", (9000,), cadence=cadence).argv)
     found = argv[argv.index("--cadence") : argv.index("--cadence") + 2] if "--cadence" in argv else []
     assert found == flag and argv.count("--cadence") == len(flag) // 2
+
+
+CLOUD_EAST = Region(name="east", provider="aws", cloud_region="us-east-1", instance_type="g5.xlarge")
+
+
+def test_a_cloud_learner_is_pointed_at_each_shards_own_address() -> None:
+    """Shards on cloud VMs (``tests/test_cloud_shards.py``): each at the address its region's provider reserved."""
+    hosts = ("100.100.0.10", "100.100.64.3")
+    cloud = RegionInfo(region="east", provider="aws", python="python3", remote=True, syncer_host=hosts[0], shard_hosts=hosts,
+                       syncer_port=8443)  # fmt: skip
+    spec = learner_spec("r", cloud, CLOUD_EAST, "L0", (8443, 8443))
+    at = [spec.argv[i + 1] for i, arg in enumerate(spec.argv) if arg == "--syncer"]
+    assert at == [f"https://{hosts[0]}:{8443}", f"https://{hosts[1]}:{8443}"]
+    made = syncer_spec("r", cloud, 8443, CLOUD_EAST, shard=("syncer-s1", "S1"))
+    assert "--shard" in made.argv and made.disks  # its state on a disk of its own

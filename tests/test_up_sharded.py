@@ -15,12 +15,11 @@ from typer.testing import CliRunner
 from ddctl import providers
 from ddctl.cli.app import app
 from ddctl.control.rundir import RunDir
-from ddctl.control.up import admin_client
 from ddctl.providers.docker.engine import engine_unavailable
 from ddctl.providers.process import ProcessProvider
 from ddctl_agents.train.checkpoint import MANIFEST, read_manifest
 from ddctl_agents.waiting import wait_until
-from tests.builders import dry_run_up, instances_removed, regions_at
+from tests.builders import dry_run_up, instances_removed, regions_at, shard_statuses
 
 runner = CliRunner()
 REGIONS = {
@@ -38,17 +37,6 @@ def status(run: str = "sharded") -> dict[str, Any]:
     shown = runner.invoke(app, ["status", "--run", run, "--json"])
     assert shown.exit_code == 0, shown.output
     return dict(json.loads(shown.stdout))
-
-
-def shard_statuses(run: str) -> list[dict[str, Any]]:
-    out = []
-    for url in RunDir(run).urls():
-        client = admin_client(run, url=url)
-        try:
-            out.append(client.status())
-        finally:
-            client.close()
-    return out
 
 
 @pytest.mark.slow

@@ -84,7 +84,7 @@ def test_a_shards_command_names_its_shard_its_own_state_and_no_whole_model_work(
     assert first.name == "syncer" and first.summary == str(RunDir("r").state() / "summary.json")
     alone = list(syncer_spec("r", INFO, 9000).argv)  # one synchronizer: as before
     assert "--shard" not in alone and "--state-dir" not in alone and "--checkpoint-every" in alone
-    with pytest.raises(DdctlError, match="syncer-s1: a shard of a sharded synchronizer runs as a local process or a Docker"):
+    with pytest.raises(DdctlError, match=r"syncer-s1: a shard on a cloud VM \(aws\) needs an address of its own.* in w$"):
         syncer_spec("r", RegionInfo(region="w", provider="aws", python="python3", remote=True, syncer_host="10.0.0.2"), 9001,
                     shard=("syncer-s1", "S1"))  # fmt: skip
 

@@ -196,22 +196,23 @@ def summary(rf: RegionsFile, job: JobConfig) -> dict[str, Any]:
 
 
 LOCAL_SHARDS = ("process", "docker")
-"""The providers whose regions run several shards: each shard a process on its own port, or a Docker VM with an
-address of its own on every region's network (``RegionInfo.shard_addresses``)."""
+"""The providers whose regions are on this machine: their shards run as processes (each on its own port) or Docker VMs
+(each with an address of its own on every region's network: ``RegionInfo.shard_addresses``), which a cloud VM cannot
+reach. A cloud's shards run on VMs of their own, each behind an address reserved for it (``RegionInfo.shard_hosts``)."""
 
 
 def runnable_plan(rf: RegionsFile, job: JobConfig, kinds: dict[str, str]) -> ShardPlan:
-    """The plan ``up`` runs: its shards (several only where every region runs on this machine: a shard on a cloud VM
-    needs an address of its own that every region reaches, and a firewall opened to it, which this version does not
-    make), each region's learners at the plan's cadence (``--cadence``)."""
+    """The plan ``up`` runs: its shards (wherever it places them, but not on this machine when learners run on cloud
+    VMs, which could not reach them), each region's learners at the plan's cadence (``--cadence``)."""
     plan = shard_plan(rf, job)
-    elsewhere = sorted({kind for kind in kinds.values() if kind not in LOCAL_SHARDS})
-    if len(plan.shards) > 1 and elsewhere:
+    clouds = sorted({kind for kind in kinds.values() if kind not in LOCAL_SHARDS})
+    here = sorted({s.site for s in plan.shards if kinds[s.site] in LOCAL_SHARDS})
+    if len(plan.shards) > 1 and clouds and here:
         raise RegionsError(
-            f"{rf.path}: synchronizer.shards: the plan has {len(plan.shards)} shards (up --plan shows them); this version "
-            f"runs several shards on this machine only (local processes or Docker VMs: a dry run), not on "
-            f"{', '.join(elsewhere)}; allowed there: shards: 1",
+            f"{rf.path}: synchronizer.regions: the plan puts shards in {', '.join(here)} (up --plan shows them), regions on "
+            f"this machine that {' and '.join(clouds)} VMs cannot reach; allowed: cloud regions only (name them in "
+            "synchronizer.regions), or shards: 1",
             path=rf.path,
-            key="synchronizer.shards",
+            key="synchronizer.regions",
         )
     return plan

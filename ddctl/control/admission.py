@@ -4,8 +4,8 @@ A learner in one cloud reaching a syncer in another comes from a public address
 only its own provider knows. The control plane joins the two: after a learner
 is created (before its agent starts) and whenever the controller sees the set
 change (a replacement came up at a new address, an old one went), the syncer's
-provider is told the exact set (``Provider.admit``) and makes its firewall say
-so. A region cut off by ``ddctl chaos partition`` is left out until it heals,
+provider (each provider running a shard of it) is told the exact set
+(``Provider.admit``) and makes its firewall say so. A region cut off by ``ddctl chaos partition`` is left out until it heals,
 so a partition holds on any cloud. ``wanted`` is the pure part.
 """
 
@@ -53,19 +53,21 @@ def list_learners(run: str, owners: Mapping[str, Provider], regions: Mapping[str
     return {i.name: i for provider in owners.values() for i in provider.list_run(run) if i.name in regions}
 
 
-def admit(run: str, syncer: Provider, owners: Mapping[str, Provider], regions: Mapping[str, str]) -> dict[str, str]:
-    """List the learners everywhere, and open the syncer's port to exactly the live ones; returns the set."""
+def admit(run: str, syncers: Iterable[Provider], owners: Mapping[str, Provider], regions: Mapping[str, str]) -> dict[str, str]:
+    """List the learners everywhere, and open the port of the syncer (of every shard: on each provider that runs one)
+    to exactly the live ones; returns the set."""
     with _lock:
         chosen = wanted(list_learners(run, owners, regions), regions, partitioned(run))
-        syncer.admit(run, chosen)
+        for syncer in syncers:
+            syncer.admit(run, chosen)
     return chosen
 
 
 def admit_run(run: str, records: Iterable[InstanceRecord], provider_of: Callable[[str], Provider]) -> dict[str, str] | None:
     """``admit`` for a run as the state records it; None where its syncer runs on this machine (no port to open)."""
     records = list(records)
-    syncer = next((r for r in records if r.role == "syncer"), None)
-    if syncer is None or providers.KINDS[syncer.provider].local:
+    clouds = sorted({r.provider for r in records if r.role == "syncer" and not providers.KINDS[r.provider].local})
+    if not clouds:
         return None
     owners = {r.provider: provider_of(r.provider) for r in records}
-    return admit(run, owners[syncer.provider], owners, {r.name: r.region for r in records if r.role == "learner"})
+    return admit(run, [owners[kind] for kind in clouds], owners, {r.name: r.region for r in records if r.role == "learner"})

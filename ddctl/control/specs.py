@@ -56,15 +56,15 @@ def syncer_spec(
     """The synchronizer service of ``run`` in the region ``info`` describes, on ``port``; it checkpoints as
     ``checkpoints`` says (object storage under ``URL/RUN``) and starts from the run's resume checkpoint if it has one.
 
-    ``shard``: (instance name, shard name) of one shard of a sharded synchronizer (a local process or a VM with an
-    address of its own on every region's network: ``RegionInfo.shard_addresses``), which serves the job's
+    ``shard``: (instance name, shard name) of one shard of a sharded synchronizer (a local process, or a VM with an
+    address of its own: ``RegionInfo.shard_addresses`` on Docker, ``shard_hosts`` on a cloud), which serves the job's
     ``shards.json`` with a state directory of its own and lingers after the end until the controller has
     joined the shards' final global checkpoint (``control/shard_end.py``)."""
     rundir = RunDir(run)
     name, shard_name = shard
-    if shard_name and info.remote and not info.shard_addresses:
-        raise DdctlError(f"{name}: a shard of a sharded synchronizer runs as a local process or a Docker VM in this "
-                         f"version, not on a {info.provider} VM")  # fmt: skip
+    if shard_name and info.remote and not (info.shard_addresses or info.shard_hosts):
+        raise DdctlError(f"{name}: a shard on a cloud VM ({info.provider}) needs an address of its own, and bootstrap "
+                         f"reserved none in {info.region}")  # fmt: skip
     job = f"{REMOTE_ROOT}/job" if info.remote else str(rundir.job)
     state_dir = f"{REMOTE_ROOT}/state" if info.remote else str(rundir.state(shard_name))
     state = ("--state-dir", state_dir) if info.remote or shard_name else ()

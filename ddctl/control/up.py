@@ -45,7 +45,7 @@ from ddctl.control.specs import (
 from ddctl.control.state import InstanceRecord, State
 from ddctl.errors import DdctlError, ProvisionError
 from ddctl.providers import linkshape
-from ddctl.providers.base import Instance, InstanceSpec, Provider, RegionInfo
+from ddctl.providers.base import Instance, InstanceSpec, Provider, RegionInfo, joined_shard_hosts
 from ddctl_agents import storage
 from ddctl_agents.agent.client import SyncerClient, Unavailable
 from ddctl_agents.waiting import wait_until
@@ -176,12 +176,13 @@ def _archive(run: str, state: State) -> None:
 
 
 def _admitter(run: str, owners: dict[str, Provider], planned: list[PlannedInstance]) -> Callable[[Instance], object] | None:
-    """What opens the syncer's port to a new learner (``control/admission.py``); None where the syncer is local."""
-    syncer = next((i for i in planned if i.role == "syncer"), None)
-    if syncer is None or providers.KINDS[syncer.provider].local:
+    """What opens the syncer's port (every cloud shard's) to a new learner (``control/admission.py``); None where the
+    synchronizer is local."""
+    clouds = sorted({i.provider for i in planned if i.role == "syncer" and not providers.KINDS[i.provider].local})
+    if not clouds:
         return None
     regions = {i.name: i.region for i in planned if i.role == "learner"}
-    return lambda _: admission.admit(run, owners[syncer.provider], owners, regions)
+    return lambda _: admission.admit(run, [owners[kind] for kind in clouds], owners, regions)
 
 
 def _bootstrap(rf: RegionsFile, kinds: dict[str, str], owners: dict[str, Provider], say: Any) -> dict[str, RegionInfo]:
@@ -193,12 +194,14 @@ def _bootstrap(rf: RegionsFile, kinds: dict[str, str], owners: dict[str, Provide
         say("latency_ms is not emulated: netem is not available in this kernel; bandwidths are shaped with tbf")
     infos: dict[str, RegionInfo] = {}
     home = kinds[rf.syncer]  # first: the syncer's address is what every other cloud's learners are told
+    shards = syncer_shards(rf)
+    shard_regions = tuple(s.region for s in shards) if len(shards) > 1 else ()
     for kind in sorted(owners, key=lambda k: k != home):
         regions = [r for r in rf.regions if kinds[r.name] == kind]
         say(f"bootstrapping the {kind} regions {', '.join(r.name for r in regions)}")
         host = "" if kind == home else infos[rf.syncer].syncer_host
-        infos.update(owners[kind].bootstrap(rf.run, regions, rf.syncer, host))
-    return infos
+        infos.update(owners[kind].bootstrap(rf.run, regions, rf.syncer, host, shard_regions))
+    return joined_shard_hosts(infos, shard_regions)
 
 
 def _spec(

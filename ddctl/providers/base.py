@@ -4,7 +4,7 @@ In SkyPilot's spirit, a provider is a short list of verbs behind one registry
 (``ddctl.providers.get``), with typed records at the boundary and its SDK
 imported lazily:
 
-- ``bootstrap(run, regions, syncer_region)``: what a region needs before instances (networks,
+- ``bootstrap(run, regions, syncer_region, ...)``: what a region needs before instances (networks,
   security groups, key material, a metadata endpoint), idempotent; answers a
   ``RegionInfo`` per region: the interpreter on its machines, where its learners
   reach the syncer, its notice URL, how files reach its machines.
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -71,10 +71,24 @@ class RegionInfo:
     shard_addresses: bool = False
     """Each shard of a sharded synchronizer has an address of its own: ``shard_host`` (Docker: .250, .249, ...);
     False: every shard is at ``syncer_host``, each on its own port (local processes)."""
+    shard_hosts: tuple[str, ...] = ()
+    """Where each shard is reached, by index, when shards run on cloud VMs: each has a reserved public address of
+    its own (a provider fills in its own shards', "" for another provider's; ``up`` joins them into every region's)."""
 
     def shard_host(self, index: int) -> str:
         """Where this region's learners reach shard ``index`` (0: the syncer's own address)."""
+        if self.shard_hosts:
+            return self.shard_hosts[index]
         return str(ipaddress.IPv4Address(self.syncer_host) - index) if self.shard_addresses else self.syncer_host
+
+
+def joined_shard_hosts(infos: Mapping[str, RegionInfo], shard_regions: tuple[str, ...]) -> dict[str, RegionInfo]:
+    """Every region told every cloud shard's address: shard i's as its own region's provider reserved it (each
+    provider knows its own shards' only). Shards on this machine keep their provider's rule (``shard_host``)."""
+    if not shard_regions or not infos[shard_regions[0]].shard_hosts:
+        return dict(infos)
+    hosts = tuple(infos[region].shard_hosts[i] for i, region in enumerate(shard_regions))
+    return {name: replace(info, shard_hosts=hosts) for name, info in infos.items()}
 
 
 def syncer_name(index: int) -> str:
@@ -178,12 +192,16 @@ class Provider(Protocol):
     power_off: str
     """The command a machine runs when its agent ends, so that "alive" means "the agent runs"."""
 
-    def bootstrap(self, run: str, regions: list[Region], syncer_region: str = "", syncer_host: str = "") -> dict[str, RegionInfo]:
+    def bootstrap(
+        self, run: str, regions: list[Region], syncer_region: str = "", syncer_host: str = "", shard_regions: tuple[str, ...] = ()
+    ) -> dict[str, RegionInfo]:
         """Make what the regions need before instances (idempotent); what each region's instances must know.
 
         ``syncer_region``: the region (by name) the syncer runs in; every region's learners must reach it.
         ``syncer_host``: where the syncer is reached when it runs in another provider's region (that
-        provider's bootstrap, run first, said); empty when the syncer's region is one of ``regions``."""
+        provider's bootstrap, run first, said); empty when the syncer's region is one of ``regions``.
+        ``shard_regions``: the region of each shard of a sharded synchronizer, by index (empty: one syncer); a cloud
+        reserves an address for each shard in its regions (``RegionInfo.shard_hosts``)."""
         ...
 
     def create(self, spec: InstanceSpec) -> Instance:

@@ -60,7 +60,9 @@ class FakeProvider:
     """Per run, the learners (name -> address) the syncer's port was last opened to."""
     _serial: int = 0
 
-    def bootstrap(self, run: str, regions: list[Region], syncer_region: str = "", syncer_host: str = "") -> dict[str, RegionInfo]:
+    def bootstrap(
+        self, run: str, regions: list[Region], syncer_region: str = "", syncer_host: str = "", shard_regions: tuple[str, ...] = ()
+    ) -> dict[str, RegionInfo]:
         made = self._regions.setdefault(run, {})
         host = syncer_host or "127.0.0.1"
         for r in regions:

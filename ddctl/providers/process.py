@@ -67,7 +67,9 @@ class ProcessProvider:
     kind = "process"
     power_off = ""  # the process is the machine: when the agent ends, so does it
 
-    def bootstrap(self, run: str, regions: list[Region], syncer_region: str = "", syncer_host: str = "") -> dict[str, RegionInfo]:
+    def bootstrap(
+        self, run: str, regions: list[Region], syncer_region: str = "", syncer_host: str = "", shard_regions: tuple[str, ...] = ()
+    ) -> dict[str, RegionInfo]:
         """A shaped namespace per region with a link profile (when this machine can shape links).
 
         ``syncer_host``: the syncer runs in another provider's region (a cloud's), reached at that address."""

@@ -92,8 +92,9 @@ def tag_map(raw: dict[str, Any]) -> dict[str, str]:
     return {str(t.get("Key")): str(t.get("Value")) for t in raw.get("Tags") or [] if isinstance(t, dict)}
 
 
-def machine_settings(region: Region, syncer_region: str, ssh_from: str) -> dict[str, Any]:
-    """What ``create`` needs to know of a region, carried in each of its instances' specs."""
+def machine_settings(region: Region, syncer_regions: list[str], ssh_from: str) -> dict[str, Any]:
+    """What ``create`` needs to know of a region, carried in each of its instances' specs (``syncer_regions``: the
+    cloud regions of EC2 whose synchronizer VMs, the syncer or its shards, open their port to a new learner)."""
     return {
         "instance_types": list(region.types),
         "image": region.image,
@@ -101,7 +102,7 @@ def machine_settings(region: Region, syncer_region: str, ssh_from: str) -> dict[
         "spot": region.spot,
         "max_price": region.price_cap,
         "vpc": region.vpc,
-        "syncer_region": syncer_region,
+        "syncer_regions": syncer_regions,
         "ssh_from": ssh_from,
     }
 

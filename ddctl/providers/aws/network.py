@@ -6,9 +6,10 @@ security group lets SSH and the syncer's port in from the laptop's address,
 the syncer's port from the run's learners: one /32 rule per learner, added when it
 starts and revoked when it goes, and every TCP port from its own members, so the
 nodes of a learner meet (torchrun's c10d, NCCL, gloo) over the region's private
-network. The syncer's Elastic IP is allocated before the syncer exists, so the
-address goes into the job's certificate and every learner's URL, and a
-replacement syncer comes back at the same address.
+network. The syncer's Elastic IP (one per shard of a sharded synchronizer, tagged
+with its name) is allocated before the syncer exists, so the address goes into
+the job's certificate and every learner's URL, and a replacement syncer comes
+back at the same address.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddctl.errors import ProvisionError
-from ddctl.providers.base import RUN_LABEL
+from ddctl.providers.base import NAME_LABEL, RUN_LABEL
 
 DUPLICATES = ("InvalidPermission.Duplicate", "InvalidKeyPair.Duplicate", "InvalidGroup.Duplicate")
 GONE = ("InvalidPermission.NotFound", "InvalidGroup.NotFound", "InvalidKeyPair.NotFound", "InvalidAllocationID.NotFound")
@@ -177,12 +178,14 @@ def ensure_key_pair(ec2: Any, run: str, public_line: str) -> str:
     return run_name(run)
 
 
-def ensure_address(ec2: Any, run: str) -> tuple[str, str]:
-    """The run's Elastic IP for the syncer in this region: (allocation id, public address)."""
-    found = ec2.describe_addresses(Filters=run_filter(run))["Addresses"]
-    if found:
-        return str(found[0]["AllocationId"]), str(found[0]["PublicIp"])
-    made = ec2.allocate_address(Domain="vpc", TagSpecifications=tagged("elastic-ip", run))
+def ensure_address(ec2: Any, run: str, name: str = "syncer") -> tuple[str, str]:
+    """The run's Elastic IP in this region for the synchronizer instance ``name`` (``syncer``, or a shard's
+    ``syncer-s1``, ...), tagged with it: (allocation id, public address)."""
+    for address in ec2.describe_addresses(Filters=run_filter(run))["Addresses"]:
+        tagged_name = {t["Key"]: t["Value"] for t in address.get("Tags", [])}.get(NAME_LABEL, "syncer")  # untagged: the syncer's
+        if tagged_name == name:
+            return str(address["AllocationId"]), str(address["PublicIp"])
+    made = ec2.allocate_address(Domain="vpc", TagSpecifications=tagged("elastic-ip", run, **{NAME_LABEL: name}))
     return str(made["AllocationId"]), str(made["PublicIp"])
 
 

@@ -40,7 +40,7 @@ from ddctl.providers.aws.machines import (
     tags,
 )
 from ddctl.providers.aws.network import Network
-from ddctl.providers.base import NAME_LABEL, Instance, InstanceSpec, PreemptionNotice, RegionInfo
+from ddctl.providers.base import NAME_LABEL, Instance, InstanceSpec, PreemptionNotice, RegionInfo, syncer_name
 from ddctl.providers.firstboot import BOOT_TIMEOUT_S, DEFAULT_PYTHON, LIFETIME_S, POWER_OFF, first_boot, ssh_cidr
 from ddctl.providers.firstboot import ready as _ready
 from ddctl_agents.waiting import wait_until
@@ -70,24 +70,31 @@ class AwsProvider:
         return self.clients.client("ec2", region, fail_fast=fail_fast)
 
     # -- regions ------------------------------------------------------------------------------
-    def bootstrap(self, run: str, regions: list[Region], syncer_region: str = "", syncer_host: str = "") -> dict[str, RegionInfo]:
-        """Each region's network, and the syncer's Elastic IP where it runs here (else ``syncer_host``); idempotent."""
-        home = next((r for r in regions if r.name == syncer_region), None)
-        if home is None and not syncer_host:
+    def bootstrap(
+        self, run: str, regions: list[Region], syncer_region: str = "", syncer_host: str = "", shard_regions: tuple[str, ...] = ()
+    ) -> dict[str, RegionInfo]:
+        """Each region's network, and the syncer's Elastic IP where it runs here (else ``syncer_host``), or one for each
+        shard here (``shard_regions``); idempotent."""
+        here = {r.name: r for r in regions}
+        if syncer_region not in here and not syncer_host:
             raise DdctlError(f"the syncer's region {syncer_region!r} is elsewhere and its address is unknown yet")
+        shards = shard_regions or (syncer_region,)
         ssh_from = ssh_cidr()
         try:
             for region in regions:
                 self.network(run, region.cloud_region, ssh_from, vpc=region.vpc)
-            if home is not None:
-                _, syncer_host = network.ensure_address(self.ec2(home.cloud_region), run)
+            hosts = tuple(
+                network.ensure_address(self.ec2(here[name].cloud_region), run, syncer_name(i))[1] if name in here else ""
+                for i, name in enumerate(shards)
+            )
         except Exception as exc:
             raise self.classify(exc) from None
-        machine_of = {r.name: machine_settings(r, home.cloud_region if home else "", ssh_from) for r in regions}
+        homes = sorted({here[name].cloud_region for name in shards if name in here})
         return {
             r.name: RegionInfo(
-                region=r.name, provider=self.kind, python=r.python or DEFAULT_PYTHON, remote=True, syncer_host=syncer_host,
-                syncer_port=SYNCER_PORT, notice_url=NOTICE_URL, machine=machine_of[r.name],
+                region=r.name, provider=self.kind, python=r.python or DEFAULT_PYTHON, remote=True,
+                syncer_host=hosts[0] or syncer_host, syncer_port=SYNCER_PORT, notice_url=NOTICE_URL,
+                machine=machine_settings(r, homes, ssh_from), shard_hosts=hosts if shard_regions else (),
             )
             for r in regions
         }  # fmt: skip
@@ -191,14 +198,14 @@ class AwsProvider:
         region, ident = split_id(provider_id)
         ec2 = self.ec2(region)
         if spec.role == "syncer":
-            allocation, _ = network.ensure_address(ec2, spec.run)
+            allocation, _ = network.ensure_address(ec2, spec.run, spec.name)
             wait_until(lambda: self._state(region, ident) == "running", timeout_s=BOOT_TIMEOUT_S, what=f"{spec.name} to run")
             ec2.associate_address(AllocationId=allocation, InstanceId=ident, AllowReassociation=True)
         public, private = wait_until(
             lambda: self._addresses(region, ident), timeout_s=BOOT_TIMEOUT_S, every_s=0.5,
             what=f"a public address of {spec.name}",
         )  # fmt: skip
-        if spec.role == "learner" and (home := str(settings["syncer_region"])):  # else the syncer is in another cloud
+        for home in settings["syncer_regions"] if spec.role == "learner" else ():  # none: the syncer is in another cloud
             group = self.network(spec.run, home, str(settings["ssh_from"])).security_group
             network.allow(self.ec2(home), group, SYNCER_PORT, f"{public}/32", f"learner {spec.name}")
         return public, private
@@ -346,23 +353,21 @@ class AwsProvider:
 
     # -- the syncer's port, chaos and errors --------------------------------------------------
     def admit(self, run: str, learners: Mapping[str, str]) -> None:
-        """Where the run's syncer is on EC2: its port open to the operator and exactly these learners' addresses."""
-        try:
-            home, group = self._syncer_group(run)
-        except DdctlError:
-            return  # the syncer runs in another cloud (or not yet)
-        network.admit(self.ec2(home), group, SYNCER_PORT, {f"{a}/32" for a in learners.values()}, {ssh_cidr()})
+        """Where the run's syncer (or a shard of it) is on EC2: its port open to the operator and exactly these learners'
+        addresses, in each region that runs one."""
+        for home, group in self._syncer_groups(run):  # none: the syncer runs in another cloud (or not yet)
+            network.admit(self.ec2(home), group, SYNCER_PORT, {f"{a}/32" for a in learners.values()}, {ssh_cidr()})
 
     def cut_link(self, run: str, region: str) -> None:
         """Close the syncer's port to ``region``'s learners (their /32 rules go): a real partition on EC2."""
-        home, group = self._syncer_group(run)
-        for address in self._learner_addresses(run, region):
-            network.revoke(self.ec2(home), group, SYNCER_PORT, f"{address}/32")
+        for home, group in self._syncer_groups(run, required=True):
+            for address in self._learner_addresses(run, region):
+                network.revoke(self.ec2(home), group, SYNCER_PORT, f"{address}/32")
 
     def heal_link(self, run: str, region: str) -> None:
-        home, group = self._syncer_group(run)
-        for address in self._learner_addresses(run, region):
-            network.allow(self.ec2(home), group, SYNCER_PORT, f"{address}/32", f"learner of {region}")
+        for home, group in self._syncer_groups(run, required=True):
+            for address in self._learner_addresses(run, region):
+                network.allow(self.ec2(home), group, SYNCER_PORT, f"{address}/32", f"learner of {region}")
 
     def _learner_addresses(self, run: str, region: str) -> list[str]:
         return [
@@ -374,13 +379,17 @@ class AwsProvider:
             and (address := public_address(raw)) is not None
         ]
 
-    def _syncer_group(self, run: str) -> tuple[str, str]:
+    def _syncer_groups(self, run: str, *, required: bool = False) -> list[tuple[str, str]]:
+        """(cloud region, security group) of each region where a synchronizer VM of the run (the syncer, or a shard) runs."""
+        found = []
         for region in footprint.regions(run):
-            for raw in self.describe(region, run=run):
-                if tag_map(raw).get(ROLE_TAG) == "syncer" and raw["State"]["Name"] == "running":
-                    found = self.ec2(region).describe_security_groups(Filters=network.run_filter(run))["SecurityGroups"]
-                    return region, str(found[0]["GroupId"])
-        raise DdctlError(f"run {run} has no running syncer on aws")
+            raws = self.describe(region, run=run)
+            if any(tag_map(raw).get(ROLE_TAG) == "syncer" and raw["State"]["Name"] == "running" for raw in raws):
+                groups = self.ec2(region).describe_security_groups(Filters=network.run_filter(run))["SecurityGroups"]
+                found.append((region, str(groups[0]["GroupId"])))
+        if required and not found:
+            raise DdctlError(f"run {run} has no running syncer on aws")
+        return found
 
     def classify(self, error: Exception, *, region: str = "", zone: str = "") -> ProvisionError:
         return classify(error, region=region, zone=zone, credentials=self.clients.described)

@@ -81,7 +81,9 @@ class DockerProvider:
         return self._image
 
     # -- regions ------------------------------------------------------------------------------
-    def bootstrap(self, run: str, regions: list[Region], syncer_region: str = "", syncer_host: str = "") -> dict[str, RegionInfo]:
+    def bootstrap(
+        self, run: str, regions: list[Region], syncer_region: str = "", syncer_host: str = "", shard_regions: tuple[str, ...] = ()
+    ) -> dict[str, RegionInfo]:
         """A network per region (kept if it exists) and the run's metadata endpoint; idempotent."""
         subnets = self.subnets(run)
         missing = [r.name for r in regions if r.name not in subnets]

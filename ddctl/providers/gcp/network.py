@@ -5,10 +5,11 @@ to the operator's CIDR on every VM of the run; ``ddctl-RUN-internal`` opens
 every TCP port of the run's VMs to the run's VMs (source tag = target tag,
 which GCE matches on internal addresses only), so the nodes of a learner meet
 (torchrun's c10d, NCCL, gloo) over the network's private addresses;
-``ddctl-RUN-syncer`` opens the syncer's port on the syncer's VM to the operator
-and to exactly the run's learners' addresses, wherever they run (``admit``
-rewrites its source ranges, so rules follow replacements). The syncer's
-external address is reserved before the syncer exists, so it goes into the
+``ddctl-RUN-syncer`` opens the syncer's port on the syncer's VM (each shard's) to
+the operator and to exactly the run's learners' addresses, wherever they run
+(``admit`` rewrites its source ranges, so rules follow replacements). The
+syncer's external address (each shard's: ``ddctl-RUN-syncer-s1``, ...) is
+reserved before the syncer exists, so it goes into the
 job's certificate and every learner's URL, and a replacement syncer comes back
 at the same address. Everything is found by name, so each call is idempotent.
 """
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ddctl.control.rundir import RunDir
+from ddctl.providers.base import syncer_name
 from ddctl.providers.gcp.clients import CALL_TIMEOUT_S, Clients
 from ddctl.providers.gcp.errors import http_status
 from ddctl.providers.gcp.machines import label, resource_name, run_tag, syncer_tag
@@ -43,8 +45,15 @@ def rule_names(run: str) -> tuple[str, ...]:
     return ssh_rule(run), syncer_rule(run), internal_rule(run)
 
 
-def address_name(run: str) -> str:
-    return resource_name(run, "syncer")
+def address_name(run: str, name: str = "syncer") -> str:
+    """The reserved address of the synchronizer instance ``name`` (``syncer``, or a shard's ``syncer-s1``, ...)."""
+    return resource_name(run, name)
+
+
+def is_address_of(run: str, address: str) -> bool:
+    """``address`` is the name of one of the run's reserved addresses (the syncer's, or a shard's)."""
+    shard = address.removeprefix(address_name(run) + "-s")
+    return address == address_name(run) or (shard.isdigit() and address == address_name(run, syncer_name(int(shard))))
 
 
 def check_network(clients: Clients, project: str, network: str) -> None:
@@ -130,12 +139,12 @@ def set_sources(clients: Clients, project: str, run: str, sources: Iterable[str]
     clients.wait(op, project)
 
 
-def ensure_address(clients: Clients, project: str, region: str, run: str) -> str:
-    """The syncer's reserved external address in ``region`` (reserved on first use)."""
+def ensure_address(clients: Clients, project: str, region: str, run: str, syncer: str = "syncer") -> str:
+    """The reserved external address in ``region`` of the synchronizer instance ``syncer`` (reserved on first use)."""
     from google.cloud import compute_v1
 
     addresses = clients.client("AddressesClient")
-    name = address_name(run)
+    name = address_name(run, syncer)
     try:
         return str(addresses.get(project=project, region=region, address=name, **clients.read).address)
     except Exception as exc:
@@ -160,13 +169,15 @@ def remove_network(clients: Clients, project: str, run: str, regions: Iterable[s
                 raise
     addresses = clients.client("AddressesClient")
     for region in sorted(set(regions)):
-        try:
-            op = addresses.delete_unary(project=project, region=region, address=address_name(run), timeout=CALL_TIMEOUT_S)
-            clients.wait(op, project, region=region)
-            removed.append(("address", f"{project}/{region}/{address_name(run)}"))
-        except Exception as exc:
-            if not http_status(exc) == 404:
-                raise
+        listed = addresses.list(project=project, region=region, **clients.read)
+        for name in sorted(str(a.name) for a in listed if is_address_of(run, str(a.name))):  # the syncer's, each shard's
+            try:
+                op = addresses.delete_unary(project=project, region=region, address=name, timeout=CALL_TIMEOUT_S)
+                clients.wait(op, project, region=region)
+                removed.append(("address", f"{project}/{region}/{name}"))
+            except Exception as exc:
+                if not http_status(exc) == 404:
+                    raise
     return removed
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ddctl.control.rundir import RunDir
 from ddctl.errors import DdctlError, ProvisionError
 from ddctl.providers import console, deploy
-from ddctl.providers.base import NAME_LABEL, RUN_LABEL, Instance, InstanceSpec, PreemptionNotice, RegionInfo
+from ddctl.providers.base import NAME_LABEL, RUN_LABEL, Instance, InstanceSpec, PreemptionNotice, RegionInfo, syncer_name
 from ddctl.providers.firstboot import BOOT_TIMEOUT_S, DEFAULT_PYTHON, LIFETIME_S, POWER_OFF, first_boot, ssh_cidr
 from ddctl.providers.firstboot import ready as _ready
 from ddctl.providers.gcp import network
@@ -71,24 +71,32 @@ class GcpProvider:
         return self.clients.client("InstancesClient")
 
     # -- regions ------------------------------------------------------------------------------
-    def bootstrap(self, run: str, regions: list[Region], syncer_region: str = "", syncer_host: str = "") -> dict[str, RegionInfo]:
-        """Check the network, open SSH and the run's VMs to each other (and, where the syncer runs here, its port),
-        reserve its address; idempotent."""
+    def bootstrap(
+        self, run: str, regions: list[Region], syncer_region: str = "", syncer_host: str = "", shard_regions: tuple[str, ...] = ()
+    ) -> dict[str, RegionInfo]:
+        """Check the network, open SSH and the run's VMs to each other (and, where the syncer or a shard runs here, its
+        port), reserve its address (each shard's: ``shard_regions``); idempotent."""
         projects = {self.clients.project(r.project) for r in regions}
         if len(projects) != 1:
             raise DdctlError(f"the gcp regions of one run must share a project; they name {', '.join(sorted(projects))}")
         project = projects.pop()
-        home = next((r for r in regions if r.name == syncer_region), None)
+        here = {r.name: r for r in regions}
+        shards = shard_regions or (syncer_region,)
         ssh_from = ssh_cidr()
         try:
             for net in sorted({r.vpc or "default" for r in regions}):
                 network.check_network(self.clients, project, net)
-                network.ensure_firewalls(self.clients, project, run, net, ssh_from, SYNCER_PORT, syncer=home is not None)
-            if home is not None:
-                network.remember(run, project, home.cloud_region)
-                syncer_host = network.ensure_address(self.clients, project, home.cloud_region, run)
+                syncers = any(name in here for name in shards)
+                network.ensure_firewalls(self.clients, project, run, net, ssh_from, SYNCER_PORT, syncer=syncers)
+            hosts = []
+            for i, name in enumerate(shards):
+                cloud = here[name].cloud_region if name in here else ""
+                if cloud:
+                    network.remember(run, project, cloud)
+                hosts.append(network.ensure_address(self.clients, project, cloud, run, syncer_name(i)) if cloud else "")
         except Exception as exc:
             raise self.classify(exc) from None
+        syncer_host = hosts[0] or syncer_host
         if not syncer_host:
             raise DdctlError(f"the syncer's region {syncer_region!r} is elsewhere and its address is unknown yet")
         for region in regions:
@@ -96,7 +104,7 @@ class GcpProvider:
         return {
             r.name: RegionInfo(
                 region=r.name, provider=self.kind, python=r.python or DEFAULT_PYTHON, remote=True, syncer_host=syncer_host,
-                syncer_port=SYNCER_PORT, notice_url=NOTICE_URL,
+                syncer_port=SYNCER_PORT, notice_url=NOTICE_URL, shard_hosts=tuple(hosts) if shard_regions else (),
                 machine=machine_settings(r, project, ssh_from),
             )
             for r in regions
@@ -120,7 +128,8 @@ class GcpProvider:
             disk_gb=int(settings.get("disk_gb", 50)), accelerator=str(settings.get("accelerator", "")),
             accelerator_count=int(settings.get("accelerator_count", 1)),
         )  # fmt: skip
-        address = network.ensure_address(self.clients, project, region_of(zone), spec.run) if spec.role == "syncer" else ""
+        syncer = spec.role == "syncer"
+        address = network.ensure_address(self.clients, project, region_of(zone), spec.run, spec.name) if syncer else ""
         script = first_boot(host_private, host_public, client_public, machine.python)
         metadata = metadata_items(spec, host_public, client_public, script)
         name = self._insert(spec, machine, list(settings["instance_types"]), zone, metadata, address)
