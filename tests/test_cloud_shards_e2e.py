@@ -139,6 +139,10 @@ def test_each_shard_runs_on_a_vm_of_its_own_behind_its_own_address_to_the_jobs_e
             pulled = runner.invoke(app, ["pull", "--run", run, "--out", str(tmp_path / "model"), "--json"])
             assert pulled.exit_code == 0, pulled.output
             assert json.loads(pulled.stdout)["val_bpb"] == pytest.approx(summary["val_bpb"], abs=1e-5)
+            replayed = runner.invoke(app, ["replay", "--run", run, "--json"])  # the shards' tapes came home from their VMs
+            assert replayed.exit_code == 0, replayed.output
+            again = json.loads(replayed.stdout)
+            assert again["match"] and again["shards"] == 2 and again["val_bpb"] == pytest.approx(summary["val_bpb"], abs=1e-5)
         finally:
             down = runner.invoke(app, ["down", "--run", run, "--json"])
         assert down.exit_code == 0, down.output

@@ -6,6 +6,7 @@ Fast: a real SQLite state file and the fake provider; the end-to-end runs are in
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -194,6 +195,32 @@ def test_when_the_syncer_writes_its_result_the_controller_records_it_and_removes
     assert summary["dollars"] is not None and summary["dollars"] >= 0
     assert fake.list_run("r") == []  # nothing left to bill
     assert any(e["kind"] == "finished" and e["val_bpb"] == 3.5 for e in state.events("r"))
+
+
+@pytest.mark.parametrize("answers", [True, False])
+def test_a_cloud_syncers_tape_comes_home_before_its_vm_goes_and_a_missing_one_is_said(
+    world: tuple[State, FakeProvider, Controller], answers: bool
+) -> None:
+    """``ddctl replay --run`` of a run whose synchronizer ran on a cloud VM: the tape is copied to its disk's place."""
+    state, fake, controller = world
+    record = next(r for r in state.instances("r") if r.name == "syncer")
+    spec = dataclasses.replace(InstanceSpec.from_json(record.detail["spec"]), disks={"/opt/ddctl/state": str(RunDir("r").disk())})
+    state.put_instance(dataclasses.replace(record, detail={**record.detail, "spec": spec.to_json()}))
+    tape = b'{"type":"header"}\n{"type":"round"}\n'
+    if answers:
+        fake.write_file("r", "syncer", "/opt/ddctl/state/tape.jsonl", tape)
+    fake.write_summary("r", "syncer", json.dumps(result()).encode())
+    controller.once()
+    finished = state.run("r")
+    assert finished is not None and finished.state == "finished" and fake.list_run("r") == []  # concluded either way
+    said = [e for e in state.events("r") if e["kind"] == "error" and "its tape stays on its VM" in e.get("reason", "")]
+    if answers:
+        assert RunDir("r").tapes() == [RunDir("r").disk() / "tape.jsonl"] and RunDir("r").tapes()[0].read_bytes() == tape
+        assert said == [] and not list(RunDir("r").disk().glob("*.part"))
+    else:
+        assert len(said) == 1 and said[0]["instance"] == "syncer"
+        with pytest.raises(DdctlError, match="has no synchronizer tape"):
+            RunDir("r").tapes()
 
 
 def test_with_keep_the_machines_stay_and_the_run_is_kept_until_down(world: tuple[State, FakeProvider, Controller]) -> None:

@@ -90,6 +90,28 @@ def test_the_controller_opens_the_port_to_the_learners_and_follows_a_replacement
     assert fake.admitted[RUN] == {"L0": fresh["L0"], "L1": addresses["L1"]}  # the old address is closed
 
 
+def test_every_cloud_running_a_shard_has_its_port_follow_the_learners(
+    cloudy: tuple[State, FakeProvider, Controller], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sharded run across two clouds: S1 on the other cloud's VM; its firewall follows the same learners."""
+    state, fake, _ = cloudy
+    other = FakeProvider(kind="other")
+    monkeypatch.setitem(providers.KINDS, "other", providers.KINDS["fake"])
+    spec = InstanceSpec(run=RUN, name="syncer-s1", region="asia", role="syncer", argv=("agent",), log=tmp_path / "s1.log")
+    made = other.create(spec)
+    placements = [{"provider": "other", "cloud_region": "asia", "zone": "asia-a"}]
+    state.put_instance(InstanceRecord(RUN, "syncer-s1", "asia", "other", "syncer", "running", made.provider_id, time.time(),
+                                      {"spec": spec.to_json(), "placements": placements}))  # fmt: skip
+    controller = Controller(RUN, state, owners={"fake": fake, "other": other})
+    controller.once(now=0.0)
+    addresses = {i.name: i.address for i in fake.list_run(RUN) if i.name.startswith("L")}
+    assert fake.admitted[RUN] == other.admitted[RUN] == addresses
+    fake.end(RUN, "L1")  # replaced at a new address: both clouds close the old one and open the new
+    controller.once(now=1.0)
+    fresh = {i.name: i.address for i in fake.list_run(RUN) if i.name.startswith("L")}
+    assert fresh["L1"] != addresses["L1"] and fake.admitted[RUN] == other.admitted[RUN] == fresh
+
+
 def test_a_partitioned_region_is_left_out_until_it_heals(cloudy: tuple[State, FakeProvider, Controller]) -> None:
     state, fake, controller = cloudy
     controller.once(now=0.0)

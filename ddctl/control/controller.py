@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from ddctl import providers
 from ddctl.control import admission, run_checkpoints, run_replanning
@@ -35,6 +35,7 @@ from ddctl.control.down import searched
 from ddctl.control.finish import conclude, parse_result
 from ddctl.control.launch import launch_at
 from ddctl.control.reconcile import Action, Desired, Memory, Observed, Placement, reconcile, remember
+from ddctl.control.rundir import TAPE
 from ddctl.control.specs import with_rendezvous
 from ddctl.control.state import InstanceRecord, State
 from ddctl.errors import DdctlError, ProvisionError
@@ -99,16 +100,19 @@ class Controller:
         for action in actions:
             self._act(action, records[action.name], listed.get(action.name), now, action.name in done)
         started = any(a.kind in ("create", "replace") for a in actions)  # they opened it themselves; ``listed`` is stale
-        if "syncer" in records and not providers.KINDS[records["syncer"].provider].local and not started:
-            self._admit(records, listed)
+        clouds = sorted({r.provider for r in records.values() if r.role == "syncer" and not providers.KINDS[r.provider].local})
+        if clouds and not started:
+            self._admit(records, listed, clouds)
         return actions
 
-    def _admit(self, records: dict[str, InstanceRecord], listed: dict[str, Instance]) -> None:
-        """The syncer's port follows the learners: opened to a new address, closed to a gone one (when the set changed)."""
+    def _admit(self, records: dict[str, InstanceRecord], listed: dict[str, Instance], clouds: list[str]) -> None:
+        """The syncer's port (every shard's, on each cloud that runs one) follows the learners: opened to a new
+        address, closed to a gone one (when the set changed)."""
         regions = {name: r.region for name, r in records.items() if r.role == "learner"}
         chosen = admission.wanted(listed, regions, admission.partitioned(self.run))
         if chosen != self.admitted:
-            self.provider(records["syncer"].provider).admit(self.run, chosen)
+            for kind in clouds:
+                self.provider(kind).admit(self.run, chosen)
             self.admitted = chosen
 
     def _admit_one(self, records: dict[str, InstanceRecord]) -> None:
@@ -136,10 +140,33 @@ class Controller:
 
             result = sharded_result(self.run, results, run_checkpoints.run_policy(self.run, self.state))
             local = result.checkpoint or local
+        self._bring_tapes_home(syncers, listed)
         owners = {p.kind: p for p in searched(self.state, self.run)} | self.owners  # the ones it was given win
         summary = conclude(self.run, self.state, result, local, spare=("controller",), owners=list(owners.values()))
         log.info("the job finished (%s): val_bpb %s; result in %s", result.reason, result.val_bpb, summary["result"])
         return True
+
+    def _bring_tapes_home(self, syncers: list[InstanceRecord], listed: dict[str, Instance]) -> None:
+        """A synchronizer on a cloud VM keeps its tape on the VM's disk, which the end removes: each comes home to its
+        disk's place here (where a Docker VM's is bound already), so ``ddctl replay --run`` reproduces the run after."""
+        for r in syncers:
+            spec = InstanceSpec.from_json(r.detail["spec"])
+            home = Path(next(iter(spec.disks.values()), "")) / TAPE
+            if not spec.disks or not spec.summary or home.is_file():
+                continue
+            try:
+                raw = self.provider(r.provider).read_file(listed[r.name], f"{PurePosixPath(spec.summary).parent}/{TAPE}")
+            except DdctlError as exc:
+                raw, why = None, str(exc)
+            else:
+                why = "the VM did not answer with it"
+            if raw is None:
+                self.state.event(self.run, "error", instance=r.name, reason=f"its tape stays on its VM: {why}")
+                continue
+            home.parent.mkdir(parents=True, exist_ok=True)
+            part = home.with_suffix(".part")
+            part.write_bytes(raw)
+            part.replace(home)  # whole or not at all: replay reads only a tape that arrived
 
     def _finished(self, r: InstanceRecord, instance: Instance) -> bool:
         """Its exit summary says so; where the machine kept nothing (a terminated cloud VM), the syncer's roster does."""

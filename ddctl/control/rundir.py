@@ -14,6 +14,9 @@ from pathlib import Path
 
 from ddctl.errors import DdctlError
 
+TAPE = "tape.jsonl"
+"""A synchronizer's event tape, in its state directory (``ddctl replay`` reads it)."""
+
 
 def data_dir() -> Path:
     if os.environ.get("DDCTL_HOME"):
@@ -70,12 +73,10 @@ class RunDir:
             [self.state(), *sorted(self.job.glob("state-S*"))],
             [self.disk(), *sorted(self.root.glob("syncer-state-S*"))],
         ):
-            found = [place / "tape.jsonl" for place in places if (place / "tape.jsonl").is_file()]
+            found = [place / TAPE for place in places if (place / TAPE).is_file()]
             if found:
                 return found
-        raise DdctlError(
-            f"run {self.run} has no synchronizer tape (looked at {self.state() / 'tape.jsonl'} and {self.disk() / 'tape.jsonl'})"
-        )
+        raise DdctlError(f"run {self.run} has no synchronizer tape (looked at {self.state() / TAPE} and {self.disk() / TAPE})")
 
     @property
     def final(self) -> Path:

@@ -44,6 +44,7 @@ class _Slot:
     alive: bool = True
     summary: bytes | None = None
     notice_s: float | None = None
+    files: dict[str, bytes] = field(default_factory=dict)
 
 
 @dataclass
@@ -116,7 +117,9 @@ class FakeProvider:
 
     def read_file(self, instance: Instance, path: str) -> bytes | None:
         slot = self._slots.get((instance.run, instance.name))
-        return slot.summary if slot is not None and path == slot.spec.summary else None
+        if slot is None:
+            return None
+        return slot.summary if path == slot.spec.summary else slot.files.get(path)
 
     def retire(self, instance: Instance, log: Path) -> None:
         self.calls.append(("retire", instance.name))
@@ -148,6 +151,10 @@ class FakeProvider:
     def write_summary(self, run: str, name: str, summary: bytes) -> None:
         """The agent of ``name`` writes its summary file while it still runs (the syncer, when its job is over)."""
         self._slots[(run, name)].summary = summary
+
+    def write_file(self, run: str, name: str, path: str, data: bytes) -> None:
+        """The agent of ``name`` writes a file on its machine (a syncer's tape)."""
+        self._slots[(run, name)].files[path] = data
 
     def end(self, run: str, name: str, summary: bytes | None = None) -> None:
         """The agent of ``name`` ends (with an exit summary, if given): its instance is no longer alive."""
