@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from ddctl import providers
+from ddctl.config import synchronizer
 from ddctl.config.regions import job_config, parse_regions
 from ddctl.control import admission
 from ddctl.control.controller import Controller
-from ddctl.control.quotes import GB, cloud_pairs, sync_traffic
+from ddctl.control.quotes import GB, cloud_pairs, egress_bytes, sync_traffic
 from ddctl.control.state import InstanceRecord, State
 from ddctl.providers.aws import prices as aws_prices
 from ddctl.providers.base import Instance, InstanceSpec
@@ -173,3 +174,31 @@ def test_chaos_partition_shuts_a_cloud_regions_learners_out_and_lets_them_back(
     assert during == [{"L0"}]  # while cut: only the other region's learner
     assert set(fake.admitted[RUN]) == {"L0", "L1"} and admission.partitioned(RUN) == set()
     assert result["region"] == "us" and result["seconds"] >= 0.05
+
+
+def test_a_sharded_plans_egress_follows_each_shards_fragments_and_each_regions_cadence(tmp_path: Path) -> None:
+    """Each learner region's bytes go to the shard owning each fragment, at the cadence ``up`` runs it at."""
+    rf = parse_regions(
+        {
+            "synchronizer": {"shards": 2, "regions": ["virginia", "iowa"]},
+            "training": {"preset": "tiny", "fragments": 4, "inner_steps": 8},
+            "regions": [
+                {"name": "virginia", "provider": "aws", "cloud_region": "us-east-1", "learners": 1},
+                {"name": "iowa", "provider": "gcp", "cloud_region": "us-central1", "learners": 1},
+                {"name": "tokyo", "provider": "gcp", "cloud_region": "asia-northeast1", "learners": 1, "cadence": 2},
+            ],
+        },
+        tmp_path / "r.yaml",
+    )
+    plan = synchronizer.shard_plan(rf, job_config(rf))
+    share = {s.site: len(s.fragments) / 4 for s in plan.shards}
+    assert sorted(share) == ["iowa", "virginia"] and plan.cadence["tokyo"] == 2
+    kinds = {r.name: r.provider for r in rf.regions}
+    traffic = sync_traffic(job_config(rf))
+    up, down = (b * traffic.syncs_per_hour for b in (traffic.up_bytes, traffic.down_bytes))
+    out = egress_bytes(rf, kinds, traffic)
+    assert out["virginia"] == pytest.approx({"internet": share["iowa"] * up + share["virginia"] * down * (1 + 1 / 2)})
+    assert out["iowa"] == pytest.approx(
+        {"internet": share["virginia"] * up + share["iowa"] * down, "inter_region": share["iowa"] * down / 2}
+    )
+    assert out["tokyo"] == pytest.approx({"internet": share["virginia"] * up / 2, "inter_region": share["iowa"] * up / 2})

@@ -5,7 +5,8 @@ each fragment's outer gradient once (``sync.codec``, int4 by default, with its b
 receives each fragment's new version once (``down_codec``, bf16 by default; ``int8-delta`` as its
 steady state, an int8 step), in the wire frames of ``ddctl_agents.core.wire``. Egress is what
 leaves a region (``egress_bytes``): a learner's uploads leave its region, the syncer's sends to
-learners leave the syncer's. A cloud provider prices its
+learners leave the syncer's (a sharded one's: each shard's share, from its region), each region's
+at its planned cadence. A cloud provider prices its
 own regions with the module its registry entry names (``Kind.prices``: ``quote_regions`` and
 ``notes``, as ``providers/aws/prices.py``); regions played on this machine cost 0 and call nothing.
 
@@ -23,6 +24,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ddctl.config import synchronizer
 from ddctl.config.regions import Region, RegionsFile, job_config
 from ddctl.config.train import ClusterConfig
 from ddctl.control.jobdata import model_shapes
@@ -139,17 +141,26 @@ def _local(kind: str) -> bool:
 
 
 def flows(rf: RegionsFile, kinds: Mapping[str, str], traffic: SyncTraffic) -> Iterator[tuple[Region, Region, str, float]]:
-    """Every stream of sync bytes that leaves a region: (from, to, route, bytes per hour).
+    """Every stream of sync bytes that leaves a region: (from, to, route, bytes per hour), as ``up`` runs the plan.
 
-    A learner region's uploads go to the syncer's region, the syncer's sends come back; what stays inside a
-    region (the syncer's own region, or local regions on one machine) leaves nothing."""
-    syncer = rf.region(rf.syncer)
-    for region in rf.regions:
-        way = route(region, kinds[region.name], syncer, kinds[syncer.name])
-        if region.name == syncer.name or way == "same_region":
-            continue
-        yield region, syncer, way, region.learners * traffic.up_bytes * traffic.syncs_per_hour
-        yield syncer, region, way, region.learners * traffic.down_bytes * traffic.syncs_per_hour
+    A learner region's uploads go to the synchronizer's region, or each fragment's to its shard's (a share per
+    shard region: its fragments over the job's, as the scheduler counts them), and the versions come back, at the
+    region's planned cadence (every k-th period); what stays inside a region (a synchronizer's own region, or local
+    regions on one machine) leaves nothing."""
+    plan = synchronizer.shard_plan(rf, job_config(rf))
+    shares: dict[str, float] = {rf.syncer: 1.0}
+    if rf.synchronizer is not None:
+        shares = {s.site: 0.0 for s in plan.shards}
+        for shard in plan.shards:
+            shares[shard.site] += len(shard.fragments) / len(plan.owner)
+    for host in (rf.region(name) for name in sorted(shares)):
+        for region in rf.regions:
+            way = route(region, kinds[region.name], host, kinds[host.name])
+            if region.name == host.name or way == "same_region":
+                continue
+            syncs = region.learners * traffic.syncs_per_hour * shares[host.name] / plan.cadence.get(region.name, 1)
+            yield region, host, way, syncs * traffic.up_bytes
+            yield host, region, way, syncs * traffic.down_bytes
 
 
 def egress_bytes(rf: RegionsFile, kinds: Mapping[str, str], traffic: SyncTraffic) -> dict[str, dict[str, float]]:
