@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ddctl.control.plan import PlannedInstance, desired
+from ddctl.config.regions import parse_regions
+from ddctl.control.plan import PlannedInstance, desired, plan
 from ddctl.control.reconcile import Placement, reconcile
 from ddctl.control.state import State
 from ddctl.control.up import _carry_out
@@ -57,3 +58,23 @@ def test_a_throttled_create_is_retried_and_nowhere_left_is_an_error_that_says_wh
         carry_out(tmp_path / "none", fake)
     failed = [e for e in State(tmp_path / "none" / "state.sqlite3").events("r", 100) if e.get("kind") == "provision-failed"]
     assert len(failed) == 3  # every placement tried once, each refusal in the event log
+
+
+def test_a_synchronizer_fails_over_between_its_regions_zones_only(tmp_path: Path) -> None:
+    """Its address is reserved in its region (in the certificate and every learner's URL): a regional address cannot
+    follow it, so it waits for its own region rather than come up where no learner looks for it."""
+    raw = {
+        "synchronizer": {"shards": 2, "regions": ["east", "west"]},
+        "regions": [
+            {"name": name, "provider": "aws", "cloud_region": cloud, "zones": [f"{cloud}a", f"{cloud}b"],
+             "fallback_regions": ["us-east-2"], "instance_type": "g5.xlarge"}
+            for name, cloud in (("east", "us-east-1"), ("west", "us-west-2"))
+        ],
+    }  # fmt: skip
+    rf = parse_regions(raw, tmp_path / "r.yaml")
+    where = {i.name: [(p.cloud_region, p.zone) for p in i.placements] for i in plan(rf, {"east": "aws", "west": "aws"})}
+    assert sorted(where) == ["L0", "L1", "syncer", "syncer-s1"]
+    for name, places in where.items():
+        cloud = places[0][0]
+        zones = [(cloud, f"{cloud}a"), (cloud, f"{cloud}b")]
+        assert places == (zones if name.startswith("syncer") else [*zones, ("us-east-2", "")]), name

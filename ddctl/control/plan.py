@@ -93,13 +93,15 @@ def price(region: Region, kind: str | None = None) -> float | None:
     return 0.0 if chosen is not None and chosen.local else region.price_cap
 
 
-def placements(region: Region, kind: str) -> tuple[Placement, ...]:
-    """Where an instance of ``region`` may run, in failover order: its zones, then its fallback regions."""
+def placements(region: Region, kind: str, role: str = "learner") -> tuple[Placement, ...]:
+    """Where an instance of ``region`` may run, in failover order: its zones, then its fallback regions. Not a
+    synchronizer's (the syncer, a shard): its address is reserved in its region, where every learner and the job's
+    certificate know it, and a regional address cannot follow it to another region."""
     home = region.cloud_region or region.name
     zones = region.zones or ("",)
     return (
         *(Placement(provider=kind, cloud_region=home, zone=z) for z in zones),
-        *(Placement(provider=kind, cloud_region=r) for r in region.fallback_regions),
+        *(Placement(provider=kind, cloud_region=r) for r in region.fallback_regions if role != "syncer"),
     )
 
 
@@ -129,7 +131,7 @@ def plan(rf: RegionsFile, kinds: dict[str, str]) -> list[PlannedInstance]:
                     instance_type=" | ".join(region.types),
                     spot=spot,
                     max_dollars_per_hour=cap if spot or cap == 0.0 else None,  # a cap bounds spot bids only
-                    placements=placements(region, kinds[region.name]),
+                    placements=placements(region, kinds[region.name], role),
                 )
             )
     return sorted(out, key=lambda i: (i.role != "syncer", i.learner, i.node, len(i.name), i.name))
