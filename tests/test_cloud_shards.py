@@ -7,6 +7,8 @@ AWS against moto's real HTTP server, GCP against the fake Compute REST API; no V
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from aws_cloud import AwsCloud
@@ -97,6 +99,18 @@ def test_aws_each_shard_vm_comes_up_at_its_own_address_and_its_port_follows_the_
     assert eips(aws, "us-east-1") == eips(aws, "eu-west-1") == {}
     with pytest.raises(DdctlError, match="no running syncer on aws"):  # nothing left to cut
         provider.cut_link(RUN, "east")
+
+
+def test_a_learner_spec_an_older_ddctl_stored_still_opens_its_syncers_port(
+    aws: AwsCloud, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run started before shards ran on clouds: its stored learner specs name one ``syncer_region``."""
+    machines_that_would_answer(monkeypatch, aws_provider)
+    provider = AwsProvider()
+    infos = provider.bootstrap(RUN, [EAST], "east")
+    older = {k: v for k, v in infos["east"].machine.items() if k != "syncer_regions"} | {"syncer_region": "us-east-1"}
+    learner = provider.create(dataclasses.replace(spec_of(infos, "L0", EAST), machine=older))
+    assert syncer_port_sources(aws, "us-east-1") == {OPERATOR, f"{learner.address}/32"}
 
 
 def test_gcp_reserves_an_address_per_shard_in_its_region_and_down_releases_every_one(

@@ -5,8 +5,9 @@ only its own provider knows. The control plane joins the two: after a learner
 is created (before its agent starts) and whenever the controller sees the set
 change (a replacement came up at a new address, an old one went), the syncer's
 provider (each provider running a shard of it) is told the exact set
-(``Provider.admit``) and makes its firewall say so. A region cut off by ``ddctl chaos partition`` is left out until it heals,
-so a partition holds on any cloud. ``wanted`` is the pure part.
+(``Provider.admit``) and makes its firewall say so. A region cut off by
+``ddctl chaos partition`` is left out until it heals, so a partition holds on
+any cloud. ``wanted`` is the pure part.
 """
 
 from __future__ import annotations

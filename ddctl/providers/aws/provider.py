@@ -205,7 +205,8 @@ class AwsProvider:
             lambda: self._addresses(region, ident), timeout_s=BOOT_TIMEOUT_S, every_s=0.5,
             what=f"a public address of {spec.name}",
         )  # fmt: skip
-        for home in settings["syncer_regions"] if spec.role == "learner" else ():  # none: the syncer is in another cloud
+        homes = settings.get("syncer_regions", [settings.get("syncer_region")])  # a spec an older ddctl stored: one region
+        for home in [h for h in homes if h] if spec.role == "learner" else ():  # none: the syncer is in another cloud
             group = self.network(spec.run, home, str(settings["ssh_from"])).security_group
             network.allow(self.ec2(home), group, SYNCER_PORT, f"{public}/32", f"learner {spec.name}")
         return public, private
