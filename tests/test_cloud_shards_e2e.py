@@ -1,9 +1,12 @@
-"""A sharded synchronizer on AWS, end to end, offline: moto's server is the cloud, the test hypervisor boots its VMs.
+"""A sharded synchronizer on cloud VMs, end to end, offline: moto's server and the Compute fake are the clouds, the
+test hypervisor boots their VMs.
 
-Two AWS regions, one learner each, ``synchronizer: shards: 2``: each shard runs on an on-demand VM of its own in the
-region the plan puts it, behind an Elastic IP reserved for it; the learners route each fragment to its owner over
-the shards' public addresses; the job runs to its end, the controller joins the shards' final model, ``pull`` gets
-it, and ``down`` leaves nothing (every shard's address released) in either region.
+One region on AWS and one on GCP, one learner each, ``synchronizer: shards: 2``: each shard runs on an on-demand VM
+of its own in the region the plan puts it, behind the address its cloud reserved for it (an Elastic IP, a GCE static
+address); every learner routes each fragment to its owner over the shards' public addresses, across the clouds; the
+job runs to its end, the controller joins the shards' final model and brings their tapes home, ``pull`` and
+``replay --run`` work, and ``down`` leaves nothing (every shard's address released) in either cloud. Shards in two
+EC2 regions are the providers' tests' (``tests/test_cloud_shards.py``).
 """
 
 from __future__ import annotations
@@ -32,20 +35,18 @@ RUN = "shardy"
 IMAGE = "ami-12c6146b"
 AWS_REGION = {"provider": "aws", "instance_type": "g5.xlarge", "image": IMAGE}
 GCP_REGION = {"provider": "gcp", "instance_type": "g2-standard-4"}
-REGIONS = {  # case -> region name -> (provider settings, cloud region)
-    "aws": {"virginia": (AWS_REGION, "us-east-1"), "ireland": (AWS_REGION, "eu-west-1")},
-    "aws+gcp": {"virginia": (AWS_REGION, "us-east-1"), "iowa": (GCP_REGION, "us-central1")},
-}
+REGIONS = {"virginia": (AWS_REGION, "us-east-1"), "iowa": (GCP_REGION, "us-central1")}  # name -> (settings, cloud region)
+AWS_CLOUDS = [cloud for settings, cloud in REGIONS.values() if settings["provider"] == "aws"]
 
 
-def _regions(tmp_path: Path, case: str) -> Path:
+def _regions(tmp_path: Path) -> Path:
     regions = {
         "run": RUN,
         "synchronizer": {"shards": 2},
         "training": {"preset": "tiny", "tokens": 300_000, "fragments": 4, "inner_steps": 8, "max_bytes": 1 << 21},
         "regions": [
             {"name": name, "cloud_region": cloud, "python": sys.executable, "learners": 1, **settings}
-            for name, (settings, cloud) in REGIONS[case].items()
+            for name, (settings, cloud) in REGIONS.items()
         ],
     }
     path = tmp_path / "clouds.yaml"
@@ -53,19 +54,15 @@ def _regions(tmp_path: Path, case: str) -> Path:
     return path
 
 
-def _aws_clouds(case: str) -> list[str]:
-    return [cloud for settings, cloud in REGIONS[case].values() if settings["provider"] == "aws"]
-
-
-def _vms(aws: AwsCloud, gcp: GcpCloud | None, case: str) -> dict[str, tuple[str, str, bool]]:
+def _vms(aws: AwsCloud, gcp: GcpCloud) -> dict[str, tuple[str, str, bool]]:
     """Instance name -> (cloud region, public address, spot) of the run's live VMs in both clouds."""
     found = {}
-    for cloud in _aws_clouds(case):
+    for cloud in AWS_CLOUDS:
         reservations = aws.client("ec2", cloud).describe_instances(Filters=[{"Name": "tag:ddctl-run", "Values": [RUN]}])
         for vm in (i for r in reservations["Reservations"] for i in r["Instances"] if i["State"]["Name"] != "terminated"):
             name = next(t["Value"] for t in vm["Tags"] if t["Key"] == "ddctl-name")
             found[name] = (cloud, vm.get("PublicIpAddress", ""), "InstanceLifecycle" in vm)
-    for vm in gcp.instances() if gcp is not None else []:
+    for vm in gcp.instances():
         if vm["status"] in ("PROVISIONING", "STAGING", "RUNNING"):
             name = next(m["value"] for m in vm["metadata"]["items"] if m["key"] == "ddctl-name")
             nat = vm["networkInterfaces"][0]["accessConfigs"][0]["natIP"]
@@ -73,41 +70,39 @@ def _vms(aws: AwsCloud, gcp: GcpCloud | None, case: str) -> dict[str, tuple[str,
     return found
 
 
-def _addresses(aws: AwsCloud, gcp: GcpCloud | None, case: str) -> dict[str, tuple[str, str]]:
+def _addresses(aws: AwsCloud, gcp: GcpCloud) -> dict[str, tuple[str, str]]:
     """Synchronizer instance name -> (cloud region, public address) of every address reserved in both clouds."""
     found = {
         next(t["Value"] for t in a.get("Tags", []) if t["Key"] == "ddctl-name"): (cloud, a["PublicIp"])
-        for cloud in _aws_clouds(case)
+        for cloud in AWS_CLOUDS
         for a in aws.client("ec2", cloud).describe_addresses()["Addresses"]
     }
-    for a in gcp.addresses() if gcp is not None else []:
+    for a in gcp.addresses():
         found[a["name"].removeprefix(f"ddctl-{RUN}-")] = (a["region"].rsplit("/", 1)[1], a["address"])
     return found
 
 
-@pytest.mark.parametrize("case", ["aws", "aws+gcp"])
 def test_each_shard_runs_on_a_vm_of_its_own_behind_its_own_address_to_the_jobs_end(
-    case: str, aws: AwsCloud, tmp_path: Path, request: pytest.FixtureRequest
+    aws: AwsCloud, gcp: GcpCloud, tmp_path: Path
 ) -> None:
-    """``aws+gcp``: one shard on each cloud; every learner is told both shards' addresses, each reserved by its cloud."""
-    gcp: GcpCloud | None = request.getfixturevalue("gcp") if "gcp" in case else None
-    with Hypervisor(aws, regions=_aws_clouds(case), gcp=gcp):
-        planned = runner.invoke(app, ["up", "-f", str(_regions(tmp_path, case)), "--plan", "--json"])
+    """One shard on each cloud; every learner is told both shards' addresses, each reserved by its own cloud."""
+    with Hypervisor(aws, regions=AWS_CLOUDS, gcp=gcp):
+        planned = runner.invoke(app, ["up", "-f", str(_regions(tmp_path)), "--plan", "--json"])
         assert planned.exit_code == 0, planned.output
         placed = {s["index"]: (s["region"], s["fragments"]) for s in json.loads(planned.stdout)["synchronizer"]["shards"]}
-        assert sorted(region for region, _ in placed.values()) == sorted(REGIONS[case])  # one shard in each region
-        up = runner.invoke(app, ["up", "-f", str(_regions(tmp_path, case)), "--json"])
+        assert sorted(region for region, _ in placed.values()) == sorted(REGIONS)  # one shard in each region
+        up = runner.invoke(app, ["up", "-f", str(_regions(tmp_path)), "--json"])
         assert up.exit_code == 0, up.output
         started = json.loads(up.stdout)
         run = started["run"]
         try:
-            reserved = _addresses(aws, gcp, case)
+            reserved = _addresses(aws, gcp)
             names = {0: "syncer", 1: "syncer-s1"}
             assert {name: cloud for name, (cloud, _) in reserved.items()} == {
-                names[i]: REGIONS[case][region][1] for i, (region, _) in placed.items()
+                names[i]: REGIONS[region][1] for i, (region, _) in placed.items()
             }  # each shard's address, reserved in its own region
             assert started["shards"] == [f"https://{reserved[names[i]][1]}:8443" for i in range(2)] == RunDir(run).urls()
-            vms = _vms(aws, gcp, case)
+            vms = _vms(aws, gcp)
             assert sorted(vms) == ["L0", "L1", "syncer", "syncer-s1"]
             for name in names.values():  # on demand, at its own address, in its region
                 assert vms[name] == (*reserved[name], False)
@@ -146,9 +141,9 @@ def test_each_shard_runs_on_a_vm_of_its_own_behind_its_own_address_to_the_jobs_e
         finally:
             down = runner.invoke(app, ["down", "--run", run, "--json"])
         assert down.exit_code == 0, down.output
-        assert _vms(aws, gcp, case) == {} and _addresses(aws, gcp, case) == {}  # every shard's address released
-        assert gcp is None or gcp.firewalls() == []
-        for cloud in _aws_clouds(case):
+        assert _vms(aws, gcp) == {} and _addresses(aws, gcp) == {}  # every shard's address released
+        assert gcp.firewalls() == []
+        for cloud in AWS_CLOUDS:
             ec2 = aws.client("ec2", cloud)
             assert ec2.describe_security_groups(Filters=[{"Name": "tag:ddctl-run", "Values": [run]}])["SecurityGroups"] == []
             assert ec2.describe_key_pairs()["KeyPairs"] == []
