@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddctl.errors import ProvisionError
+from ddctl.providers.aws.machines import tag_map
 from ddctl.providers.base import NAME_LABEL, RUN_LABEL
 
 DUPLICATES = ("InvalidPermission.Duplicate", "InvalidKeyPair.Duplicate", "InvalidGroup.Duplicate")
@@ -182,8 +183,7 @@ def ensure_address(ec2: Any, run: str, name: str = "syncer") -> tuple[str, str]:
     """The run's Elastic IP in this region for the synchronizer instance ``name`` (``syncer``, or a shard's
     ``syncer-s1``, ...), tagged with it: (allocation id, public address)."""
     for address in ec2.describe_addresses(Filters=run_filter(run))["Addresses"]:
-        tagged_name = {t["Key"]: t["Value"] for t in address.get("Tags", [])}.get(NAME_LABEL, "syncer")  # untagged: the syncer's
-        if tagged_name == name:
+        if tag_map(address).get(NAME_LABEL, "syncer") == name:  # untagged: the syncer's (an older ddctl's)
             return str(address["AllocationId"]), str(address["PublicIp"])
     made = ec2.allocate_address(Domain="vpc", TagSpecifications=tagged("elastic-ip", run, **{NAME_LABEL: name}))
     return str(made["AllocationId"]), str(made["PublicIp"])

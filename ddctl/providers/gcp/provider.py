@@ -83,10 +83,10 @@ class GcpProvider:
         here = {r.name: r for r in regions}
         shards = shard_regions or (syncer_region,)
         ssh_from = ssh_cidr()
+        syncers = any(name in here for name in shards)  # the syncer or a shard runs here: its port's rule
         try:
             for net in sorted({r.vpc or "default" for r in regions}):
                 network.check_network(self.clients, project, net)
-                syncers = any(name in here for name in shards)
                 network.ensure_firewalls(self.clients, project, run, net, ssh_from, SYNCER_PORT, syncer=syncers)
             hosts = []
             for i, name in enumerate(shards):
