@@ -38,8 +38,13 @@ def test_the_four_layouts_are_what_their_names_say(made: dict[str, Layout]) -> N
     assert p2.cadence["d"] > 1 and p2.cadence["e"] > 1 and p2.cadence["a"] == 1
     assert len(w.shard_sites) > 1 and set(w.shard_sites) <= {"a", "b", "c"} and w.in_flight is None
     assert w.cadence == p2.cadence
+    # a relay in each region with two learners at cadence 1; none where one learner, or past cadence 1, or in N
+    assert [r for r, on in w.relay.items() if on] == [r for r, on in p2.relay.items() if on] == ["a", "b", "c"]
+    assert not any(n.relay.values()) and not any(rr.relay.values())
     worst = {name: made[name].predicted for name in LAYOUTS}
-    assert worst["W"] < worst["P2"] < worst["N"]
+    assert worst["W"] <= worst["P2"] < worst["N"]  # with relays both are bound by region e's own link
+    site_a = {name: next(x.utilisation for x in made[name].loads if x.site == "a") for name in LAYOUTS}
+    assert site_a["W"] < 0.5 * site_a["P2"] and site_a["P2"] < 0.5 * site_a["N"]  # relays halve a's fan-out, shards again
 
 
 def test_learners_are_named_region_by_region() -> None:
@@ -205,5 +210,9 @@ def test_one_synchronizer_against_the_full_scheduler_over_the_wan() -> None:
         due = [r for r in row["sites"] if 2 * period[r] <= row["window_s"]]
         assert {"a", "b", "c"} <= set(due), (row["layout"], row["window_s"], period)
         assert all(row["sites"][r]["bytes_down"] > 0 < row["sites"][r]["bytes_up"] for r in due), (row["layout"], row["sites"])
+    assert n["relays"] == {} and set(w["relays"]) == {"a", "b", "c"}
+    for region, carried in w["relays"].items():  # each version crossed into the region once, for its two learners
+        assert carried["refused_in"] == 0 and carried["bytes_out"] > 1.3 * carried["bytes_in"] > 0, (region, carried)
+        assert carried["bytes_out"] == pytest.approx(w["regions"][region]["bytes_down"], rel=0.1), (region, carried)
     assert w["efficiency"] > n["efficiency"]  # the site a synchronizer alone overloads (measured 2x here)
     assert w["x_first"] == pytest.approx(w["efficiency"] / n["efficiency"], rel=1e-3)

@@ -85,7 +85,10 @@ def test_serve_and_run_forward_their_flags_to_the_agents(tmp_path: Path) -> None
     serve = runner.invoke(app, ["syncer", "serve", "--help"])
     assert serve.exit_code == 0 and "--job-dir" in serve.output and "--snapshot-every" in serve.output
     run = runner.invoke(app, ["learner", "run", "--help"])
-    assert run.exit_code == 0 and "--syncer" in run.output and "--parallel-uploads" in run.output
+    assert run.exit_code == 0 and "--syncer" in run.output and "--parallel-uploads" in run.output and "--relay" in run.output
+    relay = runner.invoke(app, ["syncer", "relay", "--help"])
+    assert relay.exit_code == 0 and relay.output.startswith("Usage: ddctl syncer relay [OPTIONS]")
+    assert "--key-file" in relay.output and "--stale-after" in relay.output
     missing = runner.invoke(app, ["syncer", "serve", "--job-dir", str(tmp_path / "nope")])
     assert missing.exit_code == 2 and "cannot read" in missing.output
 

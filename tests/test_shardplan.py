@@ -192,3 +192,22 @@ def test_bad_inputs_are_refused() -> None:
         Traffic(up=(1, 2), down=(1,), inner_steps=4)
     with pytest.raises(ValueError, match="at least one site must host"):
         best_split([site("a", 1, 10)], [Demand(up=1, down=1)], [False])
+
+
+def test_a_relay_runs_at_cadence_one_only_and_a_slower_cadence_is_chosen_without_one() -> None:
+    traffic = model()
+    # four learners on a link their versions overload even relayed: it sends less often, and then has no relay
+    # (a relay forwards every version; at cadence k a learner is sent only the 1/k it adopts)
+    crowded = site("x", 4, 120)
+    k = choose_cadence(crowded, traffic, relay=True, target=0.8)
+    unrelayed = [demand(crowded, sum(traffic.up), sum(traffic.down), 24, c, relay=False) for c in CADENCES]
+    assert k > 1 and max(unrelayed[CADENCES.index(k)].up, unrelayed[CADENCES.index(k)].down) / crowded.down_bytes_s <= 0.8
+    plan = plan_shards([site("a", 2, 1000), crowded], traffic)
+    assert plan.cadence == {"a": 1, "x": k} and plan.relay == {"a": True, "x": False}
+    # a user-fixed cadence above one has no relay either
+    fixed = plan_shards([site("a", 2, 1000), site("b", 2, 1000)], traffic, PlanSettings(cadence={"b": 2}))
+    assert fixed.relay == {"a": True, "b": False}
+    # where the relay lets cadence 1 fit, the region keeps it and its relay
+    relieved = site("y", 4, 400)
+    assert demand(relieved, sum(traffic.up), sum(traffic.down), 24, 1, relay=False).down / relieved.down_bytes_s > 0.8
+    assert choose_cadence(relieved, traffic, relay=True, target=0.8) == 1

@@ -26,7 +26,8 @@ SITE_MBIT = 16.0
 def test_a_shard_reads_its_own_shaped_link_where_each_learner_reads_a_share() -> None:
     case = WanCase(fast_mbit=64.0, step_s=0.05, seconds=20.0, preset="tiny", inner_steps=8,
                    regions=(("h", SITE_MBIT / 64.0, 0), ("a", 1.0, 4)))  # fmt: skip
-    made = Layout(name="one", shard_sites=("h",), owner=(0,) * case.fragments, cadence={"h": 1, "a": 1}, in_flight=1, loads=())
+    made = Layout(name="one", shard_sites=("h",), owner=(0,) * case.fragments, cadence={"h": 1, "a": 1},
+                  relay={"h": False, "a": False}, in_flight=1, loads=())  # fmt: skip
     layout = replace(made, loads=predict(made, case.sites(), traffic(case.job())))
     with wan("ddsite", case.links) as net:
         row = _run_layout(net, case, layout)

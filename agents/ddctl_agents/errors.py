@@ -17,6 +17,7 @@
     │   ├── NotFound, MethodNotAllowed, TooLarge, ClientGone
     │   ├── JobOver                  the job is finishing or finished: no one joins any more
     │   ├── NotOwner                 a sharded synchronizer's shard that does not own the fragment (owner, epoch)
+    │   ├── UpstreamDown             a relay whose streams from the shards broke (its learners pull from them)
     │   └── SyncError                an update the core refuses
     │       ├── BadUpdate            layout does not match the fragment
     │       ├── UnknownLearner       not registered (or declared gone): register again
@@ -142,6 +143,10 @@ class NotOwner(RequestError):
         self.details = {"owner": owner, "epoch": epoch}
 
 
+class UpstreamDown(RequestError):
+    """A region's relay has not heard from a shard lately: its learners pull from the shards themselves meanwhile."""
+
+
 class SyncError(RequestError):
     """An update the syncer's core refuses."""
 
@@ -204,6 +209,7 @@ HTTP: dict[type[AgentError], tuple[int, str]] = {
     ClientGone: (499, "client_gone"),
     JobOver: (410, "job_over"),
     NotOwner: (409, "not_owner"),
+    UpstreamDown: (503, "upstream_down"),
     SyncError: (400, "bad_update"),
     BadUpdate: (400, "bad_update"),
     UnknownLearner: (409, "unknown_learner"),

@@ -12,7 +12,8 @@ fresh job of the same budget. Per layout:
 - ``sites``: each site's measured utilisation (the tbf counters' bytes over the steady
   window, against the link rate, the busier direction) beside the link model's
   prediction for the layout, from the plan's priors and from what the learners measured;
-- ``balanced``: whether every shard's ledger balances.
+- ``balanced``: whether every shard's ledger balances;
+- ``relays``: what each region's relay pulled in and served to its learners (bytes).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from ddctl.bench.wannet import Wan, WanRegion, wan
 from ddctl.config.synchronizer import traffic
 from ddctl.control.shard_status import summarize
 from ddctl.errors import DdctlError
+from ddctl.local.relay import LocalRelay
 from ddctl.local.service import LocalSyncer
 from ddctl_agents.agent.client import SyncerClient, Unavailable
 from ddctl_agents.core import shardmap
@@ -82,8 +84,10 @@ def _run_layout(net: Wan, case: WanCase, layout: Layout) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ddctl-wan-") as tmp:
         root = Path(tmp)
         shards = start_shards(root, net, case, layout)
+        relays: dict[str, LocalRelay] = {}
         try:
-            learners = start_learners(root, net, case, layout, shards, together=True)
+            relays = start_relays(net, layout, shards)
+            learners = start_learners(root, net, case, layout, shards, together=True, relays=relays)
             try:
                 window = steady_window(net, case, shards, learners, root, together=True)
             finally:
@@ -91,12 +95,25 @@ def _run_layout(net: Wan, case: WanCase, layout: Layout) -> dict[str, Any]:
                     if proc.poll() is None:
                         proc.kill()
             statuses = [finished_status(s) for s in shards]
+            carried = {region: relay.health() for region, relay in relays.items()}
             val_bpb = _evaluate(root, case, shards) if case.train_tokens else None
         finally:
-            for shard in shards:
-                shard.stop()
+            for process in [*relays.values(), *shards]:
+                process.stop()
         summaries = {name: json.loads((root / f"{name}.summary.json").read_text()) for name in learners}
-    return layout_row(net, case, layout, window, statuses, summaries) | ({"val_bpb": val_bpb} if case.train_tokens else {})
+    row = layout_row(net, case, layout, window, statuses, summaries)
+    row["relays"] = {r: {k: h[k] for k in ("bytes_in", "bytes_out", "frames_in", "refused_in")} for r, h in carried.items()}
+    return row | ({"val_bpb": val_bpb} if case.train_tokens else {})
+
+
+def start_relays(net: Wan, layout: Layout, shards: list[LocalSyncer]) -> dict[str, LocalRelay]:
+    """A relay in each region the layout gives one, in its namespace at its address (the certificate names it)."""
+    urls = [shard.url for shard in shards]
+    relays: dict[str, LocalRelay] = {}
+    for region in (r for r, on in layout.relay.items() if on):
+        site = net.regions[region]
+        relays[region] = LocalRelay(shards[0], region, urls, host=site.ip, prefix=site.command()).start()
+    return relays
 
 
 def _evaluate(root: Path, case: WanCase, shards: list[LocalSyncer]) -> float:
@@ -123,7 +140,8 @@ def start_shards(root: Path, net: Wan, case: WanCase, layout: Layout) -> list[Lo
     """One synchronizer process per shard, in its site's namespace; a single one is not sharded."""
     ips = [net.regions[site].ip for site in layout.shard_sites]
     sites = [net.regions[site] for site in layout.shard_sites]
-    first = LocalSyncer(root / "S0", case.job(), run=f"wan-{layout.name}", host=ips[0], also=ips, prefix=sites[0].command())
+    named = [*ips, *(net.regions[r].ip for r, on in layout.relay.items() if on)]  # the relays serve with its certificate
+    first = LocalSyncer(root / "S0", case.job(), run=f"wan-{layout.name}", host=ips[0], also=named, prefix=sites[0].command())
     started = [first]
     for i in range(1, len(sites)):
         (root / f"S{i}").mkdir()
@@ -144,7 +162,13 @@ def start_shards(root: Path, net: Wan, case: WanCase, layout: Layout) -> list[Lo
 
 
 def start_learners(
-    root: Path, net: Wan, case: WanCase, layout: Layout, shards: list[LocalSyncer], together: bool = False
+    root: Path,
+    net: Wan,
+    case: WanCase,
+    layout: Layout,
+    shards: list[LocalSyncer],
+    together: bool = False,
+    relays: dict[str, LocalRelay] | None = None,
 ) -> dict[str, subprocess.Popen[bytes]]:
     """Every learner of ``case`` in its region's namespace. ``together``: each waits, registered and bootstrapped,
     until ``steady_window`` has seen them all ready, so they take their first steps together: on two loaded cores
@@ -159,6 +183,8 @@ def start_learners(
         argv += ["--cadence", str(layout.cadence[region])]
         argv += ["--parallel-uploads", in_flight_text(layout.in_flight)]
         argv += ["--start-when", str(root / START_FILE)] if together else []
+        if relay := (relays or {}).get(region):
+            argv += ["--relay", relay.url, "--relay-token-file", str(relay.learner_token_file(name))]
         with (root / f"{name}.log").open("ab") as log:
             procs[name] = subprocess.Popen(net.regions[region].command(*argv), stdout=log, stderr=log, env=ENV)
     return procs

@@ -7,11 +7,11 @@ bytes come from its own frames (``config/synchronizer.traffic``). The layouts:
 - ``N``: one synchronizer at the first region; every learner sends every period,
   three uploads in flight (today's transfers).
 - ``N-rr``: three shards at the three fast regions, fragments round robin; transfers as N.
-- ``P2``: one synchronizer, with the plan's cadences and one upload in flight (paced).
-- ``W``: the full scheduler: the plan's shards, sites, assignment and cadences, paced.
+- ``P2``: one synchronizer, with the plan's cadences and relays, paced.
+- ``W``: the full scheduler: the plan's shards, sites, assignment, cadences and relays, paced.
 
-Relays are not run by the learners yet, so every layout is planned without them
-(``PlanSettings(relays=False)``): the predictions are of what runs.
+The plan gives a relay (``relay/``) to each region with several learners at
+cadence 1; N and N-rr run none. The predictions are of what runs.
 """
 
 from __future__ import annotations
@@ -150,6 +150,8 @@ class Layout:
     owner: tuple[int, ...]
     """Fragment -> its shard."""
     cadence: dict[str, int]
+    relay: dict[str, bool]
+    """Regions whose learners pull versions through a relay of their own."""
     in_flight: int | None
     """Uploads in flight (the learner's ``--parallel-uploads``); None: auto."""
     loads: tuple[SiteLoad, ...]
@@ -174,20 +176,23 @@ def layouts(case: WanCase, names: Sequence[str] = LAYOUTS) -> list[Layout]:
     every = dict.fromkeys(REGIONS, 1)
     one = tuple(0 for _ in range(case.fragments))
     rr = tuple(p % 3 for p in range(case.fragments))
-    paced = plan_shards([_only(s, {home}) for s in sites], flow, PlanSettings(shards=1, relays=False))
-    full = plan_shards(sites, flow, PlanSettings(relays=False))
+    paced = plan_shards([_only(s, {home}) for s in sites], flow, PlanSettings(shards=1))
+    full = plan_shards(sites, flow, PlanSettings())
+    none = dict.fromkeys(REGIONS, False)
     made = {
-        "N": (((home,), one, every, UNPACED)),
-        "N-rr": ((fast, rr, every, UNPACED)),
-        "P2": (((home,), one, paced.cadence, PACED)),
-        "W": ((tuple(s.site for s in full.shards), full.owner, full.cadence, PACED)),
+        "N": (((home,), one, every, none, UNPACED)),
+        "N-rr": ((fast, rr, every, none, UNPACED)),
+        "P2": (((home,), one, paced.cadence, paced.relay, PACED)),
+        "W": ((tuple(s.site for s in full.shards), full.owner, full.cadence, full.relay, PACED)),
     }
     chosen = []
     for name in names:
         base, slash, flight = name.partition("/")
-        shard_sites, owner, cadence, in_flight = made[base]
+        shard_sites, owner, cadence, relay, in_flight = made[base]
         in_flight = in_flight_setting(flight, f"layout {name}: uploads in flight") if slash else in_flight
-        chosen.append(_layout(name, shard_sites, owner, cadence, in_flight, sites, flow))
+        made_one = Layout(name=name, shard_sites=shard_sites, owner=owner, cadence=dict(cadence), relay=dict(relay),
+                          in_flight=in_flight, loads=())  # fmt: skip
+        chosen.append(replace(made_one, loads=predict(made_one, sites, flow)))
     return chosen
 
 
@@ -205,23 +210,9 @@ def _only(site: Site, candidates: set[str]) -> Site:
                 step_s=site.step_s, candidate=site.name in candidates)  # fmt: skip
 
 
-def _layout(
-    name: str,
-    shard_sites: tuple[str, ...],
-    owner: tuple[int, ...],
-    cadence: dict[str, int],
-    in_flight: int | None,
-    sites: list[Site],
-    flow: Traffic,
-) -> Layout:
-    made = Layout(name=name, shard_sites=shard_sites, owner=owner, cadence=dict(cadence), in_flight=in_flight, loads=())
-    return replace(made, loads=predict(made, sites, flow))
-
-
 def predict(layout: Layout, sites: Sequence[Site], flow: Traffic) -> tuple[SiteLoad, ...]:
-    """The link model's load on every site under ``layout`` (no relays: the learners do not run them yet)."""
-    relay = dict.fromkeys(layout.cadence, False)
-    return tuple(placement_loads(sites, flow, layout.cadence, relay, [layout.shard_sites[o] for o in layout.owner]))
+    """The link model's load on every site under ``layout``."""
+    return tuple(placement_loads(sites, flow, layout.cadence, layout.relay, [layout.shard_sites[o] for o in layout.owner]))
 
 
 def at_pace(sites: Sequence[Site], step_s: dict[str, float], round_trip_s: dict[str, float] | None = None) -> list[Site]:

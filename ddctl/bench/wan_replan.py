@@ -74,7 +74,7 @@ def hub_layout(case: WanCase) -> Layout:
     sites = [replace(s, candidate=s.name in HUBS) for s in case.sites()]
     plan = plan_shards(sites, traffic(case.job()), PlanSettings(shards=len(HUBS), relays=False))
     made = Layout(name="hubs", shard_sites=tuple(s.site for s in plan.shards), owner=plan.owner, cadence=dict(plan.cadence),
-                  in_flight=ONE_IN_FLIGHT, loads=())  # fmt: skip
+                  relay=dict(plan.relay), in_flight=ONE_IN_FLIGHT, loads=())  # fmt: skip
     return replace(made, loads=predict(made, case.sites(), traffic(case.job())))
 
 

@@ -281,6 +281,14 @@ def serve(ctx: typer.Context) -> None:
     raise typer.Exit(server.main(list(ctx.args)))
 
 
+@syncer_app.command("relay", context_settings=FORWARD, add_help_option=False)
+def relay(ctx: typer.Context) -> None:
+    """Run a region's relay: each version enters the region once (same flags as python -m ddctl_agents.relay)."""
+    from ddctl_agents.relay import serve as relay_serve
+
+    raise typer.Exit(relay_serve.main(list(ctx.args)))
+
+
 @learner_app.command("run", context_settings=FORWARD, add_help_option=False)
 def learner_run(ctx: typer.Context) -> None:
     """Run one learner (same flags as python -m ddctl_agents.agent; --help lists them)."""

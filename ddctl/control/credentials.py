@@ -23,7 +23,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from ddctl.errors import DdctlError
 from ddctl_agents.errors import AgentError
 from ddctl_agents.jsonable import to_json
-from ddctl_agents.service.auth import ADMIN, derive_token, read_secret
+from ddctl_agents.service.auth import ADMIN, derive_token, read_secret, relay_key
 from ddctl_agents.train.job import JobConfig
 from ddctl_agents.train.modelfiles import ship
 
@@ -103,12 +103,32 @@ def init_job_dir(directory: Path, job: JobConfig, run: str, hosts: list[str], tl
 def token_for(directory: Path, identity: str) -> str:
     """The token ``identity`` (a learner name, or ``admin``) presents to this job's syncer."""
     try:
-        secret = read_secret((directory / "secret").read_text())
-        return derive_token(secret, identity)
-    except OSError as exc:
-        raise DdctlError(f"{directory / 'secret'}: cannot read ({exc.strerror})") from None
+        return derive_token(_secret(directory), identity)
     except AgentError as exc:
         raise DdctlError(f"{directory}: {exc}") from None
 
 
-__all__ = ["ADMIN", "init_job_dir", "make_tls", "token_for"]
+def relay_key_for(directory: Path, region: str) -> bytes:
+    """Region ``region``'s relay key (``auth.relay_key``): the relay checks its learners' tokens with it."""
+    try:
+        return relay_key(_secret(directory), region)
+    except AgentError as exc:
+        raise DdctlError(f"{directory}: {exc}") from None
+
+
+def relay_token_for(directory: Path, region: str, learner: str) -> str:
+    """The token ``learner`` presents to its region's relay (useless to the synchronizer and to other regions' relays)."""
+    try:
+        return derive_token(relay_key_for(directory, region), learner)
+    except AgentError as exc:
+        raise DdctlError(f"{directory}: {exc}") from None
+
+
+def _secret(directory: Path) -> bytes:
+    try:
+        return read_secret((directory / "secret").read_text())
+    except OSError as exc:
+        raise DdctlError(f"{directory / 'secret'}: cannot read ({exc.strerror})") from None
+
+
+__all__ = ["ADMIN", "init_job_dir", "make_tls", "relay_key_for", "relay_token_for", "token_for"]

@@ -35,65 +35,31 @@ def tiny_job(learners: int = 3, tokens: int = 150_000, fragments: int = 4, inner
     )
 
 
-class LocalSyncer:
-    """One job's syncer process; ``start`` may be called again after ``kill`` (same port, same state)."""
+class LocalProcess:
+    """A service process of ours on this machine (a syncer, a relay): start it, wait for its health probe, stop it."""
 
-    def __init__(
-        self,
-        root: Path,
-        job: JobConfig | None = None,
-        run: str = "local",
-        tls: bool = True,
-        host: str = "127.0.0.1",
-        *,
-        also: Sequence[str] = (),
-        prefix: Sequence[str] = (),
-    ) -> None:
-        """``also``: more addresses the job's certificate names (other shards'); ``prefix``: the command runs inside it
-        (``ip netns exec NS``: a region of an emulated WAN)."""
-        self.root, self.tls, self.port, self.host, self.prefix = root, tls, 0, host, tuple(prefix)
-        if job is not None:
-            init_job_dir(self.job_dir, job, run, sorted({host, *also, "127.0.0.1", "localhost"}), tls=tls)
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def job_dir(self) -> Path:
-        return self.root / "job"
-
-    @property
-    def url(self) -> str:
-        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
-
-    @property
-    def ca(self) -> Path | None:
-        return self.job_dir / "tls" / "ca.pem" if self.tls else None
+    name = "process"
+    root: Path
+    prefix: tuple[str, ...] = ()
+    process: subprocess.Popen[bytes] | None = None
+    port = 0
 
     @property
     def log_path(self) -> Path:
-        return self.root / "syncer.log"
+        return self.root / f"{self.name}.log"
 
-    def token(self, identity: str) -> str:
-        return token_for(self.job_dir, identity)
+    def client(self) -> SyncerClient:
+        """A client that can ask the process's health probe."""
+        raise NotImplementedError
 
-    def client(self, identity: str = "admin", token: str | None = None, http2: bool = True) -> SyncerClient:
-        return SyncerClient(self.url, token if token is not None else self.token(identity), self.ca, http2=http2)
-
-    def connector(self, kind: type[SyncerClient] = SyncerClient) -> Callable[[str], SyncerClient]:
-        """Admin clients for any shard of this job by URL: the shards share the job directory's token and CA."""
-        return lambda url: kind(url, self.token("admin"), self.ca)
-
-    def start(self, *extra: str, timeout_s: float = 120.0) -> LocalSyncer:
-        """Start (or restart) the service and return once it answers its health probe."""
-        port_file = self.root / "port"
+    def launch(self, module: str, args: Sequence[str], timeout_s: float) -> None:
+        """Run ``python -m module args --port-file F`` and return once it answers its health probe."""
+        port_file = self.root / f"{self.name}.port"
         port_file.unlink(missing_ok=True)
-        args = ["--job-dir", str(self.job_dir), "--bind", f"{self.host}:{self.port}", "--port-file", str(port_file), *extra]
-        if not self.tls:
-            args.append("--plaintext")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                [*self.prefix, sys.executable, "-m", "ddctl_agents.service", *args], stdout=log, stderr=log, env=env
-            )
+            command = [*self.prefix, sys.executable, "-m", module, *args, "--port-file", str(port_file)]
+            self.process = subprocess.Popen(command, stdout=log, stderr=log, env=env)
         deadline = time.monotonic() + timeout_s
 
         def bound() -> str:
@@ -101,7 +67,7 @@ class LocalSyncer:
             return port_file.read_text().strip() if port_file.exists() else ""
 
         self.port = int(
-            wait_until(bound, timeout_s=timeout_s, every_s=0.05, what="the syncer to bind its port", error=self._late)
+            wait_until(bound, timeout_s=timeout_s, every_s=0.05, what=f"the {self.name} to bind its port", error=self._late)
         )
         client = self.client()
 
@@ -114,8 +80,7 @@ class LocalSyncer:
 
         try:
             left = max(deadline - time.monotonic(), 0.0)
-            wait_until(healthy, timeout_s=left, what="the syncer to answer its health probe", error=self._late)
-            return self
+            wait_until(healthy, timeout_s=left, what=f"the {self.name} to answer its health probe", error=self._late)
         finally:
             client.close()
 
@@ -137,16 +102,67 @@ class LocalSyncer:
                 self.kill()
         return self.process.returncode
 
+    def _alive_or_raise(self) -> None:
+        if self.process is not None and self.process.poll() is not None:
+            tail = self.log_path.read_text(errors="replace")[-2000:]
+            raise DdctlError(f"the {self.name} exited with {self.process.returncode}:\n{tail}")
+
+    def _late(self, message: str) -> DdctlError:
+        return DdctlError(f"{message}; see {self.log_path}")
+
+
+class LocalSyncer(LocalProcess):
+    """One job's syncer process; ``start`` may be called again after ``kill`` (same port, same state)."""
+
+    name = "syncer"
+
+    def __init__(
+        self,
+        root: Path,
+        job: JobConfig | None = None,
+        run: str = "local",
+        tls: bool = True,
+        host: str = "127.0.0.1",
+        *,
+        also: Sequence[str] = (),
+        prefix: Sequence[str] = (),
+    ) -> None:
+        """``also``: more addresses the job's certificate names (other shards'); ``prefix``: the command runs inside it
+        (``ip netns exec NS``: a region of an emulated WAN)."""
+        self.root, self.tls, self.port, self.host, self.prefix = root, tls, 0, host, tuple(prefix)
+        if job is not None:
+            init_job_dir(self.job_dir, job, run, sorted({host, *also, "127.0.0.1", "localhost"}), tls=tls)
+
+    @property
+    def job_dir(self) -> Path:
+        return self.root / "job"
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
+
+    @property
+    def ca(self) -> Path | None:
+        return self.job_dir / "tls" / "ca.pem" if self.tls else None
+
+    def token(self, identity: str) -> str:
+        return token_for(self.job_dir, identity)
+
+    def client(self, identity: str = "admin", token: str | None = None, http2: bool = True) -> SyncerClient:
+        return SyncerClient(self.url, token if token is not None else self.token(identity), self.ca, http2=http2)
+
+    def connector(self, kind: type[SyncerClient] = SyncerClient) -> Callable[[str], SyncerClient]:
+        """Admin clients for any shard of this job by URL: the shards share the job directory's token and CA."""
+        return lambda url: kind(url, self.token("admin"), self.ca)
+
+    def start(self, *extra: str, timeout_s: float = 120.0) -> LocalSyncer:
+        """Start (or restart) the service and return once it answers its health probe."""
+        args = ["--job-dir", str(self.job_dir), "--bind", f"{self.host}:{self.port}", *extra]
+        self.launch("ddctl_agents.service", [*args, *([] if self.tls else ["--plaintext"])], timeout_s)
+        return self
+
     def __enter__(self) -> LocalSyncer:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-    def _alive_or_raise(self) -> None:
-        if self.process is not None and self.process.poll() is not None:
-            tail = self.log_path.read_text(errors="replace")[-2000:]
-            raise DdctlError(f"the syncer exited with {self.process.returncode}:\n{tail}")
-
-    def _late(self, message: str) -> DdctlError:
-        return DdctlError(f"{message}; see {self.log_path}")

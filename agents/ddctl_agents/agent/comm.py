@@ -8,7 +8,8 @@
   tbf-shaped link, three 94%: docs/benchmarks.md), but they share it, so the
   update due first waits for the others;
 - subscriber: keeps the fragment stream open and queues every new version for
-  the training loop to adopt between steps;
+  the training loop to adopt between steps (from the region's relay where it
+  has one: ``agent/subscription``);
 - heartbeat: reports progress and measured link figures every ``interval_s``.
 
 The uplink is measured where its bytes move: each upload is timed by this
@@ -38,10 +39,10 @@ from typing import Any
 from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable, retry
 from ddctl_agents.agent.routes import Routes
 from ddctl_agents.agent.slots import UploadSlots
+from ddctl_agents.agent.subscription import Subscriber
 from ddctl_agents.core.links import SoloTransfers, sent_between
 from ddctl_agents.core.messages import FragmentVersion, Update, absorb, encode_update
-from ddctl_agents.core.version_delta import Held, receive
-from ddctl_agents.errors import HTTP, AgentError, JobOver, NotOwner, WireError
+from ddctl_agents.errors import HTTP, AgentError, JobOver, NotOwner
 
 log = logging.getLogger(__name__)
 JOB_OVER = HTTP[JobOver][1]
@@ -93,23 +94,23 @@ class Comms:
         interval_s: float = 0.5,
         parallel_uploads: int | None = None,
         absorb: bool = True,
+        relay: Callable[[], SyncerClient] | None = None,
     ) -> None:
         """``absorb``: a queued update of a fragment takes in a newer one of the same base (off with error feedback,
         whose residuals assume every drift was encoded on its own). ``parallel_uploads``: that many in flight, or (None)
-        as few as keep the measured uplink busy (``agent/slots``)."""
+        as few as keep the measured uplink busy (``agent/slots``). ``relay``: connects to the region's relay, which
+        then brings the versions (``agent/subscription``)."""
         self.connect, self.me, self.codec, self.block, self.interval_s = connect, me, codec, block, interval_s
         self.routes = routes
         self.slots, self.absorb = UploadSlots(parallel_uploads), absorb
         self._timings: dict[int, tuple[tuple[int, float] | None, bool]] = {}
         """Per uploader thread, its last acknowledged push's kernel timing and whether it had the link alone."""
         self.outbox: queue.Queue[Update] = queue.Queue()
-        self.inbox: queue.Queue[FragmentVersion] = queue.Queue()
         self.ledger = CommLedger()
         self.report: dict[str, Any] = {}
-        self.versions: list[int] = []
-        self.held: dict[int, Held] = {}
-        """Each fragment's newest version as received, where the shard sends deltas from it (``core/version_delta``)."""
         self.stopping = threading.Event()
+        self.subscriber = Subscriber(connect, me.cadence, self.stopping, self._heard, self, relay)
+        self.inbox = self.subscriber.inbox
         self._idle = threading.Condition()
         self._busy = 0
         self._lock = threading.Lock()
@@ -138,11 +139,9 @@ class Comms:
         The answer is the first shard's, resuming at the latest step any shard saw from this learner."""
         answers = [self._register(url) for url in self.routes.urls()]
         self.register_answer = {**answers[0], "start_step": max(int(a["start_step"]) for a in answers)}
-        self.versions = [-1] * fragments
-        loops: list[tuple[str, Callable[[], None]]] = []
-        for url in self.routes.urls():
-            loops += [("subscribe", functools.partial(self._subscribe_loop, url))]
-            loops += [("heartbeat", functools.partial(self._heartbeat_loop, url))]
+        self.subscriber.versions = [-1] * fragments
+        loops = self.subscriber.loops(self.routes.urls())
+        loops += [("heartbeat", functools.partial(self._heartbeat_loop, url)) for url in self.routes.urls()]
         loops += [("upload", self._upload_loop)] * self.slots.most
         for n, (name, target) in enumerate(loops):
             thread = threading.Thread(target=target, name=f"ddctl-{name}-{n}", daemon=True)
@@ -191,6 +190,10 @@ class Comms:
                 out.append(self.inbox.get_nowait())
             except queue.Empty:
                 return out
+
+    def came_down(self, nbytes: int) -> None:
+        with self._lock:
+            self.ledger.bytes_down += nbytes
 
     def set_report(self, **fields: Any) -> None:
         with self._lock:
@@ -319,35 +322,6 @@ class Comms:
             answer = client.push(frame, fragment)
         self._heard(url)
         return answer
-
-    def _subscribe_loop(self, url: str) -> None:
-        client, delay, chain = self.connect(url), 0.1, [""]  # chain: the shard's chain of versions, once it says
-        try:
-            while not self.stopping.is_set():
-                try:
-                    for frame in client.fragments(list(self.versions), chain):
-                        self._heard(url)
-                        delay = 0.1
-                        if self.stopping.is_set():
-                            return
-                        if not frame:
-                            continue
-                        message, held = receive(frame, self.held)
-                        if message.version > self.versions[message.fragment]:
-                            self.versions[message.fragment] = message.version
-                            if chain[0] and self.me.cadence == 1:  # it will be sent deltas: keep what they step from
-                                self.held[message.fragment] = held
-                        with self._lock:
-                            self.ledger.bytes_down += len(frame)
-                        self.inbox.put(message)
-                except (Unavailable, Refused, WireError) as exc:
-                    log.info("fragment stream: %s; reconnecting", exc)
-                    if isinstance(exc, WireError):  # a frame it cannot read, or a delta from what it does not hold
-                        chain[0] = ""  # whole versions from here
-                    self.stopping.wait(delay)
-                    delay = min(delay * 2, 5.0)
-        finally:
-            client.close()
 
     def _heartbeat_loop(self, url: str) -> None:
         client = self.connect(url)

@@ -82,6 +82,9 @@ class LearnerOptions:
     compile: bool = False
     synthetic_step: float = 0.0
     """> 0: no training; each step waits this long and drifts the model (``train/synthetic.py``, for ``bench wan``)."""
+    relay: str = ""
+    """The region's relay (``relay/``), which brings the versions; the shards' own streams stand by."""
+    relay_token: str = ""
     start_when: Path | None = None
     """Registered and bootstrapped, say so (``ready_file``) and wait for this file before the first step (a benchmark
     starts its learners together)."""
@@ -106,7 +109,9 @@ def _register(opts: LearnerOptions) -> tuple[Assembly, Comms, dict[str, Any]]:
     if routes.map is not None:
         routes.map.check_fragments(assembly.fragmentation.count)
     absorb = not job.sync.error_feedback
-    comms = Comms(connect, routes, me, job.sync.codec, job.sync.block, parallel_uploads=opts.parallel_uploads, absorb=absorb)
+    relay = functools.partial(SyncerClient, opts.relay, opts.relay_token, opts.ca) if opts.relay else None
+    comms = Comms(connect, routes, me, job.sync.codec, job.sync.block, parallel_uploads=opts.parallel_uploads, absorb=absorb,
+                  relay=relay)  # fmt: skip
     answer = comms.start(assembly.fragmentation.count)
     start = {"job": job_answer["job"], "model_files": model_files, "start_step": int(answer["start_step"])}
     return assembly, comms, start | {"incarnation": me.incarnation}
@@ -333,6 +338,8 @@ def _main(argv: list[str] | None) -> int:
         metavar="SECONDS",
         help="Do not train: each step waits SECONDS and drifts the model by a fixed amount (many learners on few cores).",
     )
+    parser.add_argument("--relay", default="", help="The region's relay URL: versions come through it (cadence 1 only).")
+    parser.add_argument("--relay-token-file", type=Path, help="A file holding this learner's token for the relay.")
     parser.add_argument("--start-when", type=Path, metavar="FILE",
                         help="Registered and bootstrapped, make FILE.NAME.ready, then wait for FILE to step.")  # fmt: skip
     args = parser.parse_args(argv)
@@ -367,7 +374,11 @@ def _main(argv: list[str] | None) -> int:
             compile=args.compile,
             synthetic_step=args.synthetic_step,
             start_when=args.start_when,
+            relay=args.relay,
+            relay_token=args.relay_token_file.read_text().strip() if args.relay and args.relay_token_file else "",
         )
+        if opts.relay and (opts.cadence > 1 or not opts.relay_token):
+            raise AgentError("--relay needs --relay-token-file, and --cadence 1: a relay serves every version")
         if not (opts.synthetic_step == 0 or 0 < opts.synthetic_step <= 3600):
             raise AgentError(f"--synthetic-step must be 0 (train) or in (0, 3600] seconds, got {opts.synthetic_step}")
         stop = Stop()

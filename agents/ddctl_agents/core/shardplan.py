@@ -6,7 +6,10 @@ as priors, replaced by measurements) and the bytes each fragment moves:
 1. **Cadence**: a region sends every ``k`` periods, the smallest ``k`` in
    ``CADENCES`` at which its own traffic fits ``target`` of its link. That floor
    is the region's own, whatever the placement: no shard moves it.
-2. **Relays**: a region with several learners pulls each version in once.
+2. **Relays**: a region with several learners at cadence 1 pulls each version
+   in once. A relay forwards every version, and a learner at cadence k > 1 is
+   sent only the 1/k it adopts, so past cadence 1 a relay would not save bytes
+   and the region has none (its cadence is chosen without one).
 3. **Placement**: shards go to the candidate sites of the exact min-max split
    (``siteload.best_split``); with a fixed number of shards, the best set of
    that many sites (every subset when there are few, else greedily).
@@ -96,9 +99,11 @@ class ShardPlan:
 
 
 def choose_cadence(site: Site, traffic: Traffic, relay: bool, target: float) -> int:
-    """The smallest cadence at which the site's own traffic fits ``target`` of its link (the largest if none does)."""
+    """The smallest cadence at which the site's own traffic fits ``target`` of its link (the largest if none does).
+
+    ``relay``: the site may have one, which it runs at cadence 1 only."""
     for k in CADENCES:
-        own = demand(site, sum(traffic.up), sum(traffic.down), traffic.inner_steps, k, relay)
+        own = demand(site, sum(traffic.up), sum(traffic.down), traffic.inner_steps, k, relay and k == 1)
         if max(own.up / site.up_bytes_s, own.down / site.down_bytes_s) <= target:
             return k
     return CADENCES[-1]
@@ -111,8 +116,9 @@ def plan_shards(sites: Sequence[Site], traffic: Traffic, settings: PlanSettings 
     if settings.shards is not None and not 1 <= settings.shards <= len(traffic.up):
         raise ValueError(f"shards must be 1..{len(traffic.up)} (one fragment each at least), got {settings.shards}")
     fixed = settings.cadence or {}
-    relay = {s.name: settings.relays and s.learners > 1 for s in sites}
-    cadence = {s.name: fixed.get(s.name) or choose_cadence(s, traffic, relay[s.name], settings.target) for s in sites}
+    may_relay = {s.name: settings.relays and s.learners > 1 for s in sites}
+    cadence = {s.name: fixed.get(s.name) or choose_cadence(s, traffic, may_relay[s.name], settings.target) for s in sites}
+    relay = {name: may and cadence[name] == 1 for name, may in may_relay.items()}
     demands = _demands(sites, traffic, cadence, relay)
     hosts = _hosting_sites(sites, demands, settings.shards)
     split = best_split(sites, demands, hosts)

@@ -8,12 +8,9 @@ counted, and the next request is served as usual.
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import json
 import logging
-import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from ddctl_agents import tcpinfo
@@ -21,15 +18,25 @@ from ddctl_agents.core.links import DeliveryMeter, TransferMeter
 from ddctl_agents.core.shardmap import refuse_unless_owned
 from ddctl_agents.errors import (
     REJECTIONS,
-    AgentError,
     BadRequest,
-    ClientGone,
     Forbidden,
     MethodNotAllowed,
     NotFound,
     TooLarge,
 )
 from ddctl_agents.service import cuts, h2tuning, handoffs
+from ddctl_agents.service.asgi import (
+    Handler,
+    Receive,
+    Scope,
+    Send,
+    answer_errors,
+    header,
+    json_response,
+    read_body,
+    respond,
+    stream_records,
+)
 from ddctl_agents.service.auth import ADMIN, verify_token
 from ddctl_agents.service.ending import stop_job
 from ddctl_agents.service.metrics import metrics
@@ -50,12 +57,6 @@ from ddctl_agents.service.requests import (
 from ddctl_agents.service.runtime import SyncerRuntime
 from ddctl_agents.train.modelfiles import pack
 
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-
-STREAM_RECORD = struct.Struct("<Q")
 """Each record of the fragment stream: u64 length, then a wire frame (length 0: keep-alive)."""
 MAX_JSON = 64 * 1024
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ class SyncerApp:
         self.rt, self.secret = runtime, secret
         self.model_files = pack(runtime.assembly.model_dir)
         """The source of the job's own model, which learners (having no job directory) get with the job."""
-        self.routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
+        self.routes: dict[tuple[str, str], Handler] = {
             ("GET", "/healthz"): self.healthz,
             ("GET", "/v1/job"): self.job,
             ("POST", "/v1/register"): self.register,
@@ -94,23 +95,10 @@ class SyncerApp:
             return
         if scope["type"] != "http":
             return
-        try:
-            await self._dispatch(scope, receive, send)
-        except ClientGone:
-            return
-        except Exception as exc:  # every refusal becomes a response, never a crash
-            details: dict[str, Any] = {}
-            if isinstance(exc, AgentError):
-                status, code, reason = exc.status, exc.code, str(exc)
-                details = getattr(exc, "details", {})
-            else:
-                log.exception("internal error on %s %s", scope["method"], scope["path"])
-                status, code, reason = 500, "internal", f"{type(exc).__name__}: {exc}"
-            self.rt.rejections[status] = self.rt.rejections.get(status, 0) + 1
-            try:
-                await _json(send, status, {**details, "error": code, "reason": reason})
-            except Exception:  # the response had started or the client is gone: nothing left to tell
-                log.debug("could not answer %s on %s", status, scope["path"])
+        await answer_errors(scope, receive, send, self._dispatch, self._count_refusal)
+
+    def _count_refusal(self, status: int) -> None:
+        self.rt.rejections[status] = self.rt.rejections.get(status, 0) + 1
 
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         method, path = scope["method"], scope["path"]
@@ -142,46 +130,46 @@ class SyncerApp:
                 return
 
     def identity(self, scope: Scope) -> str:
-        return verify_token(self.secret, _header(scope, b"authorization"))
+        return verify_token(self.secret, header(scope, b"authorization"))
 
     # -- handlers -------------------------------------------------------------------------------
     async def healthz(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await _json(send, 200, await self.rt.view(health))
+        await json_response(send, 200, await self.rt.view(health))
 
     async def job(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.identity(scope)
         answer: dict[str, Any] = {"run": self.rt.settings.run, "job": self.rt.job_json, "job_sha": self.rt.job_sha}
-        await _json(send, 200, answer | ({"model_files": self.model_files} if self.model_files else {}))
+        await json_response(send, 200, answer | ({"model_files": self.model_files} if self.model_files else {}))
 
     async def register(self, scope: Scope, receive: Receive, send: Send) -> None:
         who = self.identity(scope)
-        body = parse_body(RegisterBody, await _read_body(receive, MAX_JSON))
+        body = parse_body(RegisterBody, await read_body(receive, MAX_JSON))
         self._own(who, body.learner)
-        await _json(send, 200, await self.rt.register(body.learner, body.incarnation, body.region, body.cadence))
+        await json_response(send, 200, await self.rt.register(body.learner, body.incarnation, body.region, body.cadence))
 
     async def leave(self, scope: Scope, receive: Receive, send: Send) -> None:
         who = self.identity(scope)
-        body = parse_body(LeaveBody, await _read_body(receive, MAX_JSON))
+        body = parse_body(LeaveBody, await read_body(receive, MAX_JSON))
         self._own(who, body.learner)
         await self.rt.leave(body.learner, body.reason, body.tokens)
-        await _json(send, 200, {"left": body.learner})
+        await json_response(send, 200, {"left": body.learner})
 
     async def heartbeat(self, scope: Scope, receive: Receive, send: Send) -> None:
         who = self.identity(scope)
-        body = parse_body(HeartbeatBody, await _read_body(receive, MAX_JSON))
+        body = parse_body(HeartbeatBody, await read_body(receive, MAX_JSON))
         self._own(who, body.learner)
-        await _json(send, 200, await self.rt.heartbeat(body))
+        await json_response(send, 200, await self.rt.heartbeat(body))
 
     async def push(self, scope: Scope, receive: Receive, send: Send) -> None:
         who = self.identity(scope)
         if who == ADMIN:
             raise Forbidden("the admin identity cannot push updates")
         limit = self.rt.max_update_bytes
-        declared = _header(scope, b"content-length")
+        declared = header(scope, b"content-length")
         expected = None if declared is None else parse_count(declared, "content-length")
         if expected is not None and expected > limit:
             raise TooLarge(f"update of {declared} bytes exceeds the limit of {limit} bytes")
-        fragment = _header(scope, b"x-ddctl-fragment")
+        fragment = header(scope, b"x-ddctl-fragment")
         count = self.rt.assembly.fragmentation.count
         frag = None if fragment is None else parse_count(fragment, "header x-ddctl-fragment", maximum=count - 1)
         if frag is not None:
@@ -201,11 +189,11 @@ class SyncerApp:
                 reported = received
                 self.rt.inflight(who, frag, received, None if done else expected)
 
-        body = await _read_body(receive, limit, on_chunk)
+        body = await read_body(receive, limit, on_chunk)
         update, ack = await self.rt.push(who, body)
         if ack.status == "rejected":
             raise REJECTIONS[ack.code](ack.reason)
-        await _json(
+        await json_response(
             send,
             200,
             {
@@ -221,7 +209,8 @@ class SyncerApp:
         """This shard's name and the newest shard map it knows (both null: one synchronizer owns every fragment)."""
         self.identity(scope)
         role = self.rt.role
-        await _json(send, 200, {"shard": None, "map": None} if role is None else {"shard": role.name, "map": role.map.to_json()})
+        answer = {"shard": None, "map": None} if role is None else {"shard": role.name, "map": role.map.to_json()}
+        await json_response(send, 200, answer)
 
     async def fragment(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.identity(scope)
@@ -235,10 +224,10 @@ class SyncerApp:
         since = parse_count(query.get("since", "-1"), "query parameter 'since'", minimum=-1)
         item = self.rt.publisher.get(fragment)
         if item is None or item.version <= since:
-            await _respond(send, 304, b"", [])
+            await respond(send, 304, b"", [])
             return
         self.rt.bytes_down += len(whole := await item.whole())
-        await _respond(send, 200, whole, [(b"content-type", b"application/x-ddctl-frame")])
+        await respond(send, 200, whole, [(b"content-type", b"application/x-ddctl-frame")])
 
     async def stream(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Newest versions of every fragment the client has not seen, as they are made.
@@ -250,17 +239,16 @@ class SyncerApp:
         count = self.rt.assembly.fragmentation.count
         query = parse_query(scope.get("query_string", b""))
         since, deltas = parse_versions(query.get("since", ""), count), query.get("deltas") == "1"  # it can step versions
-        await _read_body(receive, MAX_JSON)  # a GET's (empty) body; what receive() says next is the disconnect
+        await read_body(receive, MAX_JSON)  # a GET's (empty) body; what receive() says next is the disconnect
         chain = self.rt.publisher.chain.encode()  # a subscriber's deltas step from its versions only if they are of this chain
         headers = [(b"content-type", b"application/x-ddctl-stream"), (b"x-ddctl-chain", chain)]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
         sock, meter = h2tuning.connection_socket(scope), DeliveryMeter()
 
         def measure() -> None:
             if sock is not None and (sample := meter.read(tcpinfo.sending(sock))) is not None:
                 self.rt.observe_link(who, "down", *sample, kernel=True)
 
-        async def pump() -> None:
+        async def records() -> AsyncIterator[bytes]:
             held = functools.partial(self.rt.holds.wants, who) if self.rt.holds.held(who) else None
             sent = list(since) if deltas and query.get("chain") == chain.decode() else [-1] * count  # what it holds
             async for item in self.rt.publisher.follow(since, self.rt.settings.keepalive_s, held):
@@ -269,63 +257,51 @@ class SyncerApp:
                 frame = b"" if item is None else await item.frame_for(sent[item.fragment], rounded=held is not None)
                 if item is not None and deltas:
                     sent[item.fragment] = item.version
-                measure()
-                await send({"type": "http.response.body", "body": STREAM_RECORD.pack(len(frame)) + frame, "more_body": True})
+                yield frame
                 self.rt.bytes_down += len(frame)
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-        # a subscriber that goes away ends its pump at once, not at the next keep-alive: thousands of
-        # cancelled subscriptions must not pile up waiting (the fuzz suite measured them in memory)
-        disconnected, pumping = asyncio.ensure_future(receive()), asyncio.ensure_future(pump())
-        try:
-            await asyncio.wait({disconnected, pumping}, return_when=asyncio.FIRST_COMPLETED)
-            if pumping.done():
-                pumping.result()
-        finally:
-            disconnected.cancel()
-            pumping.cancel()
-            await asyncio.gather(disconnected, pumping, return_exceptions=True)
+        await stream_records(receive, send, headers, records(), measure)
 
     async def vclock(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.identity(scope)
-        await _json(send, 200, await self.rt.view(vector_clock))
+        await json_response(send, 200, await self.rt.view(vector_clock))
 
     async def status(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.identity(scope)
-        await _json(send, 200, await self.rt.view(status))
+        await json_response(send, 200, await self.rt.view(status))
 
     async def metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.identity(scope)
         text = await self.rt.view(metrics)
-        await _respond(send, 200, text.encode(), [(b"content-type", b"text/plain; version=0.0.4")])
+        await respond(send, 200, text.encode(), [(b"content-type", b"text/plain; version=0.0.4")])
 
     async def snapshot(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.identity(scope) != ADMIN:
             raise Forbidden("only the admin identity may trigger snapshots")
-        await _json(send, 200, await self.rt.snapshot())
+        await json_response(send, 200, await self.rt.snapshot())
 
     async def readmit(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The operator lets a suspended learner back in (``ddctl syncer readmit``); it then registers again."""
         if self.identity(scope) != ADMIN:
             raise Forbidden("only the admin identity may readmit a learner")
-        body = parse_body(ReadmitBody, await _read_body(receive, MAX_JSON))
+        body = parse_body(ReadmitBody, await read_body(receive, MAX_JSON))
         readmitted = await self.rt.readmit(body.learner)
         reason = "readmitted; it registers again on its own" if readmitted else "was not suspended; nothing to do"
-        await _json(send, 200, {"learner": body.learner, "readmitted": readmitted, "reason": reason})
+        await json_response(send, 200, {"learner": body.learner, "readmitted": readmitted, "reason": reason})
 
     async def stop(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The operator ends the job (``ddctl stop``): learners stop, the last rounds close, the result is written."""
         if self.identity(scope) != ADMIN:
             raise Forbidden("only the admin identity may stop the job")
-        body = parse_body(StopBody, await _read_body(receive, MAX_JSON))
-        await _json(send, 200, await stop_job(self.rt, body.reason))
+        body = parse_body(StopBody, await read_body(receive, MAX_JSON))
+        await json_response(send, 200, await stop_job(self.rt, body.reason))
 
     async def cut(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A global checkpoint's marker (``ddctl syncer checkpoint``): this shard's part, once it is on disk."""
         if self.identity(scope) != ADMIN:
             raise Forbidden("only the admin identity may take a global checkpoint")
-        body = parse_body(CutBody, await _read_body(receive, MAX_JSON))
-        await _json(send, 200, await cuts.marker(self.rt, body.epoch))
+        body = parse_body(CutBody, await read_body(receive, MAX_JSON))
+        await json_response(send, 200, await cuts.marker(self.rt, body.epoch))
 
     async def cut_file(self, scope: Scope, receive: Receive, send: Send) -> None:
         """GET /v1/admin/cuts/{epoch}/{file}: one file of this shard's part of a global checkpoint."""
@@ -333,68 +309,23 @@ class SyncerApp:
             raise Forbidden("only the admin identity may read a global checkpoint's parts")
         epoch, _, name = scope["path"].removeprefix("/v1/admin/cuts/").partition("/")
         data = cuts.part_file(self.rt, parse_count(epoch, "checkpoint epoch", minimum=1), name)
-        await _respond(send, 200, data, [(b"content-type", b"application/octet-stream")])
+        await respond(send, 200, data, [(b"content-type", b"application/octet-stream")])
 
     async def handoff_out(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Give a fragment to another shard (``ddctl syncer move``); the export, once the handoff is logged here."""
         if self.identity(scope) != ADMIN:
             raise Forbidden("only the admin identity may move fragments")
-        body = parse_body(HandoffBody, await _read_body(receive, MAX_JSON))
+        body = parse_body(HandoffBody, await read_body(receive, MAX_JSON))
         data = await handoffs.hand_out(self.rt, body.fragment, body.to, body.epoch)
-        await _respond(send, 200, data, [(b"content-type", b"application/x-ddctl-frame")])
+        await respond(send, 200, data, [(b"content-type", b"application/x-ddctl-frame")])
 
     async def handoff_in(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Take a fragment another shard exported (its values, buffer, version and recent update ids)."""
         if self.identity(scope) != ADMIN:
             raise Forbidden("only the admin identity may move fragments")
-        data = await _read_body(receive, 2 * self.rt.max_update_bytes)
-        await _json(send, 200, await handoffs.hand_in(self.rt, data))
+        data = await read_body(receive, 2 * self.rt.max_update_bytes)
+        await json_response(send, 200, await handoffs.hand_in(self.rt, data))
 
     def _own(self, who: str, learner: str) -> None:
         if who != learner:
             raise Forbidden(f"token is for {who!r}, not for learner {learner!r}")
-
-
-# -- plumbing -----------------------------------------------------------------------------------
-
-
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return str(value.decode("latin-1"))
-    return None
-
-
-async def _read_body(receive: Receive, limit: int, on_chunk: Callable[[int, int, bool], None] | None = None) -> bytes:
-    """The whole request body, refusing it (413) once it passes ``limit``.
-
-    ``on_chunk(received so far, chunk length, done)`` sees every chunk, and once
-    more with ``done`` when the body ends, is refused or the client goes away.
-    """
-    body = bytearray()
-    try:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise ClientGone("the client went away")
-            chunk = message.get("body", b"")
-            if len(body) + len(chunk) > limit:
-                raise TooLarge(f"body exceeds the limit of {limit} bytes")
-            body += chunk
-            if on_chunk is not None:
-                on_chunk(len(body), len(chunk), False)
-            if not message.get("more_body", False):
-                return bytes(body)
-    finally:
-        if on_chunk is not None:
-            on_chunk(len(body), 0, True)
-
-
-async def _json(send: Send, status: int, body: Any) -> None:
-    await _respond(send, status, json.dumps(body, allow_nan=False).encode(), [(b"content-type", b"application/json")])
-
-
-async def _respond(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
-    headers = [*headers, (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})

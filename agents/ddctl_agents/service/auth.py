@@ -16,7 +16,7 @@ from ddctl_agents.errors import ConfigError, Forbidden, Unauthorized
 
 ADMIN = "admin"
 IDENTITY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-__all__ = ["ADMIN", "Forbidden", "Unauthorized", "check_identity", "derive_token", "read_secret", "verify_token"]
+__all__ = ["ADMIN", "Forbidden", "Unauthorized", "check_identity", "derive_token", "read_secret", "relay_key", "verify_token"]
 
 
 def check_identity(identity: str) -> str:
@@ -29,6 +29,15 @@ def derive_token(secret: bytes, identity: str) -> str:
     check_identity(identity)
     mac = hmac.new(secret, b"ddctl-token:" + identity.encode(), hashlib.sha256).hexdigest()
     return f"{identity}.{mac}"
+
+
+def relay_key(secret: bytes, region: str) -> bytes:
+    """The key region ``region``'s relay checks its learners' tokens with (``derive_token(relay_key(...), learner)``).
+
+    Derived one way from the job secret, so a relay (it runs on a learner's machine) can tell its region's learners
+    from anyone else, but can neither mint a token the synchronizer takes nor admit another region's learners."""
+    check_identity(region)
+    return hmac.new(secret, b"ddctl-relay:" + region.encode(), hashlib.sha256).digest()
 
 
 def verify_token(secret: bytes, header: str | None) -> str:

@@ -102,7 +102,8 @@ def bind_socket(bind: str) -> socket.socket:
     return sock
 
 
-def hypercorn_config(sock: socket.socket, files: JobFiles, plaintext: bool) -> Config:
+def hypercorn_config(sock: socket.socket, cert: Path | None, key: Path | None, plaintext: bool) -> Config:
+    """HTTP/2 on ``sock``: h2 over TLS with ``cert`` and ``key`` (ALPN), or h2c with ``plaintext``."""
     config = Config()
     config.bind = [f"fd://{sock.fileno()}"]
     config.loglevel = "WARNING"
@@ -111,9 +112,9 @@ def hypercorn_config(sock: socket.socket, files: JobFiles, plaintext: bool) -> C
     config.keep_alive_timeout = 120
     config.graceful_timeout = 5
     if not plaintext:
-        if files.cert is None or files.key is None:
+        if cert is None or key is None:
             raise ConfigError("TLS needs tls/server.pem and tls/server.key in the job directory (ddctl syncer init makes them)")
-        config.certfile, config.keyfile = str(files.cert), str(files.key)
+        config.certfile, config.keyfile = str(cert), str(key)
         config.alpn_protocols = ["h2", "http/1.1"]
     return config
 
@@ -137,7 +138,7 @@ async def run_service(
         for task in waits:
             task.cancel()
 
-    await serve(app, hypercorn_config(sock, files, plaintext), shutdown_trigger=until_stopped)  # type: ignore[arg-type]
+    await serve(app, hypercorn_config(sock, files.cert, files.key, plaintext), shutdown_trigger=until_stopped)  # type: ignore[arg-type]
 
 
 def shard_role(args: argparse.Namespace, files: JobFiles) -> ShardRole | None:

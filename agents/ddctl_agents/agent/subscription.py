@@ -1,0 +1,141 @@
+"""The learner's incoming side: every new fragment version, from the shards' streams or the region's relay.
+
+Without a relay a learner keeps one stream open to each shard. With one
+(``relay/``: a region with several learners pulls each version into the region
+once), it keeps a single stream to the relay, and the shards' streams stand by:
+they stay closed while the relay delivers and open the moment it does not (it
+is gone, or it says its own streams from the shards broke), so a relay that
+fails costs a reconnect, never a version. A version arriving by both ways is
+adopted once (``versions`` holds the newest of each fragment).
+
+The relay forwards whole versions (it holds no learner's chain of deltas), so
+a version adopted through it is not a base the shard may send a delta from:
+the learner forgets that fragment's delta base, and a delta it is then sent
+anyway is refused, and its stream asks again for whole versions.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Protocol
+
+from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable
+from ddctl_agents.core.messages import FragmentVersion
+from ddctl_agents.core.version_delta import Held, receive
+from ddctl_agents.errors import WireError
+
+log = logging.getLogger(__name__)
+FIRST_DELAY_S, MOST_DELAY_S = 0.1, 5.0
+"""A broken stream is reopened after 0.1 s, doubling to 5 s while it keeps breaking."""
+RELAY_FIRST_S = 5.0
+"""At the start the shards' streams wait this long at most for the relay's first answer (a record or a refusal), so
+a learner behind a working relay never pulls the bootstrap versions across the region's link twice."""
+
+
+class Counted(Protocol):
+    """Where the bytes that came down are counted (the comms' ledger, under its lock)."""
+
+    def came_down(self, nbytes: int) -> None: ...
+
+
+class Subscriber:
+    """See the module docstring. ``heard(url)``: a shard answered (the dead-man switch's clock)."""
+
+    def __init__(
+        self,
+        connect: Callable[[str], SyncerClient],
+        cadence: int,
+        stopping: threading.Event,
+        heard: Callable[[str], None],
+        counted: Counted,
+        relay: Callable[[], SyncerClient] | None = None,
+    ) -> None:
+        self.connect, self.cadence, self.stopping, self.heard, self.counted = connect, cadence, stopping, heard, counted
+        self.relay = relay
+        self.versions: list[int] = []
+        self.held: dict[int, Held] = {}
+        """Each fragment's newest version as received, where the shard sends deltas from it (``core/version_delta``)."""
+        self.inbox: queue.Queue[FragmentVersion] = queue.Queue()
+        self.relayed = threading.Event()
+        """Set while the relay's stream delivers: the shards' streams stand by."""
+        self.relay_answered = threading.Event()
+        """Set once the relay has delivered or failed for the first time."""
+
+    def loops(self, urls: list[str]) -> list[tuple[str, Callable[[], None]]]:
+        """The threads to run: one stream per shard, and the relay's when there is one."""
+        direct: list[tuple[str, Callable[[], None]]] = [("subscribe", functools.partial(self.direct, url)) for url in urls]
+        return direct + ([("relay", self.via_relay)] if self.relay is not None else [])
+
+    def direct(self, url: str) -> None:
+        """A shard's stream, kept open while the relay (if any) does not deliver."""
+        client, delay, chain = self.connect(url), FIRST_DELAY_S, [""]  # chain: the shard's chain of versions, once it says
+        if self.relay is not None:
+            self.relay_answered.wait(RELAY_FIRST_S)
+        try:
+            while not self.stopping.is_set():
+                if self.relayed.is_set():
+                    self.stopping.wait(0.2)
+                    continue
+                try:
+                    for frame in client.fragments(list(self.versions), chain):
+                        self.heard(url)
+                        delay = FIRST_DELAY_S
+                        if self.stopping.is_set() or self.relayed.is_set():
+                            break  # leaving the loop closes the stream
+                        if frame:
+                            self._take(frame, keep_base=bool(chain[0]) and self.cadence == 1)
+                except (Unavailable, Refused, WireError) as exc:
+                    log.info("fragment stream: %s; reconnecting", exc)
+                    if isinstance(exc, WireError):  # a frame it cannot read, or a delta from what it does not hold
+                        chain[0] = ""  # whole versions from here
+                    self.stopping.wait(delay)
+                    delay = min(delay * 2, MOST_DELAY_S)
+        finally:
+            client.close()
+
+    def via_relay(self) -> None:
+        """The relay's stream; while it is down the shards' streams take over, and it is tried again."""
+        assert self.relay is not None
+        client, delay = self.relay(), FIRST_DELAY_S
+        try:
+            while not self.stopping.is_set():
+                try:
+                    for frame in client.fragments(list(self.versions)):
+                        if not self.relayed.is_set():
+                            log.info("the region's relay delivers: the shards' streams stand by")
+                            self.relayed.set()
+                            self.relay_answered.set()
+                        delay = FIRST_DELAY_S
+                        if self.stopping.is_set():
+                            return
+                        if frame:
+                            self._take(frame, keep_base=False)
+                    raise Unavailable("the relay ended its stream")  # it does when its own streams from the shards broke
+                except (Unavailable, Refused, WireError) as exc:
+                    if self.relayed.is_set():
+                        log.warning("relay: %s; pulling from the shards until it is back", exc)
+                    self.relayed.clear()
+                    self.relay_answered.set()
+                    self.stopping.wait(delay)
+                    delay = min(delay * 2, MOST_DELAY_S)
+        finally:
+            self.relayed.clear()
+            client.close()
+
+    def _take(self, frame: bytes, keep_base: bool) -> None:
+        """Decode a frame and queue its version; ``keep_base``: the shard may send the next one as a delta from it."""
+        message, held = receive(frame, self.held)
+        if not 0 <= message.fragment < len(self.versions):
+            raise WireError(f"a version of fragment {message.fragment}; this job's fragments are 0 to {len(self.versions) - 1}")
+        if message.version > self.versions[message.fragment]:
+            self.versions[message.fragment] = message.version
+            if keep_base:
+                self.held[message.fragment] = held
+            else:
+                self.held.pop(message.fragment, None)
+        self.counted.came_down(len(frame))
+        self.inbox.put(message)

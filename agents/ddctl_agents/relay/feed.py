@@ -1,0 +1,109 @@
+"""The relay's side facing the synchronizer: one stream from each shard, every version published for the region.
+
+Each shard's stream runs on a thread of its own (the learners' own client,
+``agent/client.SyncerClient``), asking for what the relay does not hold yet,
+so a reconnect resends nothing already here. What a shard sends is checked
+before it is served on: a frame that does not decode as a whole fragment
+version, or names a fragment the job does not have, is counted and dropped,
+and the stream goes on. A shard not heard from (not even a keep-alive) for
+``stale_after_s`` makes the relay *stale*: its learners are refused (503) and
+pull from the shards themselves until it hears again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable
+from ddctl_agents.core.messages import decode_fragment
+from ddctl_agents.errors import WireError
+from ddctl_agents.service.publisher import Published, Publisher
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class FeedCounts:
+    """What came from the shards: the relay's whole cost on the region's link, and what it refused."""
+
+    frames: int = 0
+    bytes_in: int = 0
+    refused: int = 0
+
+
+class Feed:
+    def __init__(
+        self,
+        urls: Sequence[str],
+        connect: Callable[[str], SyncerClient],
+        publisher: Publisher,
+        fragments: int,
+        stale_after_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.urls, self.connect, self.publisher, self.fragments = list(urls), connect, publisher, fragments
+        self.stale_after_s, self.clock = stale_after_s, clock
+        self.counts = FeedCounts()
+        self.started = clock()
+        self.heard: dict[str, float | None] = dict.fromkeys(self.urls)
+        """When each shard's stream last delivered a record (None: not yet)."""
+        self.stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """One thread per shard, publishing into ``loop`` (the one serving the learners)."""
+        for n, url in enumerate(self.urls):
+            thread = threading.Thread(target=self._follow, args=(url, loop), name=f"ddctl-relay-feed-{n}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def stale(self) -> str:
+        """Why the relay cannot serve now (a shard unheard for too long), or "" when every shard's stream delivers."""
+        now = self.clock()
+        for url, heard in self.heard.items():
+            since = now - (self.started if heard is None else heard)
+            if since > self.stale_after_s:
+                what = "not heard from yet" if heard is None else "silent"
+                return f"shard {url} {what} for {since:.1f} s (limit {self.stale_after_s:g} s)"
+        return ""
+
+    def _follow(self, url: str, loop: asyncio.AbstractEventLoop) -> None:
+        client, delay = self.connect(url), 0.1
+        try:
+            while not self.stopping.is_set():
+                try:
+                    for frame in client.fragments(self.publisher.versions()):
+                        self.heard[url] = self.clock()
+                        delay = 0.1
+                        if self.stopping.is_set():
+                            return
+                        if frame:
+                            self._publish(url, frame, loop)
+                except (Unavailable, Refused) as exc:
+                    log.info("stream from %s: %s; reconnecting", url, exc)
+                    self.stopping.wait(delay)
+                    delay = min(delay * 2, 5.0)
+        finally:
+            client.close()
+
+    def _publish(self, url: str, frame: bytes, loop: asyncio.AbstractEventLoop) -> None:
+        self.counts.bytes_in += len(frame)
+        try:
+            message, _ = decode_fragment(frame)
+            if not 0 <= message.fragment < self.fragments:
+                raise WireError(f"fragment {message.fragment}; this job's fragments are 0 to {self.fragments - 1}")
+        except WireError as exc:
+            self.counts.refused += 1
+            log.warning("dropped a frame from %s: %s", url, exc)
+            return
+        self.counts.frames += 1
+        item = Published(fragment=message.fragment, version=message.version, frame=frame)
+        asyncio.run_coroutine_threadsafe(self.publisher.publish(item), loop).result()
