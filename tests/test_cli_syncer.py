@@ -99,3 +99,19 @@ def test_a_broken_job_file_is_named_in_the_error(tmp_path: Path) -> None:
     (job / "job.json").write_text('{"run": "x", "job": {"inner": {"preset": "gigantic"}}}')
     result = runner.invoke(app, ["syncer", "serve", "--job-dir", str(job), "--plaintext"])
     assert result.exit_code == 2 and "preset must be one of" in result.output
+
+
+def test_token_prints_a_regions_relay_key_and_its_learners_relay_tokens(tmp_path: Path) -> None:
+    from ddctl_agents.service.auth import relay_key
+
+    job = tmp_path / "job"
+    assert runner.invoke(app, ["syncer", "init", str(job), "--learners", "2", "--no-tls"]).exit_code == 0
+    secret = read_secret((job / "secret").read_text())
+    key = runner.invoke(app, ["syncer", "token", str(job), "--relay", "east", "--relay-key"])
+    assert key.exit_code == 0 and bytes.fromhex(key.stdout.strip()) == relay_key(secret, "east")
+    token = runner.invoke(app, ["syncer", "token", str(job), "L1", "--relay", "east"]).stdout.strip()
+    assert verify_token(relay_key(secret, "east"), f"Bearer {token}") == "L1"
+    no_region = runner.invoke(app, ["syncer", "token", str(job), "--relay-key"])
+    assert no_region.exit_code == 2 and "name the region with --relay REGION" in no_region.output
+    no_identity = runner.invoke(app, ["syncer", "token", str(job)])
+    assert no_identity.exit_code == 2 and "name the identity" in no_identity.output

@@ -98,12 +98,26 @@ def init(
 @syncer_app.command("token")
 def token(
     directory: Annotated[Path, typer.Argument(help="The job directory.")],
-    identity: Annotated[str, typer.Argument(help="A learner name (L0, L1, ...) or 'admin'.")],
+    identity: Annotated[str, typer.Argument(help="A learner name (L0, L1, ...), 'admin', or a relay's relay-REGION.")] = "",
+    relay: Annotated[str, typer.Option(help="The token for REGION's relay instead (a learner of that region's).")] = "",
+    relay_key: Annotated[
+        bool, typer.Option("--relay-key", help="Print REGION's relay key (hex; the relay's --key-file) instead.")
+    ] = False,
 ) -> None:
-    """Print the token ``identity`` presents to this job's syncer."""
-    from ddctl.control.credentials import token_for
+    """Print the token ``identity`` presents to this job's syncer (or to its region's relay with --relay REGION)."""
+    from ddctl.control.credentials import relay_key_for, relay_token_for, token_for
+    from ddctl.errors import DdctlError
 
-    run_guarded(lambda: typer.echo(token_for(directory, identity)))
+    def answer() -> str:
+        if relay_key:
+            if not relay:
+                raise DdctlError("--relay-key prints a region's key: name the region with --relay REGION")
+            return relay_key_for(directory, relay).hex()
+        if not identity:
+            raise DdctlError("name the identity: a learner (L0, L1, ...), admin, or relay-REGION for a relay")
+        return relay_token_for(directory, relay, identity) if relay else token_for(directory, identity)
+
+    run_guarded(lambda: typer.echo(answer()))
 
 
 @syncer_app.command("readmit")
