@@ -296,3 +296,23 @@ def test_a_learner_refuses_a_relay_it_cannot_use(tmp_path: Path, extra: list[str
     argv = ["--syncer", "https://127.0.0.1:9", "--name", "L0", "--token", "t", "--relay", "https://127.0.0.1:8", *with_token]
     done = run_module("ddctl_agents.agent", *argv, *extra)
     assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+def test_a_relay_checks_a_frame_whole_without_decoding_its_tensors() -> None:
+    from ddctl_agents.core.messages import decode_fragment, fragment_of
+    from ddctl_agents.core.wire import pack
+
+    frame = version_frame(3, 7)
+    message, _ = decode_fragment(frame)
+    assert fragment_of(frame) == (message.fragment, message.version) == (3, 7)
+    delta = pack("fragment", {"fragment": 3, "version": 8, "base": 7}, {"w": torch.zeros(4)}, "fp32")
+    with pytest.raises(WireError, match="a delta from version 7, not a whole version"):
+        fragment_of(delta)
+    update = pack("update", {"fragment": 3}, {"w": torch.zeros(4)}, "fp32")
+    with pytest.raises(WireError, match="expected a 'fragment' frame"):
+        fragment_of(update)
+    for bad in (frame[:-1], frame[:20] + b"\x00" + frame[21:], b""):  # truncated, corrupted, empty: as decode refuses
+        with pytest.raises(WireError):
+            fragment_of(bad)
+    with pytest.raises(WireError, match="version"):
+        fragment_of(pack("fragment", {"fragment": 3, "version": -1}, {"w": torch.zeros(4)}, "fp32"))

@@ -134,6 +134,15 @@ def decode_fragment(data: bytes | bytearray | memoryview, limits: WireLimits = D
     return fragment_version(frame), frame
 
 
+def fragment_of(data: bytes | bytearray | memoryview, limits: WireLimits = DEFAULT_LIMITS) -> tuple[int, int]:
+    """A whole version's (fragment, version), the frame checked as ``decode_fragment`` checks it but its tensors not
+    decoded: what a relay needs to forward it."""
+    frame = unpack(data, limits, expect="fragment", tensors=False)
+    if "base" in frame.meta:
+        raise WireError(f"a delta from version {frame.meta['base']!r}, not a whole version")
+    return _count(frame.meta, "fragment"), _count(frame.meta, "version")
+
+
 def fragment_version(frame: Frame) -> FragmentVersion:
     """A fragment frame's metadata, checked field by field, with its tensors."""
     m = frame.meta

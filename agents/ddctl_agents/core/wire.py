@@ -92,11 +92,13 @@ def unpack(
     limits: WireLimits = DEFAULT_LIMITS,
     expect: str | None = None,
     keep_packed: bool = False,
+    tensors: bool = True,
 ) -> Frame:
     """Validate and decode a frame; never trusts a length it has not checked.
 
     ``keep_packed`` leaves int8/int4 tensors in their wire form (``packed.PackedTensors``, decoded
-    on access); ``data`` must then not change while they live (bytes never do)."""
+    on access); ``data`` must then not change while they live (bytes never do). Without ``tensors`` the frame is
+    checked whole (sizes, checksum, header, tensor table) and its tensors are left undecoded (a relay forwards it)."""
     view = memoryview(data)
     header, payload_len, body_end = _check_frame(view, limits)
     head = _parse_header(bytes(view[_PREFIX.size : _PREFIX.size + header]))
@@ -104,21 +106,23 @@ def unpack(
         raise WireError(f"expected a {expect!r} frame, got {head['kind']!r}")
     payload = view[_PREFIX.size + header : body_end]
     entries = _check_table(head, payload_len, limits)
-    tensors: Mapping[str, torch.Tensor]
-    if keep_packed and packable(head["codec"]):
-        tensors = PackedTensors(
+    decoded: Mapping[str, torch.Tensor]
+    if not tensors:
+        decoded = {}
+    elif keep_packed and packable(head["codec"]):
+        decoded = PackedTensors(
             {
                 name: Packed(head["codec"], payload[off : off + nb], tuple(shape), head["block"])
                 for name, shape, _, off, nb in entries
             }
         )
     else:
-        tensors = {
+        decoded = {
             name: codecs.decode(head["codec"], payload[off : off + nb], numel, head["block"]).reshape(shape)
             for name, shape, numel, off, nb in entries
         }
     return Frame(
-        kind=head["kind"], meta=head["meta"], codec=head["codec"], block=head["block"], tensors=tensors, nbytes=len(view)
+        kind=head["kind"], meta=head["meta"], codec=head["codec"], block=head["block"], tensors=decoded, nbytes=len(view)
     )
 
 

@@ -3,8 +3,9 @@
 Each shard's stream runs on a thread of its own (the learners' own client,
 ``agent/client.SyncerClient``), asking for what the relay does not hold yet,
 so a reconnect resends nothing already here. What a shard sends is checked
-before it is served on: a frame that does not decode as a whole fragment
-version, or names a fragment the job does not have, is counted and dropped,
+before it is served on (sizes, checksum, header and tensor table; its tensors
+are not decoded): a frame that is not a whole fragment version, or names a
+fragment the job does not have, is counted and dropped,
 and the stream goes on. A shard not heard from (not even a keep-alive) for
 ``stale_after_s`` makes the relay *stale*: its learners are refused (503) and
 pull from the shards themselves until it hears again.
@@ -20,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable
-from ddctl_agents.core.messages import decode_fragment
+from ddctl_agents.core.messages import fragment_of
 from ddctl_agents.errors import WireError
 from ddctl_agents.service.publisher import Published, Publisher
 
@@ -97,13 +98,13 @@ class Feed:
     def _publish(self, url: str, frame: bytes, loop: asyncio.AbstractEventLoop) -> None:
         self.counts.bytes_in += len(frame)
         try:
-            message, _ = decode_fragment(frame)
-            if not 0 <= message.fragment < self.fragments:
-                raise WireError(f"fragment {message.fragment}; this job's fragments are 0 to {self.fragments - 1}")
+            fragment, version = fragment_of(frame)
+            if not 0 <= fragment < self.fragments:
+                raise WireError(f"fragment {fragment}; this job's fragments are 0 to {self.fragments - 1}")
         except WireError as exc:
             self.counts.refused += 1
             log.warning("dropped a frame from %s: %s", url, exc)
             return
         self.counts.frames += 1
-        item = Published(fragment=message.fragment, version=message.version, frame=frame)
+        item = Published(fragment=fragment, version=version, frame=frame)
         asyncio.run_coroutine_threadsafe(self.publisher.publish(item), loop).result()
