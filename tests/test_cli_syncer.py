@@ -115,3 +115,35 @@ def test_token_prints_a_regions_relay_key_and_its_learners_relay_tokens(tmp_path
     assert no_region.exit_code == 2 and "name the region with --relay REGION" in no_region.output
     no_identity = runner.invoke(app, ["syncer", "token", str(job)])
     assert no_identity.exit_code == 2 and "name the identity" in no_identity.output
+
+
+def test_token_makes_a_regions_relay_certificate_once_signed_by_the_jobs_ca(tmp_path: Path) -> None:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    from ddctl_agents.relay import server_name
+
+    job = tmp_path / "job"
+    assert runner.invoke(app, ["syncer", "init", str(job), "--learners", "2"]).exit_code == 0
+    made = runner.invoke(app, ["syncer", "token", str(job), "--relay", "east", "--relay-cert"])
+    assert made.exit_code == 0, made.output
+    cert, key = (Path(line) for line in made.stdout.split())
+    assert (cert, key) == (job / "tls" / "relay-east.pem", job / "tls" / "relay-east.key") and key.stat().st_mode & 0o077 == 0
+    parsed = x509.load_pem_x509_certificate(cert.read_bytes())
+    ca = x509.load_pem_x509_certificate((job / "tls" / "ca.pem").read_bytes())
+    parsed.verify_directly_issued_by(ca)
+    sans = parsed.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == [server_name("east")] and not sans.get_values_for_type(x509.IPAddress)
+    again = runner.invoke(app, ["syncer", "token", str(job), "--relay", "east", "--relay-cert"])
+    assert again.stdout == made.stdout and cert.read_bytes() == parsed.public_bytes(serialization.Encoding.PEM)  # kept
+    for argv, message in (([], "name the region with --relay REGION"), (["--relay", "../x"], "identity '../x' must be")):
+        refused = runner.invoke(app, ["syncer", "token", str(job), "--relay-cert", *argv])
+        assert refused.exit_code == 2 and message in refused.output, refused.output
+    assert sorted(p.name for p in (job / "tls").iterdir()) == [
+        "ca.key",
+        "ca.pem",
+        "relay-east.key",
+        "relay-east.pem",
+        "server.key",
+        "server.pem",
+    ]

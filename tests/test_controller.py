@@ -211,3 +211,38 @@ def test_a_learner_over_two_vms_is_replaced_as_one_node_0_first_and_the_other_me
     lost = [e for e in events(state) if e["kind"] == "terminate"]
     assert [e["instance"] for e in lost] == ["L0"] and "replaced as one" in lost[0]["reason"]
     assert controller.once(now=1.0) == []  # whole again
+
+
+def test_a_replaced_learner_is_pointed_at_its_regions_relay_host_as_it_is_now(tmp_path: Path) -> None:
+    """``control/relays.py``: L0 hosts the region's relay; L1 reaches it at L0's address, also after either is replaced."""
+    state = State(tmp_path / "state.sqlite3")
+    state.create_run(RUN, "regions.yaml", str(tmp_path / "job"), {})
+    state.set_run_state(RUN, "training")
+    fake = FakeProvider()
+    relay = ("--relay", "https://127.0.0.1:29401", "--relay-token-file", "/t")
+    for name, role, argv in (("L0", "host", (*relay, "--host-relay", "0.0.0.0:29401")), ("L1", "served", relay)):
+        spec = InstanceSpec(run=RUN, name=name, region="eu", role="learner", argv=("agent", *argv), log=tmp_path / name)
+        started = fake.create(spec)
+        detail = {"spec": spec.to_json(), "placements": ZONES, "relay": role}
+        state.put_instance(
+            InstanceRecord(RUN, name, "eu", "fake", "learner", "running", started.provider_id, time.time(), detail)
+        )
+    controller = Controller(RUN, state, owners={"fake": fake})
+
+    def told(name: str) -> str:
+        [record] = [r for r in state.instances(RUN) if r.name == name]
+        argv = InstanceSpec.from_json(record.detail["spec"]).argv
+        return argv[argv.index("--relay") + 1] if "--relay" in argv else ""
+
+    def address(name: str) -> str:
+        return next(i.private_address for i in fake.list_run(RUN) if i.name == name and i.alive)
+
+    fake.end(RUN, "L1")
+    controller.once(now=0.0)
+    assert told("L1") == f"https://{address('L0')}:29401"
+    old = address("L0")
+    fake.end(RUN, "L0")  # both in one pass: the host first, and L1 is pointed at its new machine
+    fake.end(RUN, "L1")
+    controller.once(now=100.0)
+    assert told("L0") == "https://127.0.0.1:29401"  # the host reaches its own relay on loopback
+    assert told("L1") == f"https://{address('L0')}:29401" and address("L0") != old

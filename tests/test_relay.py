@@ -25,6 +25,7 @@ from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable
 from ddctl_agents.agent.subscription import Subscriber
 from ddctl_agents.core.messages import FragmentVersion, encode_fragment
 from ddctl_agents.errors import Unauthorized, WireError
+from ddctl_agents.relay import server_name
 from ddctl_agents.relay.feed import Feed
 from ddctl_agents.service.auth import derive_token, relay_key, verify_token
 from ddctl_agents.service.publisher import Publisher
@@ -209,6 +210,10 @@ def test_a_regions_versions_cross_its_link_once_and_every_learner_gets_them(tmp_
     # nothing the relayed learners received came from the synchronizer: it sent the relay's pull and L2's stream
     one_version = 1_100_000  # the tiny model's four fragments, bf16
     assert abs(status["bytes_down"] - health["bytes_in"] - summaries["L2"]["bytes_down"]) <= one_version, (status, health)
+    # the synchronizer shows the relay by its region: what it sent the relay is what the relay read (within a frame
+    # in flight at the end), and its stream is still open
+    feed = status["relays"]["east"]
+    assert feed["streams"] == 1 and abs(feed["bytes"] - health["bytes_in"]) <= one_version and list(status["relays"]) == ["east"]
     # the region's learners received it all from the relay (it counts a frame once sent; a learner once read)
     assert east <= health["bytes_out"] <= east + 2 * one_version
     # and each version crossed into the region once for both: they received more than crossed. Not twice as much: on
@@ -231,6 +236,7 @@ def test_when_the_relay_dies_its_learners_pull_from_the_synchronizer_and_finish(
         summaries = finished(procs, tmp_path)
         status = status_of(syncer)
     assert status["ledger"]["balanced"]
+    assert status["relays"]["east"]["streams"] == 0 and status["relays"]["east"]["bytes"] > 0  # it was, and is gone
     for name, summary in summaries.items():
         log = (tmp_path / f"{name}.log").read_text()
         assert "pulling from the shards until it is back" in log, name
@@ -241,11 +247,17 @@ def test_when_the_relay_dies_its_learners_pull_from_the_synchronizer_and_finish(
 def test_a_relay_refuses_other_tokens_and_a_stale_relay_sends_its_learners_away(tmp_path: Path) -> None:
     with relayed(tmp_path, 1, 150_000, "--stale-after", "2", "--keepalive", "0.5") as (syncer, relay):
         for token in (token_for(syncer.job_dir, "L0"), relay_token_for(syncer.job_dir, "west", "L0")):
-            client = SyncerClient(relay.url, token, syncer.ca)
+            client = SyncerClient(relay.url, token, syncer.ca, server_name=server_name("east"))
             with pytest.raises(Refused) as refused:
                 next(client.fragments([-1] * 4))
             client.close()
             assert refused.value.status == 401
+        # its certificate names it as east's relay only: not its address, nor another region's relay
+        for name in ("", server_name("west")):
+            client = SyncerClient(relay.url, relay_token_for(syncer.job_dir, "east", "L0"), syncer.ca, server_name=name)
+            with pytest.raises(Unavailable, match="CERTIFICATE_VERIFY_FAILED"):
+                client.health()
+            client.close()
         client = relay.client("L0")
         assert len(next(f for f in client.fragments([-1] * 4) if f)) > 0  # its own region's learner is served
         syncer.kill()
@@ -316,3 +328,35 @@ def test_a_relay_checks_a_frame_whole_without_decoding_its_tensors() -> None:
             fragment_of(bad)
     with pytest.raises(WireError, match="version"):
         fragment_of(pack("fragment", {"fragment": 3, "version": -1}, {"w": torch.zeros(4)}, "fp32"))
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ([], "--host-relay needs --host-relay-dir (the relay's token, key and certificate)"),
+        (["--host-relay-dir", "/nonexistent"], "--host-relay-dir /nonexistent lacks token, key, tls.pem, tls.key"),
+    ],
+)
+def test_a_learner_refuses_to_host_a_relay_without_its_files(extra: list[str], message: str) -> None:
+    argv = ["--syncer", "https://127.0.0.1:9", "--name", "L0", "--token", "t", "--host-relay", "127.0.0.1:0", *extra]
+    done = run_module("ddctl_agents.agent", *argv)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+def test_a_hosted_relay_that_cannot_start_leaves_its_learner_to_the_shards(tmp_path: Path) -> None:
+    """A relay that exits at once (here: an address it cannot bind) is logged, and its learner goes on without it."""
+    folder = tmp_path / "relay"
+    folder.mkdir()
+    for name in ("token", "key", "tls.pem", "tls.key"):
+        (folder / name).write_text("00" * 32)
+    argv = ["--syncer", "https://127.0.0.1:9", "--name", "L0", "--token", "t", "--host-relay", "nonsense"]
+    command = [sys.executable, "-m", "ddctl_agents.agent", *argv, "--host-relay-dir", str(folder)]
+    with subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=ENV) as learner:
+        try:
+            lines = learner.stderr
+            assert lines is not None
+            said = wait_until(lambda: (line := lines.readline()) and "the region's relay exited" in line and line,
+                              timeout_s=60, what="the learner to say its relay exited")  # fmt: skip
+            assert "exited (2)" in said and learner.poll() is None  # it still runs: it keeps trying the shards
+        finally:
+            learner.kill()

@@ -6,12 +6,17 @@ import secrets
 from pathlib import Path
 
 import pytest
+from cryptography import x509
 
 from ddctl.config.regions import Region
+from ddctl.control.credentials import make_tls
 from ddctl.control.rundir import RunDir
-from ddctl.control.specs import learner_spec, syncer_spec
+from ddctl.control.specs import RELAY_PORT, learner_spec, syncer_spec
 from ddctl.errors import DdctlError
 from ddctl.providers.base import RegionInfo
+from ddctl_agents.agent.relay_host import HOST_FILES
+from ddctl_agents.relay import server_name
+from ddctl_agents.service.auth import read_secret, relay_key, verify_token
 
 INFO = RegionInfo(region="east", provider="process", python="/usr/bin/python3", remote=False, syncer_host="127.0.0.1")
 
@@ -97,3 +102,29 @@ def test_a_cloud_learner_is_pointed_at_each_shards_own_address() -> None:
     assert at == [f"https://{hosts[0]}:{8443}", f"https://{hosts[1]}:{8443}"]
     made = syncer_spec("r", cloud, 8443, CLOUD_EAST, shard=("syncer-s1", "S1"))
     assert "--shard" in made.argv and made.disks  # its state on a disk of its own
+
+
+def test_a_cloud_relay_host_gets_its_relays_files_and_listens_on_every_interface(tmp_path: Path) -> None:
+    """``agent/relay_host.py``: the relay's token for the shards, the region's key and its own certificate travel to the
+    host's VM (never the synchronizer's key); another learner is given only its relay token, and loopback until
+    ``with_relay`` points it at the host."""
+    make_tls(RunDir("r").job / "tls", "r", ["127.0.0.1"])
+    cloud = RegionInfo(region="east", provider="aws", python="python3", remote=True, syncer_host="100.100.0.10")
+    host = learner_spec("r", cloud, CLOUD_EAST, "L0", (8443,), relay=("host", RELAY_PORT))
+    served = learner_spec("r", cloud, CLOUD_EAST, "L1", (8443,), relay=("served", RELAY_PORT))
+    argv = list(host.argv)
+    assert argv[argv.index("--host-relay") + 1] == f"0.0.0.0:{RELAY_PORT}"
+    folder = argv[argv.index("--host-relay-dir") + 1]
+    assert {f"{folder}/{name}" for name in HOST_FILES} <= set(host.files)
+    shipped = {Path(local).read_text() for local in host.files.values()}
+    assert (RunDir("r").job / "tls" / "server.key").read_text() not in shipped
+    cert = x509.load_pem_x509_certificate(Path(host.files[f"{folder}/tls.pem"]).read_bytes())
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert names == [server_name("east")]
+    token = Path(host.files[argv[argv.index("--relay-token-file") + 1]]).read_text().strip()
+    assert verify_token(relay_key(read_secret((RunDir("r").job / "secret").read_text()), "east"), f"Bearer {token}") == "L0"
+    assert (
+        served.argv[served.argv.index("--relay") + 1] == f"https://127.0.0.1:{RELAY_PORT}" and "--host-relay" not in served.argv
+    )
+    assert not any(name.endswith(("tls.key", "/key")) for name in served.files)
+    assert "--relay" not in learner_spec("r", cloud, CLOUD_EAST, "L2", (8443,)).argv  # a region without a relay

@@ -36,7 +36,8 @@ STAGES = [
     "made the job directory ",
     "starting syncer",
     "syncer deployed in east",
-    "starting L0, L1, L2 in parallel",
+    "starting L0, L1 in parallel",  # east's learner, and L1, which hosts west's relay
+    "starting L2 (their regions' relays are up)",  # pointed at L1's
     "waiting for the first merged round",
     "starting the controller",
 ]

@@ -107,7 +107,7 @@ def _run_layout(net: Wan, case: WanCase, layout: Layout) -> dict[str, Any]:
 
 
 def start_relays(net: Wan, layout: Layout, shards: list[LocalSyncer]) -> dict[str, LocalRelay]:
-    """A relay in each region the layout gives one, in its namespace at its address (the certificate names it)."""
+    """A relay in each region the layout gives one, in its namespace at its address (with its region's certificate)."""
     urls = [shard.url for shard in shards]
     relays: dict[str, LocalRelay] = {}
     for region in (r for r, on in layout.relay.items() if on):
@@ -140,8 +140,7 @@ def start_shards(root: Path, net: Wan, case: WanCase, layout: Layout) -> list[Lo
     """One synchronizer process per shard, in its site's namespace; a single one is not sharded."""
     ips = [net.regions[site].ip for site in layout.shard_sites]
     sites = [net.regions[site] for site in layout.shard_sites]
-    named = [*ips, *(net.regions[r].ip for r, on in layout.relay.items() if on)]  # the relays serve with its certificate
-    first = LocalSyncer(root / "S0", case.job(), run=f"wan-{layout.name}", host=ips[0], also=named, prefix=sites[0].command())
+    first = LocalSyncer(root / "S0", case.job(), run=f"wan-{layout.name}", host=ips[0], also=ips, prefix=sites[0].command())
     started = [first]
     for i in range(1, len(sites)):
         (root / f"S{i}").mkdir()

@@ -84,7 +84,8 @@ def _print_plan(result: dict[str, Any]) -> None:
     for i in result["instances"]:
         price = "-" if i["max_dollars_per_hour"] is None else f"{i['max_dollars_per_hour']:.2f}"
         ranks = str(result["gpus"][i["region"]]) if i["role"] == "learner" else "-"  # ranks per learner
-        where = (i["name"], i["region"], i["provider"], i["role"], ranks)
+        role = f"{i['role']} + relay" if i.get("relay") == "host" else i["role"]  # it runs its region's relay too
+        where = (i["name"], i["region"], i["provider"], role, ranks)
         table.add_row(*where, i["instance_type"] or "-", str(i["spot"]), price, i["action"])
     stdout().print(table)
     if result.get("synchronizer"):

@@ -103,16 +103,25 @@ def token(
     relay_key: Annotated[
         bool, typer.Option("--relay-key", help="Print REGION's relay key (hex; the relay's --key-file) instead.")
     ] = False,
+    relay_cert: Annotated[
+        bool,
+        typer.Option(
+            "--relay-cert", help="Make REGION's relay certificate and key (the job's CA signs it) and print their paths."
+        ),
+    ] = False,
 ) -> None:
     """Print the token ``identity`` presents to this job's syncer (or to its region's relay with --relay REGION)."""
-    from ddctl.control.credentials import relay_key_for, relay_token_for, token_for
+    from ddctl.control.credentials import relay_key_for, relay_tls, relay_token_for, token_for
     from ddctl.errors import DdctlError
 
     def answer() -> str:
+        if (relay_key or relay_cert) and not relay:
+            flag = "--relay-key" if relay_key else "--relay-cert"
+            raise DdctlError(f"{flag} is for a region's relay: name the region with --relay REGION")
         if relay_key:
-            if not relay:
-                raise DdctlError("--relay-key prints a region's key: name the region with --relay REGION")
             return relay_key_for(directory, relay).hex()
+        if relay_cert:
+            return "\n".join(str(path) for path in relay_tls(directory, relay))
         if not identity:
             raise DdctlError("name the identity: a learner (L0, L1, ...), admin, or relay-REGION for a relay")
         return relay_token_for(directory, relay, identity) if relay else token_for(directory, identity)

@@ -30,13 +30,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
 from ddctl import providers
-from ddctl.control import admission, run_checkpoints, run_replanning
+from ddctl.control import admission, relays, run_checkpoints, run_replanning
 from ddctl.control.down import searched
 from ddctl.control.finish import conclude, parse_result
 from ddctl.control.launch import launch_at
 from ddctl.control.reconcile import Action, Desired, Memory, Observed, Placement, reconcile, remember
 from ddctl.control.rundir import TAPE
-from ddctl.control.specs import with_rendezvous
+from ddctl.control.specs import with_relay, with_rendezvous
 from ddctl.control.state import InstanceRecord, State
 from ddctl.errors import DdctlError, ProvisionError
 from ddctl.providers.base import Instance, InstanceSpec, Provider
@@ -70,6 +70,8 @@ class Controller:
     """The learners the syncer's port was last opened to (``control/admission.py``); None: not yet this process."""
     hosts: dict[str, str] = field(default_factory=dict)
     """A learner over several VMs -> the address its node 0 came up at in this pass (where the others meet)."""
+    relay_hosts: dict[str, str] = field(default_factory=dict)
+    """A relayed region -> the address of the learner that hosts its relay (``control/relays.py``), in this pass."""
 
     def provider(self, kind: str) -> Provider:
         if kind not in self.owners:
@@ -88,7 +90,7 @@ class Controller:
         if syncers and all(r.name in listed for r in syncers) and self._concluded(syncers, listed):
             return []
         desired, observed = [], []
-        self.hosts = {}
+        self.hosts, self.relay_hosts = {}, relays.host_addresses(records, listed)
         for name, r in records.items():
             gang = {"group": r.detail["learner"], "node": int(r.detail.get("node", 0))} if "learner" in r.detail else {}
             desired.append(Desired(name=name, role=r.role, placements=_placements(r), done=r.state == "finished", **gang))
@@ -190,6 +192,7 @@ class Controller:
             group, node = r.detail.get("learner", ""), int(r.detail.get("node", 0))
             if node > 0 and group not in self.hosts:
                 return  # its node 0 did not come up in this pass: the next pass starts the learner again as a whole
+            spec = with_relay(spec, self.relay_hosts.get(r.region, ""))  # a replacement finds its region's relay now
             self._start(action, r, with_rendezvous(spec, self.hosts[group]) if node > 0 else spec, provider, now)
         elif action.kind in ("wait", "give_up") and self.said.get(r.name) != action.reason:
             self.said[r.name] = action.reason
@@ -212,6 +215,8 @@ class Controller:
         self.memory = remember(self.memory, action, None, now)
         if "learner" in r.detail and int(r.detail.get("node", 0)) == 0:
             self.hosts[r.detail["learner"]] = started.private_address
+        if r.detail.get("relay") == "host":
+            self.relay_hosts[r.region] = started.private_address
         detail = {**r.detail, "spec": spec.to_json()}
         self.state.put_instance(replace(r, state="rejoining", provider_id=started.provider_id, updated=now, detail=detail))
         self.state.event(

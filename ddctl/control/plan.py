@@ -45,6 +45,9 @@ class PlannedInstance:
     nodes: int = 1
     shard: str = ""
     """The synchronizer shard this instance is (S0, S1, ...) in a sharded run; "" for learners and a lone syncer."""
+    relay: str = ""
+    """In a region the plan gives a relay: "host" for its first learner, which runs the relay, "served" for its other
+    learners; "" elsewhere, and for the syncer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +114,7 @@ def plan(rf: RegionsFile, kinds: dict[str, str]) -> list[PlannedInstance]:
     out = []
     names = learner_names(rf)
     shards = syncer_shards(rf)
+    relays = synchronizer.shard_plan(rf, job_config(rf)).relay
     for region in rf.regions:
         syncers = [s for s in shards if s.region == region.name]
         members = [(learner, k) for learner in names[region.name] for k in range(region.nodes)]
@@ -125,6 +129,7 @@ def plan(rf: RegionsFile, kinds: dict[str, str]) -> list[PlannedInstance]:
                     node=k,
                     nodes=region.nodes if learner else 1,
                     shard=syncer.shard if syncer is not None else "",
+                    relay=("host" if learner == names[region.name][0] else "served") if learner and relays[region.name] else "",
                     region=region.name,
                     provider=kinds[region.name],
                     role=role,
@@ -176,6 +181,7 @@ def plan_summary(
                 "instance_type": i.instance_type,
                 "spot": i.spot,
                 "max_dollars_per_hour": i.max_dollars_per_hour,
+                "relay": i.relay,
                 "action": todo.get(i.name, ("keep", "running"))[0],
                 "reason": todo.get(i.name, ("keep", "running"))[1],
             }

@@ -118,6 +118,14 @@ class RunDir:
     def token(self, learner: str) -> Path:
         return self.root / "tokens" / learner
 
+    def relay_token(self, learner: str) -> Path:
+        """``learner``'s token for its region's relay."""
+        return self.root / "tokens" / f"{learner}.relay"
+
+    def relay_files(self, region: str) -> Path:
+        """What region ``region``'s relay host is given (``agent/relay_host.py``: its token, key and certificate)."""
+        return self.root / "relays" / region
+
     def summary(self, learner: str) -> Path:
         return self.root / "summaries" / f"{learner}.json"
 

@@ -10,11 +10,13 @@ and the figures say they are partial.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ddctl_agents.agent.client import SyncerClient, Unavailable
 from ddctl_agents.errors import AgentError
+from ddctl_agents.service.auth import IDENTITY
 
 BOOKS = ("received", "merged", "late_merged", "dropped", "rejected", "pending")
 """The ledger's entries (fragment-tokens): each shard counts its own fragments'."""
@@ -63,6 +65,24 @@ def site_reading(raw: Any) -> dict[str, Any]:
     mbps = {k: v if isinstance(v := raw.get(k), int | float) and not isinstance(v, bool) and v > 0 else None
             for k in ("up_mbps", "down_mbps")}  # fmt: skip
     return {"name": raw.get("name") if isinstance(raw.get("name"), str) else "", **mbps}
+
+
+def relay_reading(raw: Any) -> dict[str, dict[str, Any]]:
+    """A status's ``relays`` (``service/relay_feeds.py``), each region's feed kept only whole: a region named as an
+    identity, streams and bytes counts, ``seen_s_ago`` a finite number of seconds; anything else is left out."""
+    feeds: dict[str, dict[str, Any]] = {}
+    for region, feed in (raw if isinstance(raw, dict) else {}).items():
+        if not (isinstance(region, str) and IDENTITY.match(region) and isinstance(feed, dict)):
+            continue
+        counts = [feed.get(k) for k in ("streams", "bytes")]
+        ago = feed.get("seen_s_ago")
+        if all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts) and _seconds(ago):
+            feeds[region] = {"streams": counts[0], "bytes": counts[1], "seen_s_ago": float(ago)}  # type: ignore[arg-type]
+    return dict(sorted(feeds.items()))
+
+
+def _seconds(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
 def summarize(answers: Sequence[tuple[str, dict[str, Any] | None, str]]) -> dict[str, Any]:

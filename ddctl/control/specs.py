@@ -14,13 +14,14 @@ import sys
 from dataclasses import replace
 
 from ddctl.config.regions import Checkpoints, Region
-from ddctl.control.credentials import token_for
+from ddctl.control.credentials import relay_key_for, relay_tls, relay_token_for, token_for, write_private
 from ddctl.control.plan import node_name
 from ddctl.control.rundir import RunDir
 from ddctl.errors import DdctlError
 from ddctl.providers.base import LOOPBACK, InstanceSpec, RegionInfo
 from ddctl.providers.deploy import REMOTE_ROOT
 from ddctl_agents import storage
+from ddctl_agents.relay import identity as relay_identity
 from ddctl_agents.train.modelfiles import MODEL_DIR, pack
 
 SYNCER_FILES = ("job.json", "secret", "tls/ca.pem", "tls/server.pem", "tls/server.key")
@@ -34,6 +35,8 @@ SHARD_LINGER_S = 600.0
 """A finished shard answers this long: the controller joins the shards' final checkpoint meanwhile, then removes them."""
 RENDEZVOUS_PORT = 29400
 """torchrun's usual c10d port, on the first VM of a learner over several (its region's VMs may reach each other)."""
+RELAY_PORT = 29401
+"""A region's relay's port on the VM of the learner that hosts it (``agent/relay_host.py``)."""
 
 
 def syncer_port(info: RegionInfo) -> int:
@@ -102,11 +105,35 @@ def syncer_spec(
 
 def rendezvous_port(info: RegionInfo) -> int:
     """Where a learner's first VM hosts torchrun's rendezvous: the usual port on a machine of its own, else a free one."""
-    if info.remote:
-        return RENDEZVOUS_PORT
+    return RENDEZVOUS_PORT if info.remote else _free_port()
+
+
+def relay_port(info: RegionInfo) -> int:
+    """Where a region's relay listens on its host learner's machine: a fixed port on a VM, else a free one."""
+    return RELAY_PORT if info.remote else _free_port()
+
+
+def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind((LOOPBACK, 0))
         return int(probe.getsockname()[1])
+
+
+def with_relay(spec: InstanceSpec, host: str) -> InstanceSpec:
+    """A relayed learner's spec pointed at its region's relay, on the machine of the learner that hosts it, at ``host``
+    (its private address); without one (that learner is not running), without a relay: its versions come from the
+    shards. The host itself keeps reaching its relay on loopback."""
+    argv = list(spec.argv)
+    if "--relay" not in argv or "--host-relay" in argv:
+        return spec
+    at = argv.index("--relay")
+    if not host:
+        del argv[at : at + 2]
+        del argv[argv.index("--relay-token-file") : argv.index("--relay-token-file") + 2]
+        return replace(spec, argv=tuple(argv))
+    port = argv[at + 1].rpartition(":")[2]
+    argv[at + 1] = f"https://{f'[{host}]' if ':' in host else host}:{port}"
+    return replace(spec, argv=tuple(argv))
 
 
 def with_rendezvous(spec: InstanceSpec, host: str) -> InstanceSpec:
@@ -130,10 +157,14 @@ def learner_spec(
     node: int = 0,
     meet: int = 0,
     cadence: int = 1,
+    relay: tuple[str, int] = ("", 0),
 ) -> InstanceSpec:
     """Node ``node`` of a learner of ``region``, reaching the syncer at its region's address (each shard of a sharded
     one at ``RegionInfo.shard_host``, on its port of ``ports``: it routes each fragment to its owner), sending each
     fragment every ``cadence`` periods (the plan's).
+
+    ``relay``: ("host", port) for the learner that runs its region's relay on ``port``, ("served", port) for another
+    learner of that region, which reaches it on loopback until the host's address is known (``with_relay``).
 
     Over several VMs (``region.nodes``) every node runs the same command with ``--nodes`` and meets at
     node 0's rendezvous on port ``meet``: loopback until node 0 exists (``with_rendezvous``), which is
@@ -162,6 +193,8 @@ def learner_spec(
         *(("--gpus", str(region.ranks)) if region.ranks > 1 else ()),  # one learner over N ranks (torchrun)
         *(("--nodes", str(region.nodes), "--rendezvous", f"{LOOPBACK}:{meet}") if region.nodes > 1 else ()),
     )
+    if relay[0] and node == 0:
+        argv, files = _relayed(rundir, info, region.name, learner, relay, argv, files)
     link = (region.link.up_mbps, region.link.down_mbps) if region.link is not None else None
     return InstanceSpec(
         run=run,
@@ -177,6 +210,36 @@ def learner_spec(
         zone=region.zones[0] if region.zones else "",
         machine=dict(info.machine),
     )
+
+
+def _relayed(
+    rundir: RunDir,
+    info: RegionInfo,
+    region: str,
+    learner: str,
+    relay: tuple[str, int],
+    argv: tuple[str, ...],
+    files: dict[str, str],
+) -> tuple[tuple[str, ...], dict[str, str]]:
+    """A learner's argv and files with its relay token and, on the relay's host, the relay's own files (its token for
+    the shards, the region's key, its certificate; ``relay_host.HOST_FILES``)."""
+    role, port = relay
+    token = write_private(rundir.relay_token(learner), relay_token_for(rundir.job, region, learner))
+    remote = f"{REMOTE_ROOT}/relay" if info.remote else ""
+    argv += ("--relay", f"https://{LOOPBACK}:{port}", "--relay-token-file", f"{remote}.token" if remote else str(token))
+    files = {**files, f"{remote}.token": str(token)} if remote else files
+    if role == "host":
+        folder = rundir.relay_files(region)
+        cert, key = relay_tls(rundir.job, region)
+        made = {
+            "token": write_private(folder / "token", token_for(rundir.job, relay_identity(region))),
+            "key": write_private(folder / "key", relay_key_for(rundir.job, region).hex()),
+            "tls.pem": write_private(folder / "tls.pem", cert.read_text().strip()),
+            "tls.key": write_private(folder / "tls.key", key.read_text().strip()),
+        }
+        argv += ("--host-relay", f"{'0.0.0.0' if info.remote else LOOPBACK}:{port}", "--host-relay-dir", remote or str(folder))
+        files = {**files, **{f"{remote}/{n}": str(path) for n, path in made.items()}} if remote else files
+    return argv, files
 
 
 def helper_spec(run: str, name: str, region: str, module: str, *args: str) -> InstanceSpec:

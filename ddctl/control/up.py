@@ -22,7 +22,7 @@ from typing import Any
 from ddctl import providers
 from ddctl.config import synchronizer
 from ddctl.config.regions import RegionsFile, job_config
-from ddctl.control import admission
+from ddctl.control import admission, relays
 from ddctl.control import pull as pulling
 from ddctl.control.credentials import init_job_dir, token_for
 from ddctl.control.down import down
@@ -139,7 +139,8 @@ def up(
         planned = plan(rf, kinds)
         meets = {i.learner: rendezvous_port(infos[i.region]) for i in planned if i.nodes > 1 and i.node == 0}
         mounts = local_data(job)
-        specs = {i.name: _spec(run, i, infos, rf, ports, meets.get(i.learner, 0), mounts, cadence) for i in planned}
+        relay_ports = relays.ports(run, state, planned, infos)
+        specs = {i.name: _spec(run, i, infos, rf, ports, meets.get(i.learner, 0), mounts, cadence, relay_ports) for i in planned}
         actions = reconcile(desired(planned, finished_instances(state, run)), observe(run, set(kinds.values())), time.time())
         changed = _carry_out(state, owners, planned, specs, actions, say)
         say("waiting for the first merged round")
@@ -213,14 +214,16 @@ def _spec(
     meet: int,
     mounts: tuple[str, ...],
     cadence: dict[str, int],
+    relay_ports: dict[str, int],
 ) -> InstanceSpec:
-    """``ports``: each synchronizer process's (one, or one per shard in shard order)."""
+    """``ports``: each synchronizer process's (one, or one per shard in shard order); ``relay_ports``: each relayed
+    region's relay port."""
     info, region = infos[planned.region], rf.region(planned.region)
     if planned.role == "syncer":
         spec = syncer_spec(run, info, ports[planned.name], region, rf.checkpoints, (planned.name, planned.shard))
     else:
-        at = tuple(ports.values())
-        spec = learner_spec(run, info, region, planned.learner, at, planned.node, meet, cadence[planned.region])
+        at, relay = tuple(ports.values()), (planned.relay, relay_ports.get(planned.region, 0))
+        spec = learner_spec(run, info, region, planned.learner, at, planned.node, meet, cadence[planned.region], relay)
     return replace(spec, mounts=mounts)
 
 
@@ -280,9 +283,15 @@ def _carry_out(
     if not starting:
         say("every instance already runs")
     syncers = [a for a in starting if by_name[a.name].role == "syncer"]
-    for group in (syncers, [a for a in starting if by_name[a.name].role != "syncer"]):
+    served = [a for a in starting if by_name[by_name[a.name].learner or a.name].relay == "served"]  # a learner's VMs
+    learners = [a for a in starting if a not in syncers and a not in served]  # relay hosts among them
+    addresses: dict[str, str] = {}
+    for group in (syncers, learners, served):
+        if group is served:  # the relay hosts are up: their region's other learners reach each relay at its address
+            relays.point_at(_run_of(specs), owners, planned, specs, addresses, [a.name for a in served])
         if group:
-            say(f"starting {', '.join(a.name for a in group)}{' in parallel' if len(group) > 1 else ''}")
+            why = " (their regions' relays are up)" if group is served else ""
+            say(f"starting {', '.join(a.name for a in group)}{' in parallel' if len(group) > 1 else ''}{why}")
         gangs: dict[str, list[Action]] = {}
         for action in group:
             gangs.setdefault(by_name[action.name].learner or action.name, []).append(action)
@@ -297,10 +306,12 @@ def _carry_out(
         ordered = [action for gang in gangs.values() for action in gang]
         for action, (spec, instance) in zip(ordered, started, strict=True):  # the state file is written on this thread
             item = by_name[action.name]
+            addresses[item.name] = instance.private_address
             placements = [{"provider": p.provider, "cloud_region": p.cloud_region, "zone": p.zone} for p in item.placements]
             detail: dict[str, Any] = {"spec": spec.to_json(), "log": str(spec.log), "placements": placements}
             if item.nodes > 1:  # which learner's VMs live and die together (the controller reads it)
                 detail |= {"learner": item.learner, "node": item.node}
+            detail |= {"relay": item.relay} if item.relay else {}  # the controller points replacements at the host
             status = "starting" if item.role == "syncer" else "deploying"
             record = InstanceRecord(
                 spec.run, spec.name, spec.region, item.provider, item.role, status, instance.provider_id, time.time(), detail

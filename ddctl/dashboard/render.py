@@ -229,7 +229,22 @@ def global_lines(s: dict[str, Any], width: int) -> list[Text]:
     )
     if ledger:
         books.append("balanced" if ledger.get("balanced") else "UNBALANCED", style="green" if ledger.get("balanced") else "red")
-    return [*finished_lines(s), first, rounds, sent, books, *shard_lines(s), *trust_lines(s)]
+    return [*finished_lines(s), first, rounds, sent, books, *shard_lines(s), *relay_lines(s), *trust_lines(s)]
+
+
+def relay_lines(s: dict[str, Any]) -> list[Text]:
+    """The regions' relays in one line: each pulls its region's versions from the synchronizer once."""
+    feeds = s.get("relays") or {}
+    if not feeds:
+        return []
+    line = _line(("relays ", "dim"))
+    for region, feed in feeds.items():
+        if feed["streams"]:
+            line.append(f"{region}: {_bytes(feed['bytes'])} pulled · ")
+        else:
+            ago = _num(feed["seen_s_ago"], 0, " s")
+            line.append(f"{region}: down for {ago} (its learners pull from the shards) · ", style="yellow")
+    return [line]
 
 
 def shard_lines(s: dict[str, Any]) -> list[Text]:

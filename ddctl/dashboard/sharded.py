@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ddctl.control.shard_status import BOOKS, job_figure, summarize
+from ddctl.control.shard_status import BOOKS, job_figure, relay_reading, summarize
 
 PHASES = ("training", "finishing", "finished")
 
@@ -55,7 +55,22 @@ def job_status(answers: Sequence[tuple[str, dict[str, Any] | None, str]]) -> dic
         "job": {**(first.get("job") or {}), "phase": phase if phase in PHASES else "training"},
         "site": None,  # each shard reads its own site's link: the shards' rows say which
         "shards": summarize(answers)["shards"],
+        "relays": relays([s.get("relays") for s in reached]),
     }
+
+
+def relays(answers: Sequence[Any]) -> dict[str, dict[str, Any]]:
+    """Each region's relay as the job sees it: it pulls from every shard, so its streams and bytes are the shards'
+    sum, and it was last heard from by the shard that heard it last."""
+    job: dict[str, dict[str, Any]] = {}
+    for answer in answers:
+        for region, feed in relay_reading(answer).items():
+            seen = job.setdefault(region, {"streams": 0, "bytes": 0, "seen_s_ago": None})
+            seen["streams"] += feed["streams"]
+            seen["bytes"] += feed["bytes"]
+            ago = feed["seen_s_ago"]
+            seen["seen_s_ago"] = ago if seen["seen_s_ago"] is None else min(seen["seen_s_ago"], ago)
+    return dict(sorted(job.items()))
 
 
 def _time(event: dict[str, Any]) -> float:

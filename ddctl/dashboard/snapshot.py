@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddctl.control.shard_status import site_reading
+from ddctl.control.shard_status import relay_reading, site_reading
 from ddctl.control.state import InstanceRecord
 from ddctl_agents.service.ending import goodput as learner_goodput
 
@@ -161,6 +161,7 @@ def build(records: RunRecords, syncer: SyncerView, now: float) -> dict[str, Any]
         "dollars_per_hour": None if None in prices else round(sum(p for p in prices if p is not None), 4),
         "events": merged_events(status.get("events", []), records.events),
         "shards": status.get("shards"),
+        "relays": relay_reading(status.get("relays")),
         "replanner": records.replanner,
     }
 

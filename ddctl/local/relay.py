@@ -2,7 +2,8 @@
 
 The relay gets the region's key (``credentials.relay_key_for``) in a file of its
 own, its token for the shards (identity ``relay-REGION``) in another, and the
-synchronizer's TLS certificate, which names this machine's addresses too.
+region's relay certificate (``credentials.relay_tls``): learners check its name,
+not the address it listens at.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ddctl.control.credentials import relay_key_for, relay_token_for
+from ddctl.control.credentials import relay_key_for, relay_tls, relay_token_for, write_private
 from ddctl.local.service import LocalProcess, LocalSyncer
 from ddctl_agents.agent.client import SyncerClient
+from ddctl_agents.relay import identity, server_name
 
 
 class LocalRelay(LocalProcess):
@@ -23,7 +25,7 @@ class LocalRelay(LocalProcess):
         self, syncer: LocalSyncer, region: str, shards: Sequence[str] = (), *, host: str = "", prefix: Sequence[str] = ()
     ) -> None:
         """``shards``: every shard's URL (default: the syncer's); ``host``: where it listens (default: where the syncer
-        does; the certificate must name it); ``prefix``: the command runs inside it (a region's namespace)."""
+        does); ``prefix``: the command runs inside it (a region's namespace)."""
         self.syncer, self.region, self.shards, self.prefix = syncer, region, tuple(shards), tuple(prefix)
         self.host = host or syncer.host
         self.root = syncer.root / f"relay-{region}"
@@ -35,11 +37,11 @@ class LocalRelay(LocalProcess):
 
     def learner_token_file(self, learner: str) -> Path:
         """A file holding ``learner``'s token for this relay (``--relay-token-file``)."""
-        return _private(self.root / f"{learner}.token", relay_token_for(self.syncer.job_dir, self.region, learner))
+        return write_private(self.root / f"{learner}.token", relay_token_for(self.syncer.job_dir, self.region, learner))
 
     def client(self, learner: str = "health") -> SyncerClient:
         token = relay_token_for(self.syncer.job_dir, self.region, learner)
-        return SyncerClient(self.url, token, self.syncer.ca)
+        return SyncerClient(self.url, token, self.syncer.ca, server_name=server_name(self.region))
 
     def health(self) -> dict[str, Any]:
         """What the relay's health probe says: whether it serves, and its byte counters both ways."""
@@ -50,21 +52,14 @@ class LocalRelay(LocalProcess):
             client.close()
 
     def start(self, *extra: str, timeout_s: float = 120.0) -> LocalRelay:
-        key = _private(self.root / "key", relay_key_for(self.syncer.job_dir, self.region).hex())
-        token = _private(self.root / "token", self.syncer.token(f"relay-{self.region}"))
+        key = write_private(self.root / "key", relay_key_for(self.syncer.job_dir, self.region).hex())
+        token = write_private(self.root / "token", self.syncer.token(identity(self.region)))
         args = [f"--syncer={url}" for url in self.shards or (self.syncer.url,)]
         args += ["--region", self.region, "--key-file", str(key), "--token-file", str(token), "--bind", f"{self.host}:0"]
         if self.syncer.tls:
-            tls = self.syncer.job_dir / "tls"
-            args += ["--ca", str(tls / "ca.pem"), "--tls-cert", str(tls / "server.pem"), "--tls-key", str(tls / "server.key")]
+            cert, tls_key = relay_tls(self.syncer.job_dir, self.region)
+            args += ["--ca", str(self.syncer.ca), "--tls-cert", str(cert), "--tls-key", str(tls_key)]
         else:
             args.append("--plaintext")
         self.launch("ddctl_agents.relay", [*args, *extra], timeout_s)
         return self
-
-
-def _private(path: Path, text: str) -> Path:
-    """``text`` in a file only its owner can read (made so before anything is written to it)."""
-    path.touch(mode=0o600, exist_ok=True)
-    path.write_text(text + "\n")
-    return path

@@ -39,8 +39,12 @@ def retry(call: Callable[[], T], *, stop: Callable[[], bool] = lambda: False, gi
 class SyncerClient:
     """One HTTP/2 connection to the syncer, authenticated as one identity."""
 
-    def __init__(self, url: str, token: str, ca: Path | None = None, timeout_s: float = 30.0, http2: bool = True) -> None:
+    def __init__(
+        self, url: str, token: str, ca: Path | None = None, timeout_s: float = 30.0, http2: bool = True, server_name: str = ""
+    ) -> None:
+        """``server_name``: the name the server's certificate must carry, whatever address ``url`` names (a relay's)."""
         self.url = url.rstrip("/")
+        self.extensions = {"sni_hostname": server_name} if server_name else {}
         tls = self.url.startswith("https://")
         if not tls and not self.url.startswith("http://"):
             raise ConfigError(f"syncer URL must start with https:// or http://, got {url!r}")
@@ -111,7 +115,7 @@ class SyncerClient:
         """Admin only: one file of this shard's part of checkpoint ``epoch`` (refused past ``limit`` bytes)."""
         data = bytearray()
         try:
-            with self.http.stream("GET", f"{self.url}/v1/admin/cuts/{epoch}/{name}") as r:
+            with self.http.stream("GET", f"{self.url}/v1/admin/cuts/{epoch}/{name}", extensions=self.extensions) as r:
                 _raise_for(r, r.read() if r.status_code >= 400 else b"")
                 for chunk in r.iter_bytes():
                     data += chunk
@@ -160,8 +164,9 @@ class SyncerClient:
         if chain is not None:
             params.update(deltas="1", chain=chain[0])
         try:
+            timeout = httpx.Timeout(60.0, connect=5.0)
             with self.http.stream(
-                "GET", f"{self.url}/v1/fragments", params=params, timeout=httpx.Timeout(60.0, connect=5.0)
+                "GET", f"{self.url}/v1/fragments", params=params, timeout=timeout, extensions=self.extensions
             ) as r:
                 _raise_for(r, r.read() if r.status_code >= 400 else b"")
                 if chain is not None:
@@ -189,7 +194,7 @@ class SyncerClient:
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
-            response = self.http.request(method, f"{self.url}{path}", **kwargs)
+            response = self.http.request(method, f"{self.url}{path}", extensions=self.extensions, **kwargs)
         except httpx.TransportError as exc:
             raise Unavailable(f"{method} {path} on {self.url}: {exc!r}") from None
         self._stream = response.extensions.get("network_stream")

@@ -15,6 +15,7 @@ and the step loop (``agent/loop.py``) keeps them in lockstep.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import logging
@@ -29,9 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ddctl_agents.agent import relay_host
 from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable, retry
 from ddctl_agents.agent.comm import JOB_OVER, Comms, Identity
-from ddctl_agents.agent.launch import own_address, report_exit, run_ranks
+from ddctl_agents.agent.launch import end_rank, own_address, report_exit, run_ranks
 from ddctl_agents.agent.loop import GO, STOP, STOP_NOW, StepLoop
 from ddctl_agents.agent.notice import Stop, watch
 from ddctl_agents.agent.progress import Pace, Progress
@@ -45,6 +47,7 @@ from ddctl_agents.core.schedule import CADENCES
 from ddctl_agents.entrypoint import EXIT_OK, EXIT_UNREACHABLE, Parser, add_label_option, configure_logging, report
 from ddctl_agents.errors import AgentError
 from ddctl_agents.jsonable import from_json
+from ddctl_agents.relay import server_name
 from ddctl_agents.train.assembly import Assembly, learner_index
 from ddctl_agents.train.device import DEVICE_CHOICES, describe, resolve_device
 from ddctl_agents.train.inner import Placement
@@ -109,7 +112,8 @@ def _register(opts: LearnerOptions) -> tuple[Assembly, Comms, dict[str, Any]]:
     if routes.map is not None:
         routes.map.check_fragments(assembly.fragmentation.count)
     absorb = not job.sync.error_feedback
-    relay = functools.partial(SyncerClient, opts.relay, opts.relay_token, opts.ca) if opts.relay else None
+    relayed = functools.partial(SyncerClient, opts.relay, opts.relay_token, opts.ca, server_name=server_name(opts.region))
+    relay = relayed if opts.relay else None  # it is checked by the name of its region's relay, not by its address
     comms = Comms(connect, routes, me, job.sync.codec, job.sync.block, parallel_uploads=opts.parallel_uploads, absorb=absorb,
                   relay=relay)  # fmt: skip
     answer = comms.start(assembly.fragmentation.count)
@@ -264,16 +268,6 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def end_rank(code: int) -> None:
-    """A rank under torchrun ends here, its output flushed, without the interpreter's teardown: there, torch's C++
-    threads met static destructors and a rank that had finished cleanly aborted ("terminate called without an active
-    exception", twice in CI runs of test_model_contract), failing the learner it belonged to."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 def _main(argv: list[str] | None) -> int:
     defaults = LearnerOptions(syncer="", name="", token="")
     parser = Parser("ddctl learner run", "Run one Decoupled DiLoCo learner against a syncer.")
@@ -338,12 +332,19 @@ def _main(argv: list[str] | None) -> int:
         metavar="SECONDS",
         help="Do not train: each step waits SECONDS and drifts the model by a fixed amount (many learners on few cores).",
     )
-    parser.add_argument("--relay", default="", help="The region's relay URL: versions come through it (cadence 1 only).")
-    parser.add_argument("--relay-token-file", type=Path, help="A file holding this learner's token for the relay.")
+    relay_host.add_options(parser)
     parser.add_argument("--start-when", type=Path, metavar="FILE",
                         help="Registered and bootstrapped, make FILE.NAME.ready, then wait for FILE to step.")  # fmt: skip
     args = parser.parse_args(argv)
     configure_logging()
+    try:
+        with relay_host.hosted(args):
+            return _learn(parser, args, argv)
+    except AgentError as exc:  # the hosted relay's files
+        return report(parser.prog, exc)
+
+
+def _learn(parser: Parser, args: argparse.Namespace, argv: list[str] | None) -> int:
     if args.start_when is not None and args.nodes > 1:
         return report(parser.prog, AgentError("--start-when names a file on one machine; give it with --nodes 1 only"))
     if (args.gpus != 1 or args.nodes != 1) and "WORLD_SIZE" not in os.environ:

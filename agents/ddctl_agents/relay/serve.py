@@ -29,6 +29,8 @@ from ddctl_agents.service.publisher import Publisher
 from ddctl_agents.service.server import bind_socket, hypercorn_config, is_loopback
 from ddctl_agents.train.job import JobConfig
 
+STREAMS_END_S = 0.5
+"""How long a stopping relay gives its ended streams to reach their learners before the server closes."""
 STALE_AFTER_S = 15.0
 """Three of the synchronizer's 5 s keep-alives missed: the relay stops serving until it hears again."""
 
@@ -47,7 +49,15 @@ async def run_relay(app: RelayApp, sock: socket.socket, cert: Path | None, key: 
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    await serve(app, hypercorn_config(sock, cert, key, plaintext), shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+
+    async def until_stopped() -> None:
+        """SIGTERM: the learners' streams end first (each learner turns to the shards), then the server; hypercorn
+        shutting down under open streams logged tracebacks and left the relay's exit to a crash."""
+        await stop.wait()
+        await app.feed.publisher.close()
+        await asyncio.sleep(STREAMS_END_S)
+
+    await serve(app, hypercorn_config(sock, cert, key, plaintext), shutdown_trigger=until_stopped)  # type: ignore[arg-type]
 
 
 def main(argv: list[str] | None = None) -> int:

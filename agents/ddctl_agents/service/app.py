@@ -41,6 +41,7 @@ from ddctl_agents.service.auth import ADMIN, verify_token
 from ddctl_agents.service.ending import stop_job
 from ddctl_agents.service.metrics import metrics
 from ddctl_agents.service.observability import health, status, vector_clock
+from ddctl_agents.service.relay_feeds import RelayFeeds
 from ddctl_agents.service.requests import (
     CutBody,
     HandoffBody,
@@ -67,6 +68,7 @@ class SyncerApp:
 
     def __init__(self, runtime: SyncerRuntime, secret: bytes) -> None:
         self.rt, self.secret = runtime, secret
+        self.relays = RelayFeeds()
         self.model_files = pack(runtime.assembly.model_dir)
         """The source of the job's own model, which learners (having no job directory) get with the job."""
         self.routes: dict[tuple[str, str], Handler] = {
@@ -248,6 +250,8 @@ class SyncerApp:
             if sock is not None and (sample := meter.read(tcpinfo.sending(sock))) is not None:
                 self.rt.observe_link(who, "down", *sample, kernel=True)
 
+        relay = self.relays.region(who)  # a region's relay: shown by its region on /v1/status
+
         async def records() -> AsyncIterator[bytes]:
             held = functools.partial(self.rt.holds.wants, who) if self.rt.holds.held(who) else None
             sent = list(since) if deltas and query.get("chain") == chain.decode() else [-1] * count  # what it holds
@@ -259,8 +263,16 @@ class SyncerApp:
                     sent[item.fragment] = item.version
                 yield frame
                 self.rt.bytes_down += len(frame)
+                if relay is not None:
+                    self.relays.sent(relay, len(frame), self.rt.clock())
 
-        await stream_records(receive, send, headers, records(), measure)
+        if relay is not None:
+            self.relays.opened(relay, self.rt.clock())
+        try:
+            await stream_records(receive, send, headers, records(), measure)
+        finally:
+            if relay is not None:
+                self.relays.closed(relay, self.rt.clock())
 
     async def vclock(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.identity(scope)
@@ -268,7 +280,8 @@ class SyncerApp:
 
     async def status(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.identity(scope)
-        await json_response(send, 200, await self.rt.view(status))
+        view = await self.rt.view(status)
+        await json_response(send, 200, view | {"relays": self.relays.view(self.rt.clock())})
 
     async def metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.identity(scope)

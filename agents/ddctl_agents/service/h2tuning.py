@@ -24,13 +24,18 @@ a request is now answered 400 on its own stream.
 Last, it keeps each open connection's socket by its addresses, so a handler can
 read the kernel's TCP_INFO for the connection it answers on
 (``connection_socket``): that is how the syncer measures a learner's downlink.
+A connection whose TLS close crosses data still in flight (asyncio raises
+APPLICATION_DATA_AFTER_CLOSE_NOTIFY as it unwraps) is over either way: one line
+says so, not an unhandled-exception trace from the loop.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import ssl
 from collections.abc import Mapping
 from typing import Any
 
@@ -46,6 +51,7 @@ WINDOW = int(os.environ.get("DDCTL_H2_WINDOW", 16 << 20))
 FRAME = int(os.environ.get("DDCTL_H2_FRAME", 1 << 20))
 """Largest DATA frame we accept; DDCTL_H2_FRAME=16384 restores the protocol default."""
 _DEFAULT_WINDOW = 65_535
+log = logging.getLogger(__name__)
 _SOCKETS: dict[tuple[Any, Any], Any] = {}
 """Each open connection's socket by its (client, server) addresses, as hypercorn writes them into the scope."""
 
@@ -73,6 +79,8 @@ def _keep_sockets() -> None:
             _SOCKETS[key] = sock
         try:
             await original_run(self)
+        except ssl.SSLError as exc:  # the peer's TLS close crossed our data: the connection is over either way
+            log.info("a connection closed uncleanly (%s): %s", key[0] if key else "?", exc.reason or exc)
         finally:
             if key is not None and _SOCKETS.get(key) is sock:
                 del _SOCKETS[key]

@@ -1,0 +1,85 @@
+"""Where a run's relays show: the synchronizer counts each by its region (``service/relay_feeds.py``), a sharded
+job sums them, and the dashboard gives them a line; what a synchronizer says of them is checked before it is drawn."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from ddctl.control.shard_status import relay_reading
+from ddctl.dashboard.render import render
+from ddctl.dashboard.sharded import relays
+from ddctl.dashboard.snapshot import from_recording
+from ddctl_agents.relay import identity, region_of
+from ddctl_agents.service.relay_feeds import RelayFeeds
+
+DATA = Path(__file__).parent / "data" / "dashboard"
+
+
+def test_a_relay_is_known_by_its_identity_and_nobody_else_is() -> None:
+    assert region_of(identity("eu-west")) == "eu-west"
+    for who in ("L0", "admin", "relay-", "relay", "xrelay-east"):
+        assert region_of(who) is None, who
+
+
+def test_the_synchronizer_counts_each_relays_streams_bytes_and_when_it_last_heard() -> None:
+    feeds = RelayFeeds()
+    feeds.opened("east", now=10.0)
+    feeds.sent("east", 1000, now=11.0)
+    feeds.sent("east", 0, now=12.5)  # a keep-alive: nothing sent, but it was there
+    feeds.opened("east", now=13.0)  # it reconnected before the old stream noticed it was gone
+    feeds.closed("east", now=14.0)
+    assert feeds.view(now=20.0) == {"east": {"streams": 1, "bytes": 1000, "seen_s_ago": 6.0}}
+    feeds.closed("east", now=15.0)
+    feeds.closed("east", now=16.0)  # never below none
+    assert feeds.view(now=16.0)["east"]["streams"] == 0
+
+
+def test_a_sharded_jobs_relay_is_the_sum_of_what_each_shard_sent_it() -> None:
+    s0 = {"east": {"streams": 1, "bytes": 300, "seen_s_ago": 2.0}, "west": {"streams": 0, "bytes": 10, "seen_s_ago": 50.0}}
+    s1 = {"east": {"streams": 1, "bytes": 200, "seen_s_ago": 0.5}}
+    assert relays([s0, s1, None]) == {
+        "east": {"streams": 2, "bytes": 500, "seen_s_ago": 0.5},
+        "west": {"streams": 0, "bytes": 10, "seen_s_ago": 50.0},
+    }
+
+
+def test_what_a_synchronizer_says_of_its_relays_is_kept_only_whole() -> None:
+    good = {"streams": 1, "bytes": 5, "seen_s_ago": 0.25}
+    hostile: dict[str, Any] = {
+        "east": good,
+        "bad region": good,
+        "west": {**good, "bytes": -1},
+        "north": {**good, "streams": True},
+        "south": {**good, "seen_s_ago": float("nan")},
+        "up": {**good, "seen_s_ago": "soon"},
+        "down": "x",
+    }
+    assert relay_reading(hostile) == {"east": good}
+    assert relay_reading("x") == relay_reading(None) == relay_reading([good]) == {}
+
+
+def test_the_dashboard_shows_each_relay_and_one_that_is_down() -> None:
+    raw = json.loads((DATA / "running_3.json").read_text())
+    s = from_recording(raw)
+    assert s["relays"] == {} and "relays " not in screen(s)
+    raw["syncer"]["status"]["relays"] = {
+        "east": {"streams": 1, "bytes": 12_345_678, "seen_s_ago": 0.3},
+        "west": {"streams": 0, "bytes": 4_000, "seen_s_ago": 42.0},
+        "south": {"streams": "many"},
+    }
+    s = from_recording(raw)
+    assert list(s["relays"]) == ["east", "west"]
+    text = screen(s)
+    assert "east: 12.3 MB pulled" in text and "west: down for 42 s (its learners pull from the shards)" in text
+    assert "south" not in text.split("relays ", 1)[1].splitlines()[0]
+
+
+def screen(snapshot: dict[str, Any]) -> str:
+    console = Console(record=True, width=160, height=40, color_system=None, file=io.StringIO())
+    console.print(render(snapshot, 160, 40))
+    return console.export_text()
