@@ -36,6 +36,15 @@ def ddctl(home: Path, *args: str, timeout: float = 900) -> dict[str, Any]:
     return dict(json.loads(done.stdout))
 
 
+def run_to_its_end(home: Path, run: str, started: float, limit_s: float = 900) -> float:
+    """Seconds from ``started`` until ``ddctl ls`` says ``run`` finished (an error past ``limit_s``)."""
+    while next(r for r in ddctl(home, "ls")["runs"] if r["run"] == run)["state"] != "finished":
+        if time.monotonic() - started > limit_s:
+            raise SystemExit(f"{run} did not finish in {limit_s:g} s")
+        time.sleep(1.0)
+    return time.monotonic() - started
+
+
 def one(shards: int, tokens: int, link_mbps: float, root: Path) -> dict[str, Any]:
     home, run = root / f"home-{shards}", f"m{shards}"
     link = {"link": {"up_mbps": link_mbps, "down_mbps": link_mbps}} if link_mbps else {}
@@ -49,11 +58,7 @@ def one(shards: int, tokens: int, link_mbps: float, root: Path) -> dict[str, Any
     started = time.monotonic()
     up = ddctl(home, "up", "-f", str(path), "--dry-run")
     try:
-        while next(r for r in ddctl(home, "ls")["runs"] if r["run"] == run)["state"] != "finished":
-            if time.monotonic() - started > 900:
-                raise SystemExit(f"{run} did not finish in 900 s")
-            time.sleep(1.0)
-        ended = time.monotonic() - started
+        ended = run_to_its_end(home, run, started)
         summary = ddctl(home, "status", "--run", run)["job"]["summary"]
         replay = ddctl(home, "replay", "--run", run, timeout=1800)
     finally:

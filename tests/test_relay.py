@@ -214,6 +214,9 @@ def test_a_regions_versions_cross_its_link_once_and_every_learner_gets_them(tmp_
     # in flight at the end), and its stream is still open
     feed = status["relays"]["east"]
     assert feed["streams"] == 1 and abs(feed["bytes"] - health["bytes_in"]) <= one_version and list(status["relays"]) == ["east"]
+    # the relayed learners read no stream of the synchronizer's, yet it knows their downlink: its stream to their relay
+    rows = {row["id"]: row for row in status["learners"]}
+    assert all(rows[name]["down_mbps"] for name in ("L0", "L1", "L2")), rows
     # the region's learners received it all from the relay (it counts a frame once sent; a learner once read)
     assert east <= health["bytes_out"] <= east + 2 * one_version
     # and each version crossed into the region once for both: they received more than crossed. Not twice as much: on

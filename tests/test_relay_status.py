@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from rich.console import Console
@@ -14,6 +15,7 @@ from ddctl.control.shard_status import relay_reading
 from ddctl.dashboard.render import render
 from ddctl.dashboard.sharded import relays
 from ddctl.dashboard.snapshot import from_recording
+from ddctl_agents.core.links import LearnerLinks
 from ddctl_agents.relay import identity, region_of
 from ddctl_agents.service.relay_feeds import RelayFeeds
 
@@ -83,3 +85,18 @@ def screen(snapshot: dict[str, Any]) -> str:
     console = Console(record=True, width=160, height=40, color_system=None, file=io.StringIO())
     console.print(render(snapshot, 160, 40))
     return console.export_text()
+
+
+def test_a_relays_downlink_is_the_downlink_of_its_regions_learners_behind_it() -> None:
+    """The grace window's network slack needs each learner's downlink; a learner behind a relay reads nothing here."""
+    feeds, links = RelayFeeds(), {"L9": LearnerLinks()}
+    placed = {
+        name: SimpleNamespace(region=region) for name, region in (("L0", "east"), ("L1", "east"), ("L2", "east"), ("L3", "west"))
+    }
+    feeds.direct["L1"] += 1  # L1 reads its own stream here (its relay is down): its own stream measures it
+    live = {"L0", "L1", "L3"}  # L2 has left
+    assert feeds.behind("east", placed, live) == ["L0"]
+    feeds.observe("east", placed, live, links, 4_000_000, 0.5, kernel=True)
+    assert links["L0"].down.send_time(8_000_000) is not None and set(links) == {"L0", "L9"}
+    feeds.direct["L1"] -= 1  # its stream closed: behind the relay again
+    assert feeds.behind("east", placed, live) == ["L0", "L1"]

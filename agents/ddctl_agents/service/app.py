@@ -24,6 +24,7 @@ from ddctl_agents.errors import (
     NotFound,
     TooLarge,
 )
+from ddctl_agents.relay import region_of
 from ddctl_agents.service import cuts, h2tuning, handoffs
 from ddctl_agents.service.asgi import (
     Handler,
@@ -41,7 +42,6 @@ from ddctl_agents.service.auth import ADMIN, verify_token
 from ddctl_agents.service.ending import stop_job
 from ddctl_agents.service.metrics import metrics
 from ddctl_agents.service.observability import health, status, vector_clock
-from ddctl_agents.service.relay_feeds import RelayFeeds
 from ddctl_agents.service.requests import (
     CutBody,
     HandoffBody,
@@ -68,7 +68,6 @@ class SyncerApp:
 
     def __init__(self, runtime: SyncerRuntime, secret: bytes) -> None:
         self.rt, self.secret = runtime, secret
-        self.relays = RelayFeeds()
         self.model_files = pack(runtime.assembly.model_dir)
         """The source of the job's own model, which learners (having no job directory) get with the job."""
         self.routes: dict[tuple[str, str], Handler] = {
@@ -250,7 +249,7 @@ class SyncerApp:
             if sock is not None and (sample := meter.read(tcpinfo.sending(sock))) is not None:
                 self.rt.observe_link(who, "down", *sample, kernel=True)
 
-        relay = self.relays.region(who)  # a region's relay: shown by its region on /v1/status
+        relay, streams = region_of(who), self.rt.streams  # a region's relay: shown by its region on /v1/status
 
         async def records() -> AsyncIterator[bytes]:
             held = functools.partial(self.rt.holds.wants, who) if self.rt.holds.held(who) else None
@@ -264,15 +263,17 @@ class SyncerApp:
                 yield frame
                 self.rt.bytes_down += len(frame)
                 if relay is not None:
-                    self.relays.sent(relay, len(frame), self.rt.clock())
+                    streams.sent(relay, len(frame), self.rt.clock())
 
         if relay is not None:
-            self.relays.opened(relay, self.rt.clock())
+            streams.opened(relay, self.rt.clock())
+        streams.direct[who] += relay is None  # a learner reading here is not behind its relay
         try:
             await stream_records(receive, send, headers, records(), measure)
         finally:
             if relay is not None:
-                self.relays.closed(relay, self.rt.clock())
+                streams.closed(relay, self.rt.clock())
+            streams.direct[who] -= relay is None
 
     async def vclock(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.identity(scope)
@@ -281,7 +282,7 @@ class SyncerApp:
     async def status(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.identity(scope)
         view = await self.rt.view(status)
-        await json_response(send, 200, view | {"relays": self.relays.view(self.rt.clock())})
+        await json_response(send, 200, view | {"relays": self.rt.streams.view(self.rt.clock())})
 
     async def metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.identity(scope)

@@ -32,6 +32,7 @@ from ddctl_agents.core.version_delta import coder
 from ddctl_agents.core.wire import WireLimits
 from ddctl_agents.errors import BadRequest, Forbidden, JobOver, UnknownLearner
 from ddctl_agents.jsonable import to_json
+from ddctl_agents.relay import region_of
 from ddctl_agents.service import taping
 from ddctl_agents.service.checkpoints import checkpoint_loop, eval_loop, take_checkpoint
 from ddctl_agents.service.cuts import Cuts, colour
@@ -39,6 +40,7 @@ from ddctl_agents.service.ending import Ending, ending_loop, linger, read_summar
 from ddctl_agents.service.log_records import JoinEntry, LeaveEntry, ReadmitEntry, RejectEntry, UpdateEntry, entry_for
 from ddctl_agents.service.publisher import Publisher
 from ddctl_agents.service.recovery import recover
+from ddctl_agents.service.relay_feeds import RelayFeeds
 from ddctl_agents.service.requests import Cadence, HeartbeatBody
 from ddctl_agents.service.resume import read_local, seed
 from ddctl_agents.service.roster import LearnerInfo, Roster
@@ -66,7 +68,7 @@ class SyncerRuntime:
         versions = coder(assembly.config.down_codec, assembly.config.sync.block, adopted=False)  # frames only: no one adopts here
         self.publisher = Publisher(assembly.fragmentation.count, versions)
         self.roster = Roster(settings.site)
-        self.holds = Holds()  # what a learner sending every k-th period is sent of the versions
+        self.streams, self.holds = RelayFeeds(), Holds()  # who reads versions here; what a learner at cadence k is sent
         self.meters: dict[str, TransferMeter] = {}
         """Uplink meters, touched only on the event loop's thread."""
         self.val_bpb: list[tuple[float, int, float]] = []
@@ -78,9 +80,8 @@ class SyncerRuntime:
         self.checkpoints: dict[str, Any] = {"taken": 0, "last_at": None, "rounds": 0, "name": None, "val_bpb": None}
         self.resumed = read_local(settings.resume_from, assembly) if settings.resume_from is not None else None
         self.recovered: dict[str, Any] = {}
-        self.ending = Ending()
-        self.ended = asyncio.Event()
-        """Set when the service should exit: its job finished and the summary has been there ``linger_s``."""
+        self.ending, self.ended = Ending(), asyncio.Event()
+        """``ended`` is set when the service should exit: its job finished and the summary has been there ``linger_s``."""
         self.started_at = clock()
         self.quorum_clock = QuorumClock(self.syncer.config.quorum.quorum, self.started_at)
         self.parameters = sum(t.numel() for t in assembly.initial.values())
@@ -92,9 +93,7 @@ class SyncerRuntime:
         self.io = ThreadPoolExecutor(1, "ddctl-io")
         """Disk writes (fsyncs, snapshots) run here, one at a time, off the event loop and the core."""
         self._work = ThreadPoolExecutor(2, "ddctl-work")
-        self._durable = 0
-        self._commit = asyncio.Lock()
-        self._kick = asyncio.Event()
+        self._durable, self._commit, self._kick = 0, asyncio.Lock(), asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._logged_faults: dict[int, str] = {}
         self.wal: Wal | None = None
@@ -279,7 +278,9 @@ class SyncerRuntime:
             up.observe(report.up_bytes, report.up_seconds, report.rtt_s, kernel=True)
 
     def _observe_link(self, learner: str, direction: str, nbytes: int, seconds: float, kernel: bool, at: float) -> None:
-        if (links := self.syncer.links.get(learner)) is not None:
+        if (region := region_of(learner)) is not None:  # a relay's stream: the downlink of its region's learners behind it
+            self.streams.observe(region, self.roster.info, self.syncer.live, self.syncer.links, nbytes, seconds, kernel)
+        elif (links := self.syncer.links.get(learner)) is not None:
             for both in (links, self.roster.regional(learner)):
                 (both.up if direction == "up" else both.down).observe(nbytes, seconds, kernel=kernel)
             self.roster.crossed(learner, direction, at, seconds, nbytes)
@@ -351,7 +352,6 @@ class SyncerRuntime:
         log.error("task %s failed (%d times so far); restarting it", name, self.task_failures[name], exc_info=exc)
         self.roster.event(self.clock(), "task-failed", task=name, reason=f"{type(exc).__name__}: {exc}")
 
-    # -- loops ----------------------------------------------------------------------------------
     async def _rounds_loop(self) -> None:
         while True:
             sends, position, wake = await self._on_core(self._poll)
