@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -246,3 +247,24 @@ def test_a_replaced_learner_is_pointed_at_its_regions_relay_host_as_it_is_now(tm
     controller.once(now=100.0)
     assert told("L0") == "https://127.0.0.1:29401"  # the host reaches its own relay on loopback
     assert told("L1") == f"https://{address('L0')}:29401" and address("L0") != old
+
+
+def test_a_learner_that_finished_and_left_no_listing_is_not_started_again(
+    tmp_path: Path, world: tuple[State, FakeProvider, Controller]
+) -> None:
+    """A process that ended is not listed (``ProcessProvider``): its exit summary on this machine says whether it
+    trained its share. Before, such a learner was missing to ``reconcile`` and was started again before the job ended."""
+    state, fake, controller = world
+    for name, reason in (("L0", "finished"), ("L1", "sigterm")):
+        [record] = [r for r in state.instances(RUN) if r.name == name]
+        spec = InstanceSpec.from_json(record.detail["spec"])
+        summary = tmp_path / f"{name}.summary.json"
+        summary.write_text(json.dumps({"reason": reason}))
+        state.put_instance(replace(record, detail={**record.detail, "spec": {**spec.to_json(), "summary": str(summary)}}))
+        [instance] = [i for i in fake.list_run(RUN) if i.name == name]
+        fake.terminate(instance)  # gone from the listing, as an ended process is
+    fake.calls.clear()
+    actions = controller.once(now=0.0)
+    assert [(a.kind, a.name) for a in actions] == [("create", "L1")]  # L1 was stopped before its share: replaced
+    assert {r.name: r.state for r in state.instances(RUN)}["L0"] == "finished"
+    assert controller.once(now=1.0) == []  # and never again

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from ddctl.cli.app import app
@@ -24,7 +25,7 @@ from ddctl.providers.process import ProcessProvider
 from ddctl_agents.agent.client import SyncerClient, Unavailable
 from ddctl_agents.relay import server_name
 from ddctl_agents.waiting import wait_until
-from tests.builders import dry_run_up, regions_at, status_json
+from tests.builders import check_finished, dry_run_up, regions_at, run_to_its_end, status_json
 from tests.test_up import REGIONS as UP
 
 runner = CliRunner()
@@ -159,3 +160,23 @@ def test_on_docker_vms_the_served_learner_reaches_the_relay_at_its_hosts_address
     finally:
         down = runner.invoke(app, ["down", "--run", run, "--json"])
     assert down.exit_code == 0, down.output
+
+
+@pytest.mark.slow
+def test_a_relayed_run_finishes_its_budget_and_no_finished_learner_is_started_again(regions_file: Path) -> None:
+    """To the end: the learners finish one by one while the synchronizer waits for the last, and a finished process is
+    not listed; its summary here says it is done, so the controller starts no learner again (``_left_finished``)."""
+    budget = 300_000
+    regions_file.write_text(yaml.safe_dump({**REGIONS, "training": {**REGIONS["training"], "tokens": budget}}))
+    run = dry_run_up(regions_file)["run"]
+    try:
+        summary = check_finished(run_to_its_end(run), ["L0", "L1", "L2"], budget)
+    finally:
+        down = runner.invoke(app, ["down", "--run", run, "--json"])
+    assert down.exit_code == 0, down.output
+    with State() as state:
+        replaced = [e for e in state.events(run, 1000) if e.get("kind") == "replaced"]
+    assert replaced == [] and summary["rounds"] > 0
+    for name in ("L0", "L1", "L2"):  # each summary is its learner's own, not a second life's that trained nothing
+        own = json.loads(RunDir(run).summary(name).read_text())
+        assert own["reason"] == "finished" and own["trained_tokens"] > 0, own

@@ -93,8 +93,11 @@ class Controller:
         self.hosts, self.relay_hosts = {}, relays.host_addresses(records, listed)
         for name, r in records.items():
             gang = {"group": r.detail["learner"], "node": int(r.detail.get("node", 0))} if "learner" in r.detail else {}
-            desired.append(Desired(name=name, role=r.role, placements=_placements(r), done=r.state == "finished", **gang))
             instance = listed.get(name)
+            if instance is None and r.state != "finished" and _left_finished(r):  # a process leaves no listing
+                r = records[name] = replace(r, state="finished", updated=now)
+                self.state.put_instance(r)
+            desired.append(Desired(name=name, role=r.role, placements=_placements(r), done=r.state == "finished", **gang))
             if instance is not None:
                 observed.append(Observed(name=name, alive=instance.alive, finished=self._finished(r, instance)))
         actions = reconcile(desired, observed, now, self.memory)
@@ -241,6 +244,19 @@ def finished_by_syncer(run: str) -> set[str]:
     finally:
         client.close()
     return {n for n in names if isinstance(n, str)} if isinstance(names, list) else set()
+
+
+def _left_finished(r: InstanceRecord) -> bool:
+    """A learner no provider lists any more whose exit summary, on this machine, says its work is done.
+
+    A process that ended is not listed (``ProcessProvider``), so ``_finished`` never read its summary: a learner that
+    trained its share while the syncer still waited for the others was missing, and was started again. A VM that
+    ended is still listed, and its summary is on the VM: not read here."""
+    spec = InstanceSpec.from_json(r.detail["spec"])
+    here = providers.KINDS[r.provider].local and not spec.files  # nothing was copied to a machine of its own
+    if r.role != "learner" or not here or not spec.summary or not Path(spec.summary).is_file():
+        return False
+    return finished(Path(spec.summary).read_bytes())
 
 
 def _placements(r: InstanceRecord) -> tuple[Placement, ...]:
