@@ -201,7 +201,8 @@ def test_a_preempted_learner_pushes_early_and_its_replacement_rejoins(regions_fi
     run = dry_run_up(regions_file)["run"]
     home = regions_file.parent / "home"
     try:
-        before = _syncer_view(run)
+        # up returns at the first merged round, which one learner can make: west's relay host starts its relay first
+        before = wait_until(lambda: _all_registered(run), timeout_s=60, what="every learner to register")
         for args, words in (
             (["west", "--for", "5"], "share this machine's network"),
             (["west", "--for", "0"], "--for must be in (0, 3600]"),
@@ -235,6 +236,11 @@ def test_a_preempted_learner_pushes_early_and_its_replacement_rejoins(regions_fi
     assert down.exit_code == 0, down.output
     assert json.loads(down.stdout)["removed"]["controller"] == ["controller"]
     assert ProcessProvider().list_run(run) == []
+
+
+def _all_registered(run: str) -> dict[str, dict] | None:
+    view = _syncer_view(run)
+    return view if {"L0", "L1", "L2"} <= set(view) else None
 
 
 def _syncer_view(run: str) -> dict[str, dict]:
