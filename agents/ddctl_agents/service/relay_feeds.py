@@ -38,19 +38,20 @@ class RelayFeeds:
         """Each learner's fragment streams open here (its own: while it has one, it is not behind its relay)."""
 
     def opened(self, region: str, now: float) -> None:
-        feed = self.feeds.setdefault(region, RelayFeed())
-        feed.streams += 1
-        feed.last_seen = now
+        self._heard(region, now).streams += 1
 
     def sent(self, region: str, size: int, now: float) -> None:
-        feed = self.feeds.setdefault(region, RelayFeed())
-        feed.bytes += size
-        feed.last_seen = now
+        self._heard(region, now).bytes += size
 
     def closed(self, region: str, now: float) -> None:
-        feed = self.feeds.setdefault(region, RelayFeed())
+        feed = self._heard(region, now)
         feed.streams = max(feed.streams - 1, 0)
+
+    def _heard(self, region: str, now: float) -> RelayFeed:
+        """Region ``region``'s feed, last heard from ``now``."""
+        feed = self.feeds.setdefault(region, RelayFeed())
         feed.last_seen = now
+        return feed
 
     def view(self, now: float) -> dict[str, dict[str, Any]]:
         return {
