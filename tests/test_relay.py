@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 
 from ddctl.control.credentials import relay_key_for, relay_token_for, token_for
 from ddctl.local.relay import LocalRelay
@@ -98,6 +100,39 @@ def test_the_feed_publishes_whole_versions_and_drops_what_does_not_decode_or_is_
     assert feed.heard["https://s0"] is not None
 
 
+class FlakyShard(FakeShard):
+    """A shard that refuses its stream ``failures`` times, then sends its frames."""
+
+    def __init__(self, frames: list[bytes], failures: int) -> None:
+        super().__init__(frames)
+        self.failures = failures
+
+    def fragments(self, since: list[int], chain: list[str] | None = None) -> Iterator[bytes]:
+        if self.failures:
+            self.failures -= 1
+            raise Unavailable("connection refused")
+        yield from super().fragments(since, chain)
+
+
+def test_a_feed_logs_a_broken_stream_once_and_says_when_it_is_back(caplog: pytest.LogCaptureFixture) -> None:
+    shard = FlakyShard([version_frame(0, 1)], failures=4)
+
+    async def run() -> Feed:
+        feed = Feed(["https://s0"], lambda url: shard, Publisher(1), 1, stale_after_s=60)  # type: ignore[arg-type,return-value]
+        feed.start(asyncio.get_running_loop())
+        await asyncio.to_thread(wait_until, lambda: feed.counts.frames == 1, timeout_s=10, what="the feed")
+        feed.stop()
+        return feed
+
+    with caplog.at_level(logging.DEBUG, logger="ddctl_agents.relay.feed"):
+        asyncio.run(run())
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "ddctl_agents.relay.feed"]
+    assert lines[0] == (logging.WARNING, "stream from https://s0: connection refused; reconnecting")
+    assert [level for level, _ in lines[1:4]] == [logging.DEBUG] * 3 and "(try 4)" in lines[3][1]
+    assert lines[4][0] == logging.INFO and lines[4][1].startswith("stream from https://s0 back after ")
+    assert lines[4][1].endswith(" s (4 failed tries)") and len(lines) == 5
+
+
 def test_a_feed_is_stale_once_a_shard_is_silent_past_the_limit() -> None:
     now = [100.0]
     feed = Feed(["https://s0", "https://s1"], lambda url: None, Publisher(1), 1, stale_after_s=10, clock=lambda: now[0])  # type: ignore[arg-type,return-value]
@@ -175,6 +210,22 @@ def finished(procs: dict[str, subprocess.Popen[bytes]], root: Path) -> dict[str,
     return {name: json.loads((root / f"{name}.json").read_text()) for name in procs}
 
 
+def relay_metrics(syncer: LocalSyncer) -> dict[str, float]:
+    """Region east's relay families on the synchronizer's ``/metrics``."""
+    client = syncer.client()
+    try:
+        text = client.metrics()
+    finally:
+        client.close()
+    return {
+        f.name: sample.value
+        for f in text_string_to_metric_families(text)
+        if f.name.startswith("ddctl_relay_")
+        for sample in f.samples
+        if sample.labels.get("region") == "east" and not sample.name.endswith("_created")
+    }
+
+
 def status_of(syncer: LocalSyncer) -> dict[str, Any]:
     client = syncer.client()
     try:
@@ -235,11 +286,15 @@ def test_when_the_relay_dies_its_learners_pull_from_the_synchronizer_and_finish(
         procs = {name: start_learner(syncer, tmp_path, name, "east", relay, 0.03) for name in ("L0", "L1")}
         serving = lambda: (h := relay.health())["subscribers"] == 2 and h["frames_in"] >= 6  # noqa: E731
         wait_until(serving, timeout_s=120, what="the relay to serve both learners")
+        # the synchronizer's metrics count both as the relay's readers: neither reads a stream of its own
+        wait_until(lambda: relay_metrics(syncer)["ddctl_relay_learners"] == 2, timeout_s=30, what="both learners behind it")
         relay.kill()
         summaries = finished(procs, tmp_path)
-        status = status_of(syncer)
+        status, after = status_of(syncer), relay_metrics(syncer)
     assert status["ledger"]["balanced"]
     assert status["relays"]["east"]["streams"] == 0 and status["relays"]["east"]["bytes"] > 0  # it was, and is gone
+    assert after["ddctl_relay_streams"] == 0 and after["ddctl_relay_learners"] == 0
+    assert after["ddctl_relay_bytes_sent"] == status["relays"]["east"]["bytes"]  # the job is over: nothing more is sent
     for name, summary in summaries.items():
         log = (tmp_path / f"{name}.log").read_text()
         assert "pulling from the shards until it is back" in log, name

@@ -3,12 +3,14 @@ job sums them, and the dashboard gives them a line; what a synchronizer says of 
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
 from ddctl.control.shard_status import relay_reading
@@ -17,7 +19,12 @@ from ddctl.dashboard.sharded import relays
 from ddctl.dashboard.snapshot import from_recording
 from ddctl_agents.core.links import LearnerLinks
 from ddctl_agents.relay import identity, region_of
+from ddctl_agents.service.metrics import metrics
 from ddctl_agents.service.relay_feeds import RelayFeeds
+from ddctl_agents.service.runtime import SyncerRuntime
+from ddctl_agents.service.settings import ServiceSettings
+from ddctl_agents.train.assembly import Assembly
+from tests.builders import small_run
 
 DATA = Path(__file__).parent / "data" / "dashboard"
 
@@ -100,3 +107,41 @@ def test_a_relays_downlink_is_the_downlink_of_its_regions_learners_behind_it() -
     assert links["L0"].down.send_time(8_000_000) is not None and set(links) == {"L0", "L9"}
     feeds.direct["L1"] -= 1  # its stream closed: behind the relay again
     assert feeds.behind("east", placed, live) == ["L0", "L1"]
+
+
+def test_the_metrics_show_each_relay_as_the_status_page_does_and_the_learners_it_serves(tmp_path: Path) -> None:
+    now = [500.0]
+
+    async def scenario() -> tuple[dict[str, Any], str]:
+        rt = SyncerRuntime(
+            Assembly.build(small_run(learners=4)),
+            ServiceSettings(state_dir=tmp_path, snapshot_every_s=3600),
+            clock=lambda: now[0],
+        )
+        await rt.start()
+        for name, region in (("L0", "east"), ("L1", "east"), ("L2", "east"), ("L3", "west")):
+            await rt.register(name, 1, region)
+        rt.streams.opened("east", now=now[0])
+        rt.streams.sent("east", 2_500_000, now=now[0] + 1.0)
+        rt.streams.direct["L2"] += 1  # L2 reads its own stream: not behind the relay
+        rt.streams.opened("west", now=now[0])
+        rt.streams.closed("west", now=now[0] + 2.0)  # west's relay has gone: L3, with no stream here, is not its reader
+        now[0] += 4.0
+        page, text = await rt.view(lambda r: {"relays": r.streams.view(r.clock())}), await rt.view(metrics)
+        await rt.stop()
+        return page, text
+
+    page, text = asyncio.run(scenario())
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+
+    def by_region(name: str) -> dict[str, float]:
+        return {s.labels["region"]: s.value for s in families[name].samples if not s.name.endswith("_created")}
+
+    assert by_region("ddctl_relay_streams") == {r: f["streams"] for r, f in page["relays"].items()} == {"east": 1, "west": 0}
+    assert by_region("ddctl_relay_bytes_sent") == {r: f["bytes"] for r, f in page["relays"].items()} == {"east": 2.5e6, "west": 0}
+    assert (
+        by_region("ddctl_relay_seen_seconds")
+        == {r: f["seen_s_ago"] for r, f in page["relays"].items()}
+        == {"east": 3.0, "west": 2.0}
+    )
+    assert by_region("ddctl_relay_learners") == {"east": 2, "west": 0}

@@ -77,19 +77,21 @@ class Feed:
         return ""
 
     def _follow(self, url: str, loop: asyncio.AbstractEventLoop) -> None:
-        client, delay = self.connect(url), 0.1
+        """Shard ``url``'s stream, reconnected with backoff: the log says when it broke and when it came back, once each."""
+        client, delay, outage = self.connect(url), 0.1, Outage()
         try:
             while not self.stopping.is_set():
                 try:
                     for frame in client.fragments(self.publisher.versions()):
                         self.heard[url] = self.clock()
                         delay = 0.1
+                        outage.over(url, self.clock())
                         if self.stopping.is_set():
                             return
                         if frame:
                             self._publish(url, frame, loop)
                 except (Unavailable, Refused) as exc:
-                    log.info("stream from %s: %s; reconnecting", url, exc)
+                    outage.failed(url, exc, self.clock())
                     self.stopping.wait(delay)
                     delay = min(delay * 2, 5.0)
         finally:
@@ -108,3 +110,24 @@ class Feed:
         self.counts.frames += 1
         item = Published(fragment=fragment, version=version, frame=frame)
         asyncio.run_coroutine_threadsafe(self.publisher.publish(item), loop).result()
+
+
+@dataclass(slots=True)
+class Outage:
+    """A shard's stream while it fails: one warning as it breaks, one line as it is back, the tries between at debug."""
+
+    since: float | None = None
+    tries: int = 0
+
+    def failed(self, url: str, exc: Exception, now: float) -> None:
+        self.tries += 1
+        if self.since is None:
+            self.since = now
+            log.warning("stream from %s: %s; reconnecting", url, exc)
+        else:
+            log.debug("stream from %s: %s (try %d)", url, exc, self.tries)
+
+    def over(self, url: str, now: float) -> None:
+        if self.since is not None:
+            log.info("stream from %s back after %.1f s (%d failed tries)", url, now - self.since, self.tries)
+            self.since, self.tries = None, 0

@@ -81,6 +81,7 @@ def _families(rt: SyncerRuntime) -> Iterator[Metric]:
             rates.append(({"learner": name, "region": region, "direction": direction}, link.bytes_per_s))
         rtts.append(({"learner": name, "region": region}, links.up.rtt_s))
     yield from _learner_families(rt)
+    yield from _relay_families(rt)
     yield _family("gauge", "link_bytes_per_second", "Throughput measured by the sending side's kernel (TCP counters).", rates)
     yield _family("gauge", "link_rtt_seconds", "EWMA round-trip time reported by learners.", rtts)
     regional = [
@@ -113,6 +114,23 @@ def _shard_families(rt: SyncerRuntime, s: ShardSynchronizer) -> Iterator[Metric]
     yield _family("counter", "handoffs", "Fragments handed out to or taken in from other shards.", moves)
     cuts = [({**shard, "trigger": t}, n) for t, n in sorted(rt.cuts.taken.items())]
     yield _family("counter", "checkpoint_cuts", "Global-checkpoint cuts taken, by what triggered them.", cuts)
+
+
+def _relay_families(rt: SyncerRuntime) -> Iterator[Metric]:
+    """Each region's relay as ``/v1/status`` shows it (``relay_feeds``), and the live learners it serves now."""
+    now, feeds = rt.clock(), rt.streams
+    rows = [({"region": region}, feed) for region, feed in sorted(feeds.feeds.items())]
+    yield _family(
+        "gauge",
+        "relay_streams",
+        "Streams a region's relay has open here now (0 once it has gone).",
+        [(r, f.streams) for r, f in rows],
+    )
+    yield _family("counter", "relay_bytes_sent", "Fragment bytes streamed to a region's relay.", [(r, f.bytes) for r, f in rows])
+    seen = [(r, max(now - f.last_seen, 0.0)) for r, f in rows]
+    yield _family("gauge", "relay_seen_seconds", "Seconds since a region's relay was last sent a record or keep-alive.", seen)
+    served = [(r, len(feeds.behind(r["region"], rt.roster.info, rt.syncer.live)) if f.streams else 0) for r, f in rows]
+    yield _family("gauge", "relay_learners", "Live learners of a region reading its relay rather than a stream here.", served)
 
 
 def _learner_families(rt: SyncerRuntime) -> Iterator[Metric]:
