@@ -24,7 +24,7 @@ from ddctl.control.credentials import relay_key_for, relay_token_for, token_for
 from ddctl.local.relay import LocalRelay
 from ddctl.local.service import LocalSyncer, tiny_job
 from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable
-from ddctl_agents.agent.subscription import Subscriber
+from ddctl_agents.agent.subscription import RelayLink, Subscriber
 from ddctl_agents.core.messages import FragmentVersion, encode_fragment
 from ddctl_agents.errors import Unauthorized, WireError
 from ddctl_agents.relay import server_name
@@ -62,11 +62,15 @@ def test_a_relay_token_opens_its_own_regions_relay_only() -> None:
 class FakeShard:
     """A shard's stream: these frames, then (if ``breaks``) a broken connection."""
 
-    def __init__(self, frames: list[bytes], breaks: bool = False) -> None:
-        self.frames, self.breaks = frames, breaks
+    def __init__(self, frames: list[bytes], breaks: bool = False, located: str = "") -> None:
+        self.frames, self.breaks, self.located = frames, breaks, located
         self.asked: list[list[int]] = []
 
-    def fragments(self, since: list[int], chain: list[str] | None = None) -> Iterator[bytes]:
+    def relay_address(self) -> str:
+        """Where this shard says the region's relay is ("": none streams from it)."""
+        return self.located
+
+    def fragments(self, since: list[int], chain: list[str] | None = None, at: str = "") -> Iterator[bytes]:
         self.asked.append(list(since))
         yield from self.frames
         self.frames = []
@@ -107,7 +111,7 @@ class FlakyShard(FakeShard):
         super().__init__(frames)
         self.failures = failures
 
-    def fragments(self, since: list[int], chain: list[str] | None = None) -> Iterator[bytes]:
+    def fragments(self, since: list[int], chain: list[str] | None = None, at: str = "") -> Iterator[bytes]:
         if self.failures:
             self.failures -= 1
             raise Unavailable("connection refused")
@@ -175,17 +179,24 @@ def test_the_shards_streams_stand_by_while_the_relay_delivers_and_take_over_when
         opened.append(url)
         return shard
 
-    subscriber = Subscriber(connect, 1, stopping, lambda url: None, counter, relay=lambda: relay)  # type: ignore[arg-type,return-value]
-    subscriber.versions = [-1, -1]
+    link = RelayLink("https://r", lambda url: relay)  # type: ignore[arg-type,return-value]
+    subscriber = Subscriber(connect, 1, stopping, lambda url: None, counter, relay=link)  # type: ignore[arg-type]
+    subscribed_until(subscriber, [2, 2], "the shard's versions after the relay broke")
+    assert shard.asked[0] == [1, 1]  # the shard's stream opened only after the relay's versions, asking past them
+    assert link.url == "https://r"  # the shard knows no other relay: it stays where it was
+    assert counter.down == sum(map(len, (version_frame(0, 1), version_frame(1, 1), version_frame(0, 2), version_frame(1, 2))))
+
+
+def subscribed_until(subscriber: Subscriber, versions: list[int], what: str) -> None:
+    """``subscriber``'s threads (one shard, and its relay) run from no versions until it holds ``versions``."""
+    subscriber.versions = [-1] * len(versions)
     threads = [threading.Thread(target=target, daemon=True) for _, target in subscriber.loops(["https://s0"])]
     for thread in threads:
         thread.start()
-    wait_until(lambda: subscriber.versions == [2, 2], timeout_s=10, what="the shard's versions after the relay broke")
-    stopping.set()
+    wait_until(lambda: subscriber.versions == versions, timeout_s=10, what=what)
+    subscriber.stopping.set()
     for thread in threads:
         thread.join(timeout=10)
-    assert shard.asked[0] == [1, 1]  # the shard's stream opened only after the relay's versions, asking past them
-    assert counter.down == sum(map(len, (version_frame(0, 1), version_frame(1, 1), version_frame(0, 2), version_frame(1, 2))))
 
 
 # -- real processes -------------------------------------------------------------------------------------------
@@ -341,6 +352,8 @@ def run_module(module: str, *argv: str) -> subprocess.CompletedProcess[str]:
         (["--stale-after", "0"], "--stale-after must be in (0, 3600] seconds, got 0.0"),
         (["--keepalive", "20"], "--keepalive (20 s) must be shorter than --stale-after (15 s)"),
         (["--plaintext", "--bind", "0.0.0.0:0"], "plaintext is refused on 0.0.0.0: it is not a loopback address"),
+        (["--plaintext", "--advertise", "0.0.0.0:5"], "--advertise 0.0.0.0:5: 0.0.0.0 is not an address a learner can reach"),
+        (["--plaintext", "--advertise", "east:0"], "--advertise east:0: a relay's address must be HOST:PORT with a port from"),
         ([], "give --tls-cert and --tls-key (signed by the job's CA), or --plaintext on loopback"),
     ],
 )

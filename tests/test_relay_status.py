@@ -37,30 +37,37 @@ def test_a_relay_is_known_by_its_identity_and_nobody_else_is() -> None:
 
 def test_the_synchronizer_counts_each_relays_streams_bytes_and_when_it_last_heard() -> None:
     feeds = RelayFeeds()
-    feeds.opened("east", now=10.0)
+    feeds.opened("east", now=10.0, address="10.0.0.5:29401")
     feeds.sent("east", 1000, now=11.0)
     feeds.sent("east", 0, now=12.5)  # a keep-alive: nothing sent, but it was there
-    feeds.opened("east", now=13.0)  # it reconnected before the old stream noticed it was gone
+    feeds.opened("east", now=13.0, address="10.0.0.5:29401")  # it reconnected before the old stream noticed it was gone
     feeds.closed("east", now=14.0)
-    assert feeds.view(now=20.0) == {"east": {"streams": 1, "bytes": 1000, "seen_s_ago": 6.0}}
+    assert feeds.view(now=20.0) == {"east": {"streams": 1, "bytes": 1000, "seen_s_ago": 6.0, "address": "10.0.0.5:29401"}}
     feeds.closed("east", now=15.0)
     feeds.closed("east", now=16.0)  # never below none
     assert feeds.view(now=16.0)["east"]["streams"] == 0
 
 
 def test_a_sharded_jobs_relay_is_the_sum_of_what_each_shard_sent_it() -> None:
-    s0 = {"east": {"streams": 1, "bytes": 300, "seen_s_ago": 2.0}, "west": {"streams": 0, "bytes": 10, "seen_s_ago": 50.0}}
-    s1 = {"east": {"streams": 1, "bytes": 200, "seen_s_ago": 0.5}}
+    s0 = {
+        "east": {"streams": 1, "bytes": 300, "seen_s_ago": 2.0, "address": "10.0.0.5:29401"},
+        "west": {"streams": 0, "bytes": 10, "seen_s_ago": 50.0},  # a synchronizer from before relays said where they are
+    }
+    s1 = {"east": {"streams": 1, "bytes": 200, "seen_s_ago": 0.5, "address": "10.0.0.7:29401"}}  # heard last: it moved
     assert relays([s0, s1, None]) == {
-        "east": {"streams": 2, "bytes": 500, "seen_s_ago": 0.5},
-        "west": {"streams": 0, "bytes": 10, "seen_s_ago": 50.0},
+        "east": {"streams": 2, "bytes": 500, "seen_s_ago": 0.5, "address": "10.0.0.7:29401"},
+        "west": {"streams": 0, "bytes": 10, "seen_s_ago": 50.0, "address": ""},
     }
 
 
 def test_what_a_synchronizer_says_of_its_relays_is_kept_only_whole() -> None:
-    good = {"streams": 1, "bytes": 5, "seen_s_ago": 0.25}
+    good = {"streams": 1, "bytes": 5, "seen_s_ago": 0.25, "address": "[fd00::5]:29401"}
     hostile: dict[str, Any] = {
         "east": good,
+        "a1": {**good, "address": "0.0.0.0:29401"},  # not an address to dial
+        "a2": {**good, "address": "10.0.0.5:29401\nforged log line"},
+        "a3": {**good, "address": "FD00::5:29401"},  # not as the relay's own check writes it
+        "a4": {**good, "address": 29401},
         "bad region": good,
         "west": {**good, "bytes": -1},
         "north": {**good, "streams": True},

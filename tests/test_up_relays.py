@@ -18,7 +18,7 @@ from ddctl.control.credentials import relay_token_for
 from ddctl.control.rundir import RunDir
 from ddctl.control.specs import RELAY_PORT, with_relay
 from ddctl.control.state import State
-from ddctl.providers.base import InstanceSpec
+from ddctl.providers.base import Instance, InstanceSpec
 from ddctl.providers.docker.engine import engine_unavailable
 from ddctl.providers.docker.vms import DockerProvider
 from ddctl.providers.process import ProcessProvider
@@ -113,6 +113,7 @@ def test_up_runs_the_relay_on_its_host_and_a_killed_host_is_replaced_with_its_re
         feed = status_json()["relays"]["west"]
         health = relay_health(run, port)
         assert health is not None and feed["streams"] == 1 and abs(feed["bytes"] - health["bytes_in"]) <= 1_100_000
+        assert feed["address"] == f"127.0.0.1:{port}"  # where it listens, as it told the synchronizer
         logs = RunDir(run).root / "logs"
         for name in ("L1", "L2"):
             wait_until(lambda n=name: "the region's relay delivers" in (logs / f"{n}.log").read_text(), timeout_s=60,
@@ -157,9 +158,24 @@ def test_on_docker_vms_the_served_learner_reaches_the_relay_at_its_hosts_address
         assert health["stale"] == "" and health["refused_in"] == 0
         logs = wait_until(lambda: relay_said(runner.invoke(app, ["logs", "L2"]).output), timeout_s=60, what="L2 to use the relay")
         assert "pulling from the shards" not in logs
+        # the relay found its own address (its route to the synchronizer) and told it: the one L2 was given
+        assert status_json()["relays"]["west"]["address"] == f"{address}:{RELAY_PORT}"
+        # its host's VM dies; the controller's replacement is another VM (Docker gives it the freed address again), whose
+        # relay tells the synchronizer where it is and serves L2, started before it, again
+        DockerProvider().engine.kill(host.provider_id)
+        new = wait_until(lambda: replaced(run, host.provider_id), timeout_s=240, what="the controller to replace L1")
+        wait_until(lambda: status_json()["relays"]["west"]["address"] == f"{new.private_address}:{RELAY_PORT}",
+                   timeout_s=120, what="the replaced host's relay to tell the synchronizer where it is")  # fmt: skip
+        again = wait_until(lambda: serving(run, RELAY_PORT, new.private_address), timeout_s=120, what="it to serve both")
+        assert again["stale"] == ""
     finally:
         down = runner.invoke(app, ["down", "--run", run, "--json"])
     assert down.exit_code == 0, down.output
+
+
+def replaced(run: str, old: str) -> Instance | None:
+    """The live L1 that is not VM ``old`` (None until one runs)."""
+    return next((i for i in DockerProvider().list_run(run) if i.name == "L1" and i.alive and i.provider_id != old), None)
 
 
 @pytest.mark.slow

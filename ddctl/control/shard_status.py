@@ -14,6 +14,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ddctl_agents import relay
 from ddctl_agents.agent.client import SyncerClient, Unavailable
 from ddctl_agents.errors import AgentError
 from ddctl_agents.service.auth import IDENTITY
@@ -69,16 +70,26 @@ def site_reading(raw: Any) -> dict[str, Any]:
 
 def relay_reading(raw: Any) -> dict[str, dict[str, Any]]:
     """A status's ``relays`` (``service/relay_feeds.py``), each region's feed kept only whole: a region named as an
-    identity, streams and bytes counts, ``seen_s_ago`` a finite number of seconds; anything else is left out."""
+    identity, streams and bytes counts, ``seen_s_ago`` a finite number of seconds, ``address`` one a learner can dial
+    (``relay.address``; absent or "" from a relay that said none); anything else is left out."""
     feeds: dict[str, dict[str, Any]] = {}
     for region, feed in (raw if isinstance(raw, dict) else {}).items():
         if not (isinstance(region, str) and IDENTITY.match(region) and isinstance(feed, dict)):
             continue
         counts = [feed.get(k) for k in ("streams", "bytes")]
         ago = feed.get("seen_s_ago")
-        if all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts) and _seconds(ago):
-            feeds[region] = {"streams": counts[0], "bytes": counts[1], "seen_s_ago": float(ago)}  # type: ignore[arg-type]
+        at = feed.get("address", "")
+        if all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts) and _seconds(ago) and _dialable(at):
+            feeds[region] = {"streams": counts[0], "bytes": counts[1], "seen_s_ago": float(ago), "address": at}  # type: ignore[arg-type]
     return dict(sorted(feeds.items()))
+
+
+def _dialable(value: Any) -> bool:
+    """ "" or a relay's address exactly as ``relay.address`` writes it."""
+    try:
+        return value == "" or (isinstance(value, str) and relay.address(value) == value)
+    except ValueError:
+        return False
 
 
 def _seconds(value: Any) -> bool:

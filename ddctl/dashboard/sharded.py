@@ -61,15 +61,16 @@ def job_status(answers: Sequence[tuple[str, dict[str, Any] | None, str]]) -> dic
 
 def relays(answers: Sequence[Any]) -> dict[str, dict[str, Any]]:
     """Each region's relay as the job sees it: it pulls from every shard, so its streams and bytes are the shards'
-    sum, and it was last heard from by the shard that heard it last."""
+    sum, and it was last heard from (and is where it said then) by the shard that heard it last."""
     job: dict[str, dict[str, Any]] = {}
     for answer in answers:
         for region, feed in relay_reading(answer).items():
-            seen = job.setdefault(region, {"streams": 0, "bytes": 0, "seen_s_ago": None})
+            seen = job.setdefault(region, {"streams": 0, "bytes": 0, "seen_s_ago": None, "address": ""})
             seen["streams"] += feed["streams"]
             seen["bytes"] += feed["bytes"]
             ago = feed["seen_s_ago"]
-            seen["seen_s_ago"] = ago if seen["seen_s_ago"] is None else min(seen["seen_s_ago"], ago)
+            if seen["seen_s_ago"] is None or ago < seen["seen_s_ago"]:
+                seen["seen_s_ago"], seen["address"] = ago, feed["address"] or seen["address"]
     return dict(sorted(job.items()))
 
 

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from ddctl_agents import tcpinfo, waiting
+from ddctl_agents import relay, tcpinfo, waiting
 from ddctl_agents.core.links import SendCounters
 from ddctl_agents.errors import ConfigError, Refused, Unavailable
 
@@ -133,6 +133,14 @@ class SyncerClient:
         """Admin only: this shard takes the fragment another exported."""
         return self._json("POST", "/v1/admin/handoff/in", content=export, headers={"content-type": "application/x-ddctl-frame"})
 
+    def relay_address(self) -> str:
+        """Where this learner's region's relay is now, as it told this shard ("" while none streams from it)."""
+        answer = self._json("GET", "/v1/relay").get("address")
+        try:
+            return relay.address(answer) if answer else ""
+        except ValueError as exc:
+            raise Unavailable(f"GET /v1/relay on {self.url}: {exc}") from None
+
     def metrics(self) -> str:
         return self._request("GET", "/metrics").text
 
@@ -151,7 +159,7 @@ class SyncerClient:
         }
         return self._json("POST", "/v1/updates", content=chunks(), headers=headers)
 
-    def fragments(self, since: list[int], chain: list[str] | None = None) -> Iterator[bytes]:
+    def fragments(self, since: list[int], chain: list[str] | None = None, at: str = "") -> Iterator[bytes]:
         """The subscription stream, frame by frame; empty frames are keep-alives.
 
         With ``chain`` the stream may send versions as deltas (``core/version_delta.py``) from those in ``since``
@@ -159,8 +167,10 @@ class SyncerClient:
 
         Nothing is timed here: a reading thread that wakes late finds a whole frame
         waiting and would time its own wake-up (a 50 Mbit/s link read 655-801). The
-        syncer measures each learner's downlink from its own socket (``tcpinfo``)."""
-        params = {"since": ",".join(str(v) for v in since)}
+        syncer measures each learner's downlink from its own socket (``tcpinfo``).
+
+        ``at``: a relay's address, which it tells the shards its stream comes from (``relay.address``)."""
+        params = {"since": ",".join(str(v) for v in since)} | ({"at": at} if at else {})
         if chain is not None:
             params.update(deltas="1", chain=chain[0])
         try:

@@ -39,7 +39,7 @@ from typing import Any
 from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable, retry
 from ddctl_agents.agent.routes import Routes
 from ddctl_agents.agent.slots import UploadSlots
-from ddctl_agents.agent.subscription import Subscriber
+from ddctl_agents.agent.subscription import RelayLink, Subscriber
 from ddctl_agents.core.links import SoloTransfers, sent_between
 from ddctl_agents.core.messages import FragmentVersion, Update, absorb, encode_update
 from ddctl_agents.errors import HTTP, AgentError, JobOver, NotOwner
@@ -94,7 +94,7 @@ class Comms:
         interval_s: float = 0.5,
         parallel_uploads: int | None = None,
         absorb: bool = True,
-        relay: Callable[[], SyncerClient] | None = None,
+        relay: RelayLink | None = None,
     ) -> None:
         """``absorb``: a queued update of a fragment takes in a newer one of the same base (off with error feedback,
         whose residuals assume every drift was encoded on its own). ``parallel_uploads``: that many in flight, or (None)

@@ -40,6 +40,7 @@ from ddctl_agents.agent.progress import Pace, Progress
 from ddctl_agents.agent.roundtrip import RoundTrips
 from ddctl_agents.agent.routes import discover
 from ddctl_agents.agent.slots import in_flight_argument
+from ddctl_agents.agent.subscription import RelayLink
 from ddctl_agents.agent.summary import write as write_summary
 from ddctl_agents.core.ending import FINISHED, STOPPED
 from ddctl_agents.core.pacing import AUTO_MOST
@@ -112,8 +113,8 @@ def _register(opts: LearnerOptions) -> tuple[Assembly, Comms, dict[str, Any]]:
     if routes.map is not None:
         routes.map.check_fragments(assembly.fragmentation.count)
     absorb = not job.sync.error_feedback
-    relayed = functools.partial(SyncerClient, opts.relay, opts.relay_token, opts.ca, server_name=server_name(opts.region))
-    relay = relayed if opts.relay else None  # it is checked by the name of its region's relay, not by its address
+    relayed = functools.partial(SyncerClient, token=opts.relay_token, ca=opts.ca, server_name=server_name(opts.region))
+    relay = RelayLink(opts.relay, relayed) if opts.relay else None  # checked by its region's relay's name, not its address
     comms = Comms(connect, routes, me, job.sync.codec, job.sync.block, parallel_uploads=opts.parallel_uploads, absorb=absorb,
                   relay=relay)  # fmt: skip
     answer = comms.start(assembly.fragmentation.count)

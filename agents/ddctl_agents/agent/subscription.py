@@ -8,6 +8,11 @@ is gone, or it says its own streams from the shards broke), so a relay that
 fails costs a reconnect, never a version. A version arriving by both ways is
 adopted once (``versions`` holds the newest of each fragment).
 
+While its relay does not answer, the learner asks a shard where the region's
+relay is now (``GET /v1/relay``, at most every ``LOCATE_EVERY_S``) and moves to
+an address it says, so a relay whose host was replaced by a machine at another
+address serves the learners started before it again.
+
 The relay forwards whole versions (it holds no learner's chain of deltas), so
 a version adopted through it is not a base the shard may send a delta from:
 the learner forgets that fragment's delta base, and a delta it is then sent
@@ -20,8 +25,11 @@ import functools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
+from urllib.parse import urlsplit
 
 from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable
 from ddctl_agents.core.messages import FragmentVersion
@@ -34,6 +42,19 @@ FIRST_DELAY_S, MOST_DELAY_S = 0.1, 5.0
 RELAY_FIRST_S = 5.0
 """At the start the shards' streams wait this long at most for the relay's first answer (a record or a refusal), so
 a learner behind a working relay never pulls the bootstrap versions across the region's link twice."""
+
+
+LOCATE_EVERY_S = 5.0
+"""While the relay does not answer, a shard is asked where it is at most this often."""
+
+
+@dataclass(slots=True)
+class RelayLink:
+    """The region's relay: where this learner reaches it now, and how (its certificate is checked by its region's name,
+    whatever the address)."""
+
+    url: str
+    connect: Callable[[str], SyncerClient]
 
 
 class Counted(Protocol):
@@ -52,7 +73,7 @@ class Subscriber:
         stopping: threading.Event,
         heard: Callable[[str], None],
         counted: Counted,
-        relay: Callable[[], SyncerClient] | None = None,
+        relay: RelayLink | None = None,
     ) -> None:
         self.connect, self.cadence, self.stopping, self.heard, self.counted = connect, cadence, stopping, heard, counted
         self.relay = relay
@@ -68,7 +89,7 @@ class Subscriber:
     def loops(self, urls: list[str]) -> list[tuple[str, Callable[[], None]]]:
         """The threads to run: one stream per shard, and the relay's when there is one."""
         direct: list[tuple[str, Callable[[], None]]] = [("subscribe", functools.partial(self.direct, url)) for url in urls]
-        return direct + ([("relay", self.via_relay)] if self.relay is not None else [])
+        return direct + ([("relay", functools.partial(self.via_relay, urls))] if self.relay is not None else [])
 
     def direct(self, url: str) -> None:
         """A shard's stream, kept open while the relay (if any) does not deliver."""
@@ -97,10 +118,12 @@ class Subscriber:
         finally:
             client.close()
 
-    def via_relay(self) -> None:
-        """The relay's stream; while it is down the shards' streams take over, and it is tried again."""
-        assert self.relay is not None
-        client, delay = self.relay(), FIRST_DELAY_S
+    def via_relay(self, shards: list[str]) -> None:
+        """The relay's stream; while it is down the shards' streams take over, it is tried again, and a shard is asked
+        whether it has moved."""
+        link = self.relay
+        assert link is not None
+        client, delay, asked = link.connect(link.url), FIRST_DELAY_S, -LOCATE_EVERY_S
         try:
             while not self.stopping.is_set():
                 try:
@@ -120,11 +143,31 @@ class Subscriber:
                         log.warning("relay: %s; pulling from the shards until it is back", exc)
                     self.relayed.clear()
                     self.relay_answered.set()
+                    if time.monotonic() - asked >= LOCATE_EVERY_S and shards:
+                        asked = time.monotonic()
+                        if moved := self._moved(link.url, shards[0]):
+                            log.info("the region's relay is now at %s (it was at %s)", moved, link.url)
+                            client.close()
+                            client, link.url, delay = link.connect(moved), moved, 0.0
                     self.stopping.wait(delay)
-                    delay = min(delay * 2, MOST_DELAY_S)
+                    delay = min(max(delay * 2, FIRST_DELAY_S), MOST_DELAY_S)
         finally:
             self.relayed.clear()
             client.close()
+
+    def _moved(self, url: str, shard: str) -> str:
+        """The relay's URL as ``shard`` says it is now, where that differs from ``url``; "" when it does not, it knows
+        none, or it cannot say."""
+        client = self.connect(shard)
+        try:
+            at = client.relay_address()
+        except (Unavailable, Refused) as exc:
+            log.debug("where the relay is: %s", exc)
+            return ""
+        finally:
+            client.close()
+        now = f"{urlsplit(url).scheme}://{at}" if at else ""
+        return now if now and now != url else ""
 
     def _take(self, frame: bytes, keep_base: bool) -> None:
         """Decode a frame and queue its version; ``keep_base``: the shard may send the next one as a delta from it."""

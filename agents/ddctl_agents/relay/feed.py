@@ -46,8 +46,10 @@ class Feed:
         fragments: int,
         stale_after_s: float,
         clock: Callable[[], float] = time.monotonic,
+        at: str = "",
     ) -> None:
-        self.urls, self.connect, self.publisher, self.fragments = list(urls), connect, publisher, fragments
+        """``at``: where the region's learners reach this relay, which it tells each shard (``relay.address``)."""
+        self.urls, self.connect, self.publisher, self.fragments, self.at = list(urls), connect, publisher, fragments, at
         self.stale_after_s, self.clock = stale_after_s, clock
         self.counts = FeedCounts()
         self.started = clock()
@@ -82,7 +84,7 @@ class Feed:
         try:
             while not self.stopping.is_set():
                 try:
-                    for frame in client.fragments(self.publisher.versions()):
+                    for frame in client.fragments(self.publisher.versions(), at=self.at):
                         self.heard[url] = self.clock()
                         delay = 0.1
                         outage.over(url, self.clock())

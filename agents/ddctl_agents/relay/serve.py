@@ -17,6 +17,7 @@ from pathlib import Path
 
 from hypercorn.asyncio import serve
 
+from ddctl_agents import relay
 from ddctl_agents.agent.client import SyncerClient, retry
 from ddctl_agents.entrypoint import Parser, add_label_option, configure_logging, report
 from ddctl_agents.errors import AgentError, ConfigError
@@ -70,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ca", type=Path, help="The job's CA certificate to pin (https shards).")
     parser.add_argument("--bind", default="127.0.0.1:0", help="HOST:PORT to listen on; port 0 picks a free one.")
     parser.add_argument("--port-file", type=Path, help="Write the bound port here once listening.")
+    parser.add_argument("--advertise", default="", metavar="HOST:PORT",
+                        help="Where the region's learners reach this relay, told to the shards so a learner whose relay "
+                             "moved finds it (default: the bind address, or for 0.0.0.0 this machine's address on its "
+                             "route to the first shard).")  # fmt: skip
     parser.add_argument("--tls-cert", type=Path, help="This relay's certificate (PEM), signed by the job's CA.")
     parser.add_argument("--tls-key", type=Path, help="The certificate's private key (PEM).")
     parser.add_argument("--plaintext", action="store_true", help="Serve h2c without TLS (on loopback only).")
@@ -95,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"plaintext is refused on {host}: it is not a loopback address; drop --plaintext to use TLS")
         if not args.plaintext and (args.tls_cert is None or args.tls_key is None):
             raise ConfigError("give --tls-cert and --tls-key (signed by the job's CA), or --plaintext on loopback")
+        try:
+            advertised = relay.address(args.advertise) if args.advertise else ""
+        except ValueError as exc:
+            raise ConfigError(f"--advertise {args.advertise}: {exc}") from None
 
         def connect(url: str) -> SyncerClient:
             return SyncerClient(url, token, args.ca)
@@ -104,16 +113,20 @@ def main(argv: list[str] | None = None) -> int:
             fragments = job_fragments(first)
         finally:
             first.close()
-        feed = Feed(args.syncer, connect, Publisher(fragments), fragments, args.stale_after)
-        app = RelayApp(feed, key, region, args.keepalive)
         sock = bind_socket(args.bind)
+        port = sock.getsockname()[1]
+        try:
+            at = advertised or relay.own_address(host, port, args.syncer[0])
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        feed = Feed(args.syncer, connect, Publisher(fragments), fragments, args.stale_after, at=at)
+        app = RelayApp(feed, key, region, args.keepalive)
     except OSError as exc:
         return report(parser.prog, ConfigError(f"cannot read {exc.filename}: {exc.strerror}"))
     except AgentError as exc:
         return report(parser.prog, exc)
-    port = sock.getsockname()[1]
     if args.port_file:
         args.port_file.write_text(f"{port}\n")
-    print(f"relay {region} listening on {host}:{port} for {len(args.syncer)} shard(s)", flush=True)
+    print(f"relay {region} listening on {host}:{port} for {len(args.syncer)} shard(s), reached at {at}", flush=True)
     asyncio.run(run_relay(app, sock, args.tls_cert, args.tls_key, args.plaintext))
     return 0

@@ -24,7 +24,7 @@ from ddctl_agents.errors import (
     NotFound,
     TooLarge,
 )
-from ddctl_agents.relay import region_of
+from ddctl_agents.relay import address, region_of
 from ddctl_agents.service import cuts, h2tuning, handoffs
 from ddctl_agents.service.asgi import (
     Handler,
@@ -80,6 +80,7 @@ class SyncerApp:
             ("GET", "/v1/fragments"): self.stream,
             ("GET", "/v1/vclock"): self.vclock,
             ("GET", "/v1/shards"): self.shards,
+            ("GET", "/v1/relay"): self.relay,
             ("GET", "/v1/status"): self.status,
             ("GET", "/metrics"): self.metrics,
             ("POST", "/v1/snapshot"): self.snapshot,
@@ -250,6 +251,7 @@ class SyncerApp:
                 self.rt.observe_link(who, "down", *sample, kernel=True)
 
         relay, streams = region_of(who), self.rt.streams  # a region's relay: shown by its region on /v1/status
+        at = relay_at(relay, query.get("at", ""))
 
         async def records() -> AsyncIterator[bytes]:
             held = functools.partial(self.rt.holds.wants, who) if self.rt.holds.held(who) else None
@@ -266,7 +268,7 @@ class SyncerApp:
                     streams.sent(relay, len(frame), self.rt.clock())
 
         if relay is not None:
-            streams.opened(relay, self.rt.clock())
+            streams.opened(relay, self.rt.clock(), at)
         streams.direct[who] += relay is None  # a learner reading here is not behind its relay
         try:
             await stream_records(receive, send, headers, records(), measure)
@@ -274,6 +276,14 @@ class SyncerApp:
             if relay is not None:
                 streams.closed(relay, self.rt.clock())
             streams.direct[who] -= relay is None
+
+    async def relay(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Where the caller's region's relay is now ("" while none streams from here): a learner whose relay stopped
+        answering asks, and finds one whose host was replaced at another address."""
+        region = self.rt.roster.region_of(self.identity(scope))
+        if not region:
+            raise NotFound("this learner has not registered here: register first, then ask for its region's relay")
+        await json_response(send, 200, {"region": region, "address": self.rt.streams.located(region)})
 
     async def vclock(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.identity(scope)
@@ -343,3 +353,15 @@ class SyncerApp:
     def _own(self, who: str, learner: str) -> None:
         if who != learner:
             raise Forbidden(f"token is for {who!r}, not for learner {learner!r}")
+
+
+def relay_at(relay: str | None, at: str) -> str:
+    """The address a relay's stream says its learners reach it at (``relay.address``), checked; only a relay says one."""
+    if not at:
+        return ""
+    if relay is None:
+        raise BadRequest("at= is a relay's address: only a region's relay (identity relay-REGION) gives one")
+    try:
+        return address(at)
+    except ValueError as exc:
+        raise BadRequest(f"at=: {exc}") from None

@@ -1,7 +1,8 @@
 """Who reads the fragment stream here: the regional relays, by region, and the learners that read it themselves.
 
 A relay reads the fragment stream as ``relay-REGION`` (``relay.identity``), so the
-stream handler knows one when it sees one. Each is shown by its region on
+stream handler knows one when it sees one, and says where its learners reach it
+(``at=``), which a learner whose relay moved asks for (``GET /v1/relay``). Each is shown by its region on
 ``/v1/status`` (``relays``): its streams open now (one per relay; 0 once it has
 gone), the bytes sent to it, and how long since the last record or keep-alive went
 to it. A learner behind a relay is not a subscriber here, so its downlink is
@@ -27,6 +28,8 @@ class RelayFeed:
     streams: int = 0
     bytes: int = 0
     last_seen: float = 0.0
+    address: str = ""
+    """Where the region's learners reach the relay, as its newest stream said (``relay.address``)."""
 
 
 class RelayFeeds:
@@ -37,8 +40,16 @@ class RelayFeeds:
         self.direct: Counter[str] = Counter()
         """Each learner's fragment streams open here (its own: while it has one, it is not behind its relay)."""
 
-    def opened(self, region: str, now: float) -> None:
-        self._heard(region, now).streams += 1
+    def opened(self, region: str, now: float, address: str = "") -> None:
+        feed = self._heard(region, now)
+        feed.streams += 1
+        feed.address = address or feed.address
+
+    def located(self, region: str) -> str:
+        """Where region ``region``'s relay is now, for a learner whose relay stopped answering: "" while none streams
+        from here (a relay gone is not an address to dial)."""
+        feed = self.feeds.get(region)
+        return feed.address if feed is not None and feed.streams else ""
 
     def sent(self, region: str, size: int, now: float) -> None:
         self._heard(region, now).bytes += size
@@ -55,7 +66,12 @@ class RelayFeeds:
 
     def view(self, now: float) -> dict[str, dict[str, Any]]:
         return {
-            region: {"streams": f.streams, "bytes": f.bytes, "seen_s_ago": round(max(now - f.last_seen, 0.0), 3)}
+            region: {
+                "streams": f.streams,
+                "bytes": f.bytes,
+                "seen_s_ago": round(max(now - f.last_seen, 0.0), 3),
+                "address": f.address,  # where it said its learners reach it (a relay that has gone: where it was)
+            }
             for region, f in sorted(self.feeds.items())
         }
 

@@ -1,0 +1,166 @@
+"""A relay that moves is found again (``relay.address``, ``GET /v1/relay``, ``agent/subscription``).
+
+A relay tells each shard where its region's learners reach it; a learner whose relay stopped answering asks a shard
+and moves there. That is how a relay whose host machine was replaced at another address serves the learners started
+before it. Real processes at the end: the synchronizer, two relays one after the other, and synthetic learners.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from ddctl.local.relay import LocalRelay
+from ddctl_agents.agent.client import Refused, SyncerClient
+from ddctl_agents.agent.subscription import RelayLink, Subscriber
+from ddctl_agents.errors import BadRequest
+from ddctl_agents.relay import address, identity, own_address
+from ddctl_agents.service.app import relay_at
+from ddctl_agents.service.relay_feeds import RelayFeeds
+from ddctl_agents.waiting import wait_until
+from tests.test_relay import (
+    Counter,
+    FakeShard,
+    finished,
+    relayed,
+    start_learner,
+    status_of,
+    subscribed_until,
+    version_frame,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "normal"),
+    [
+        ("10.0.0.5:29401", "10.0.0.5:29401"),
+        ("[2001:db8::1]:443", "[2001:db8::1]:443"),
+        ("Relay-1.East.internal:08443", "relay-1.east.internal:8443"),
+    ],
+)
+def test_a_relays_address_is_host_and_port_normalised(text: str, normal: str) -> None:
+    assert address(text) == normal
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("10.0.0.5", "must be HOST:PORT with a port from 1 to 65535, got '10.0.0.5'"),
+        ("10.0.0.5:0", "with a port from 1 to 65535"),
+        ("10.0.0.5:65536", "with a port from 1 to 65535"),
+        ("10.0.0.5:\u0663", "with a port from 1 to 65535"),  # a digit, but not an ASCII one
+        ("2001:db8::1:443", "an IPv6 host goes in brackets, [2001:db8::1]:443"),
+        ("0.0.0.0:29401", "0.0.0.0 is not an address a learner can reach a relay at"),
+        ("[::]:29401", ":: is not an address a learner can reach a relay at"),
+        ("224.0.0.1:29401", "224.0.0.1 is not an address"),
+        ("bad host:1", "a relay's host must be an IP address or a DNS name, got 'bad host'"),
+        ("x\n.evil:1", "a relay's host must be an IP address or a DNS name"),
+        ("[name]:1", "a relay's host must be an IP address or a DNS name, got '[name]'"),
+        ("-x.y:1", "must be an IP address or a DNS name"),
+        ("a" * 301 + ":1", "at most 300 characters"),
+    ],
+)
+def test_a_relays_address_is_refused_saying_what_is_allowed(text: str, message: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        address(text)
+    assert message in str(refused.value)
+
+
+def test_a_relay_is_reached_at_its_bind_address_or_for_a_wildcard_at_its_route_to_the_shard(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert own_address("10.1.2.3", 29401, "https://10.9.9.9:8443") == "10.1.2.3:29401"
+    assert own_address("[::1]", 5, "https://10.9.9.9:8443") == "[::1]:5"
+    assert own_address("0.0.0.0", 29401, "https://127.0.0.1:8443") == "127.0.0.1:29401"  # the route to the shard
+
+    def no_name(*args: object, **kwargs: object) -> None:
+        raise socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_name)
+    with pytest.raises(ValueError, match=r"no route from this machine to https://s0.example:8443 .*; give --advertise"):
+        own_address("0.0.0.0", 29401, "https://s0.example:8443")
+
+
+def test_only_a_relay_says_where_it_is_and_only_a_valid_address_is_kept() -> None:
+    assert relay_at("east", "10.0.0.5:29401") == "10.0.0.5:29401" and relay_at(None, "") == relay_at("east", "") == ""
+    with pytest.raises(BadRequest, match="only a region's relay"):
+        relay_at(None, "10.0.0.5:29401")  # a learner cannot send the region's learners somewhere
+    with pytest.raises(BadRequest, match="at=: 0.0.0.0 is not an address"):
+        relay_at("east", "0.0.0.0:29401")
+
+
+def test_a_shard_gives_a_relays_address_only_while_that_relay_streams_from_it() -> None:
+    feeds = RelayFeeds()
+    assert feeds.located("east") == ""
+    feeds.opened("east", now=1.0, address="10.0.0.5:29401")
+    assert feeds.located("east") == "10.0.0.5:29401" and feeds.located("west") == ""
+    feeds.closed("east", now=2.0)
+    assert feeds.located("east") == ""  # gone: not an address to dial
+    feeds.opened("east", now=3.0, address="10.0.0.7:29401")  # its host was replaced at another address
+    feeds.opened("east", now=3.5)  # a relay that says nothing does not erase where the last one said it is
+    assert feeds.located("east") == "10.0.0.7:29401"
+
+
+def test_a_learner_whose_relay_stops_answering_moves_to_where_a_shard_says_it_is(caplog: pytest.LogCaptureFixture) -> None:
+    stopping, counter = threading.Event(), Counter()
+    old = FakeShard([], breaks=True)  # the replaced host: its relay does not answer
+    new = FakeShard([version_frame(0, 3), version_frame(1, 3)])
+    shard = FakeShard([], located="10.0.0.7:29401")
+    relays = {"https://10.0.0.5:29401": old, "https://10.0.0.7:29401": new}
+    dialled: list[str] = []
+
+    def dial(url: str) -> FakeShard:
+        dialled.append(url)
+        return relays[url]
+
+    link = RelayLink("https://10.0.0.5:29401", dial)  # type: ignore[arg-type]
+    subscriber = Subscriber(lambda url: shard, 1, stopping, lambda url: None, counter, relay=link)  # type: ignore[arg-type,return-value]
+    with caplog.at_level(logging.INFO, logger="ddctl_agents.agent.subscription"):
+        subscribed_until(subscriber, [3, 3], "the versions from the relay where it is now")
+    assert dialled == ["https://10.0.0.5:29401", "https://10.0.0.7:29401"] and link.url == "https://10.0.0.7:29401"
+    assert "the region's relay is now at https://10.0.0.7:29401 (it was at https://10.0.0.5:29401)" in caplog.text
+    assert new.asked and counter.down >= len(version_frame(0, 3)) * 2
+
+
+@pytest.mark.slow
+def test_a_relay_started_at_another_address_serves_the_learners_of_the_one_that_died(tmp_path: Path) -> None:
+    with relayed(tmp_path, 2, 900_000) as (syncer, first):
+        procs = {name: start_learner(syncer, tmp_path, name, "east", first, 0.03) for name in ("L0", "L1")}
+        serving = lambda r: lambda: (h := r.health())["subscribers"] == 2 and h["frames_in"] >= 4  # noqa: E731
+        wait_until(serving(first), timeout_s=120, what="the first relay to serve both learners")
+        learner = SyncerClient(syncer.url, syncer.token("L0"), syncer.ca)
+        assert learner.relay_address() == first.url.split("://")[1]  # what the relay told the synchronizer
+        first.kill()
+        wait_until(lambda: learner.relay_address() == "", timeout_s=30, what="the synchronizer to forget the dead relay")
+        second = LocalRelay(syncer, "east").start()  # the replacement: another port, as another machine's address would be
+        assert second.url != first.url
+        try:
+            wait_until(serving(second), timeout_s=120, what="the learners to find the relay where it is now")
+            assert learner.relay_address() == second.url.split("://")[1]
+            summaries = finished(procs, tmp_path)
+            status = status_of(syncer)
+            # what a learner or a relay says of where a relay is is checked: a learner says nothing, a relay a real address
+            with pytest.raises(Refused) as refused:
+                next(learner.fragments([-1] * 4, at="127.0.0.1:5"))
+            assert refused.value.status == 400 and "only a region's relay" in refused.value.reason
+            as_relay = SyncerClient(syncer.url, syncer.token(identity("east")), syncer.ca)
+            with pytest.raises(Refused) as refused:
+                next(as_relay.fragments([-1] * 4, at="0.0.0.0:5"))
+            assert refused.value.status == 400 and "0.0.0.0 is not an address" in refused.value.reason
+            stranger = SyncerClient(syncer.url, syncer.token("L7"), syncer.ca)
+            with pytest.raises(Refused) as refused:
+                stranger.relay_address()
+            assert refused.value.status == 404 and "register first" in refused.value.reason
+            for client in (learner, as_relay, stranger):
+                client.close()
+        finally:
+            second.stop()
+    assert status["ledger"]["balanced"] and status["relays"]["east"]["streams"] == 1
+    for name, summary in summaries.items():
+        log = (tmp_path / f"{name}.log").read_text()
+        assert f"the region's relay is now at {second.url} (it was at {first.url})" in log, name
+        assert summary["reason"] == "finished"
