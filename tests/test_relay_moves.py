@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ddctl.local.relay import LocalRelay
-from ddctl_agents.agent.client import Refused, SyncerClient
+from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable
 from ddctl_agents.agent.subscription import RelayLink, Subscriber
 from ddctl_agents.errors import BadRequest
 from ddctl_agents.relay import address, identity, own_address
@@ -124,6 +124,28 @@ def test_a_learner_whose_relay_stops_answering_moves_to_where_a_shard_says_it_is
     assert dialled == ["https://10.0.0.5:29401", "https://10.0.0.7:29401"] and link.url == "https://10.0.0.7:29401"
     assert "the region's relay is now at https://10.0.0.7:29401 (it was at https://10.0.0.5:29401)" in caplog.text
     assert new.asked and counter.down >= len(version_frame(0, 3)) * 2
+
+
+class DownShard(FakeShard):
+    def relay_address(self) -> str:
+        raise Unavailable("GET /v1/relay on https://s0: ConnectError")
+
+
+def test_each_shard_is_asked_in_turn_until_one_knows_where_the_relay_is() -> None:
+    shards = {"https://s0": DownShard([]), "https://s1": FakeShard([]), "https://s2": FakeShard([], located="10.0.0.7:29401")}
+    asked: list[str] = []
+
+    def connect(url: str) -> FakeShard:
+        asked.append(url)
+        return shards[url]
+
+    subscriber = Subscriber(connect, 1, threading.Event(), lambda url: None, Counter())  # type: ignore[arg-type]
+    assert subscriber._moved("https://10.0.0.5:29401", list(shards)) == "https://10.0.0.7:29401"
+    assert asked == list(shards)  # s0 is down and s1 has no stream from the relay: s2 knows
+    asked.clear()
+    assert subscriber._moved("https://10.0.0.7:29401", list(shards)) == ""  # where it is already: no move
+    shards["https://s2"].located = "10.0.0.5:29401"
+    assert subscriber._moved("https://10.0.0.5:29401", ["https://s0", "https://s1"]) == ""  # nobody knows: stay
 
 
 @pytest.mark.slow

@@ -145,7 +145,7 @@ class Subscriber:
                     self.relay_answered.set()
                     if time.monotonic() - asked >= LOCATE_EVERY_S and shards:
                         asked = time.monotonic()
-                        if moved := self._moved(link.url, shards[0]):
+                        if moved := self._moved(link.url, shards):
                             log.info("the region's relay is now at %s (it was at %s)", moved, link.url)
                             client.close()
                             client, link.url, delay = link.connect(moved), moved, 0.0
@@ -155,19 +155,23 @@ class Subscriber:
             self.relayed.clear()
             client.close()
 
-    def _moved(self, url: str, shard: str) -> str:
-        """The relay's URL as ``shard`` says it is now, where that differs from ``url``; "" when it does not, it knows
-        none, or it cannot say."""
-        client = self.connect(shard)
-        try:
-            at = client.relay_address()
-        except (Unavailable, Refused) as exc:
-            log.debug("where the relay is: %s", exc)
-            return ""
-        finally:
-            client.close()
-        now = f"{urlsplit(url).scheme}://{at}" if at else ""
-        return now if now and now != url else ""
+    def _moved(self, url: str, shards: list[str]) -> str:
+        """The relay's URL as the first shard that knows says it is now, where that differs from ``url``; "" when it
+        does not, or no shard knows (each is asked in turn: one that is down or has no stream from the relay does not
+        keep the learner from finding it)."""
+        for shard in shards:
+            client = self.connect(shard)
+            try:
+                at = client.relay_address()
+            except (Unavailable, Refused) as exc:
+                log.debug("where the relay is, from %s: %s", shard, exc)
+                continue
+            finally:
+                client.close()
+            if at:
+                now = f"{urlsplit(url).scheme}://{at}"
+                return now if now != url else ""
+        return ""
 
     def _take(self, frame: bytes, keep_base: bool) -> None:
         """Decode a frame and queue its version; ``keep_base``: the shard may send the next one as a delta from it."""
