@@ -20,6 +20,7 @@ from ddctl.dashboard.snapshot import from_recording
 from ddctl_agents.core.links import LearnerLinks
 from ddctl_agents.relay import identity, region_of
 from ddctl_agents.service.metrics import metrics
+from ddctl_agents.service.observability import status
 from ddctl_agents.service.relay_feeds import RelayFeeds
 from ddctl_agents.service.runtime import SyncerRuntime
 from ddctl_agents.service.settings import ServiceSettings
@@ -42,28 +43,33 @@ def test_the_synchronizer_counts_each_relays_streams_bytes_and_when_it_last_hear
     feeds.sent("east", 0, now=12.5)  # a keep-alive: nothing sent, but it was there
     feeds.opened("east", now=13.0, address="10.0.0.5:29401")  # it reconnected before the old stream noticed it was gone
     feeds.closed("east", now=14.0)
-    assert feeds.view(now=20.0) == {"east": {"streams": 1, "bytes": 1000, "seen_s_ago": 6.0, "address": "10.0.0.5:29401"}}
+    east = {"streams": 1, "bytes": 1000, "seen_s_ago": 6.0, "address": "10.0.0.5:29401", "learners": 0}
+    assert feeds.view(now=20.0, learners={}, live=set()) == {"east": east}
     feeds.closed("east", now=15.0)
     feeds.closed("east", now=16.0)  # never below none
-    assert feeds.view(now=16.0)["east"]["streams"] == 0
+    assert feeds.view(now=16.0, learners={}, live=set())["east"]["streams"] == 0
 
 
 def test_a_sharded_jobs_relay_is_the_sum_of_what_each_shard_sent_it() -> None:
     s0 = {
-        "east": {"streams": 1, "bytes": 300, "seen_s_ago": 2.0, "address": "10.0.0.5:29401"},
-        "west": {"streams": 0, "bytes": 10, "seen_s_ago": 50.0},  # a synchronizer from before relays said where they are
+        "east": {"streams": 1, "bytes": 300, "seen_s_ago": 2.0, "address": "10.0.0.5:29401", "learners": 2},
+        "west": {"streams": 0, "bytes": 10, "seen_s_ago": 50.0},  # a synchronizer from before relays said more
     }
-    s1 = {"east": {"streams": 1, "bytes": 200, "seen_s_ago": 0.5, "address": "10.0.0.7:29401"}}  # heard last: it moved
+    # heard last, it moved; here one of its learners reads this shard's stream itself
+    s1 = {"east": {"streams": 1, "bytes": 200, "seen_s_ago": 0.5, "address": "10.0.0.7:29401", "learners": 1}}
     assert relays([s0, s1, None]) == {
-        "east": {"streams": 2, "bytes": 500, "seen_s_ago": 0.5, "address": "10.0.0.7:29401"},
-        "west": {"streams": 0, "bytes": 10, "seen_s_ago": 50.0, "address": ""},
+        "east": {"streams": 2, "bytes": 500, "seen_s_ago": 0.5, "address": "10.0.0.7:29401", "learners": 2},
+        "west": {"streams": 0, "bytes": 10, "seen_s_ago": 50.0, "address": "", "learners": None},
     }
 
 
 def test_what_a_synchronizer_says_of_its_relays_is_kept_only_whole() -> None:
-    good = {"streams": 1, "bytes": 5, "seen_s_ago": 0.25, "address": "[fd00::5]:29401"}
+    good = {"streams": 1, "bytes": 5, "seen_s_ago": 0.25, "address": "[fd00::5]:29401", "learners": 3}
     hostile: dict[str, Any] = {
         "east": good,
+        "l1": {**good, "learners": -1},
+        "l2": {**good, "learners": True},
+        "l3": {**good, "learners": 2.5},
         "a1": {**good, "address": "0.0.0.0:29401"},  # not an address to dial
         "a2": {**good, "address": "10.0.0.5:29401\nforged log line"},
         "a3": {**good, "address": "FD00::5:29401"},  # not as the relay's own check writes it
@@ -84,14 +90,18 @@ def test_the_dashboard_shows_each_relay_and_one_that_is_down() -> None:
     s = from_recording(raw)
     assert s["relays"] == {} and "relays " not in screen(s)
     raw["syncer"]["status"]["relays"] = {
-        "east": {"streams": 1, "bytes": 12_345_678, "seen_s_ago": 0.3},
+        "east": {"streams": 1, "bytes": 12_345_678, "seen_s_ago": 0.3, "learners": 2},
+        "north": {"streams": 1, "bytes": 1_000, "seen_s_ago": 0.3},  # a synchronizer that does not count its learners
         "west": {"streams": 0, "bytes": 4_000, "seen_s_ago": 42.0},
         "south": {"streams": "many"},
     }
     s = from_recording(raw)
-    assert list(s["relays"]) == ["east", "west"]
+    assert list(s["relays"]) == ["east", "north", "west"]
     text = screen(s)
-    assert "east: 12.3 MB pulled" in text and "west: down for 42 s (its learners pull from the shards)" in text
+    assert (
+        "east: 12.3 MB pulled for 2 learners · north: 1.0 KB pulled · " in text
+        and "west: down for 42 s (its learners pull from the shards)" in text
+    )
     assert "south" not in text.split("relays ", 1)[1].splitlines()[0]
 
 
@@ -134,7 +144,7 @@ def test_the_metrics_show_each_relay_as_the_status_page_does_and_the_learners_it
         rt.streams.opened("west", now=now[0])
         rt.streams.closed("west", now=now[0] + 2.0)  # west's relay has gone: L3, with no stream here, is not its reader
         now[0] += 4.0
-        page, text = await rt.view(lambda r: {"relays": r.streams.view(r.clock())}), await rt.view(metrics)
+        page, text = await rt.view(status), await rt.view(metrics)
         await rt.stop()
         return page, text
 
@@ -151,4 +161,4 @@ def test_the_metrics_show_each_relay_as_the_status_page_does_and_the_learners_it
         == {r: f["seen_s_ago"] for r, f in page["relays"].items()}
         == {"east": 3.0, "west": 2.0}
     )
-    assert by_region("ddctl_relay_learners") == {"east": 2, "west": 0}
+    assert by_region("ddctl_relay_learners") == {r: f["learners"] for r, f in page["relays"].items()} == {"east": 2, "west": 0}

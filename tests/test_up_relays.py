@@ -114,6 +114,8 @@ def test_up_runs_the_relay_on_its_host_and_a_killed_host_is_replaced_with_its_re
         health = relay_health(run, port)
         assert health is not None and feed["streams"] == 1 and abs(feed["bytes"] - health["bytes_in"]) <= 1_100_000
         assert feed["address"] == f"127.0.0.1:{port}"  # where it listens, as it told the synchronizer
+        # both west learners read through it, and the synchronizer counts them so (neither reads a stream of its own)
+        wait_until(lambda: status_json()["relays"]["west"]["learners"] == 2, timeout_s=30, what="both learners behind it")
         logs = RunDir(run).root / "logs"
         for name in ("L1", "L2"):
             wait_until(lambda n=name: "the region's relay delivers" in (logs / f"{n}.log").read_text(), timeout_s=60,

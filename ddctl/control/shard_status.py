@@ -71,17 +71,25 @@ def site_reading(raw: Any) -> dict[str, Any]:
 def relay_reading(raw: Any) -> dict[str, dict[str, Any]]:
     """A status's ``relays`` (``service/relay_feeds.py``), each region's feed kept only whole: a region named as an
     identity, streams and bytes counts, ``seen_s_ago`` a finite number of seconds, ``address`` one a learner can dial
-    (``relay.address``; absent or "" from a relay that said none); anything else is left out."""
+    (``relay.address``; absent or "" from a relay that said none), ``learners`` a count (None from a synchronizer that
+    does not say); anything else is left out."""
     feeds: dict[str, dict[str, Any]] = {}
     for region, feed in (raw if isinstance(raw, dict) else {}).items():
         if not (isinstance(region, str) and IDENTITY.match(region) and isinstance(feed, dict)):
             continue
         counts = [feed.get(k) for k in ("streams", "bytes")]
         ago = feed.get("seen_s_ago")
-        at = feed.get("address", "")
-        if all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts) and _seconds(ago) and _dialable(at):
-            feeds[region] = {"streams": counts[0], "bytes": counts[1], "seen_s_ago": float(ago), "address": at}  # type: ignore[arg-type]
+        at, serving = feed.get("address", ""), feed.get("learners")
+        if not (serving is None or _count(serving)):
+            continue
+        if all(_count(c) for c in counts) and _seconds(ago) and _dialable(at):
+            feeds[region] = {"streams": counts[0], "bytes": counts[1], "seen_s_ago": float(ago), "address": at,  # type: ignore[arg-type]
+                             "learners": serving}  # fmt: skip
     return dict(sorted(feeds.items()))
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _dialable(value: Any) -> bool:

@@ -240,7 +240,9 @@ def relay_lines(s: dict[str, Any]) -> list[Text]:
     line = _line(("relays ", "dim"))
     for region, feed in feeds.items():
         if feed["streams"]:
-            line.append(f"{region}: {_bytes(feed['bytes'])} pulled · ")
+            serving = feed.get("learners")
+            for_whom = f" for {serving} learner{'s' * (serving != 1)}" if serving is not None else ""
+            line.append(f"{region}: {_bytes(feed['bytes'])} pulled{for_whom} · ")
         else:
             ago = _num(feed["seen_s_ago"], 0, " s")
             line.append(f"{region}: down for {ago} (its learners pull from the shards) · ", style="yellow")

@@ -61,13 +61,17 @@ def job_status(answers: Sequence[tuple[str, dict[str, Any] | None, str]]) -> dic
 
 def relays(answers: Sequence[Any]) -> dict[str, dict[str, Any]]:
     """Each region's relay as the job sees it: it pulls from every shard, so its streams and bytes are the shards'
-    sum, and it was last heard from (and is where it said then) by the shard that heard it last."""
+    sum, it was last heard from (and is where it said then) by the shard that heard it last, and it serves the most
+    learners any shard counts behind it (a learner that reads one shard's stream itself, while that shard's relay
+    stream is down, is not behind it there)."""
     job: dict[str, dict[str, Any]] = {}
     for answer in answers:
         for region, feed in relay_reading(answer).items():
-            seen = job.setdefault(region, {"streams": 0, "bytes": 0, "seen_s_ago": None, "address": ""})
+            seen = job.setdefault(region, {"streams": 0, "bytes": 0, "seen_s_ago": None, "address": "", "learners": None})
             seen["streams"] += feed["streams"]
             seen["bytes"] += feed["bytes"]
+            if feed["learners"] is not None:  # every shard knows the region's learners: the most any reads it for
+                seen["learners"] = max(seen["learners"] or 0, feed["learners"])
             ago = feed["seen_s_ago"]
             if seen["seen_s_ago"] is None or ago < seen["seen_s_ago"]:
                 seen["seen_s_ago"], seen["address"] = ago, feed["address"] or seen["address"]

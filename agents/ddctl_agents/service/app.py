@@ -291,8 +291,7 @@ class SyncerApp:
 
     async def status(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.identity(scope)
-        view = await self.rt.view(status)
-        await json_response(send, 200, view | {"relays": self.rt.streams.view(self.rt.clock())})
+        await json_response(send, 200, await self.rt.view(status))
 
     async def metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.identity(scope)

@@ -129,7 +129,7 @@ def _relay_families(rt: SyncerRuntime) -> Iterator[Metric]:
     yield _family("counter", "relay_bytes_sent", "Fragment bytes streamed to a region's relay.", [(r, f.bytes) for r, f in rows])
     seen = [(r, max(now - f.last_seen, 0.0)) for r, f in rows]
     yield _family("gauge", "relay_seen_seconds", "Seconds since a region's relay was last sent a record or keep-alive.", seen)
-    served = [(r, len(feeds.behind(r["region"], rt.roster.info, rt.syncer.live)) if f.streams else 0) for r, f in rows]
+    served = [(r, feeds.serving(r["region"], rt.roster.info, rt.syncer.live)) for r, _ in rows]
     yield _family("gauge", "relay_learners", "Live learners of a region reading its relay rather than a stream here.", served)
 
 

@@ -121,6 +121,7 @@ def status(rt: SyncerRuntime) -> dict[str, Any]:
             "learners": learners,
             "regions": regions,
             "site": {"name": rt.roster.site, **_site_view(site.up.estimate, site.down.estimate)},
+            "relays": rt.streams.view(now, rt.roster.info, s.live),
             "ledger": {**ledger.as_dict(), "balanced": ledger.balanced()},
             "degraded": [{"fragment": p, "reason": reason} for p, reason in sorted(rt.degraded().items())],
             "faults": list(s.faults),

@@ -64,16 +64,24 @@ class RelayFeeds:
         feed.last_seen = now
         return feed
 
-    def view(self, now: float) -> dict[str, dict[str, Any]]:
+    def view(self, now: float, learners: Mapping[str, Placed], live: Container[str]) -> dict[str, dict[str, Any]]:
+        """Each relay for ``/v1/status``; ``learners`` and ``live`` as ``serving`` takes them (on the core thread)."""
         return {
             region: {
                 "streams": f.streams,
                 "bytes": f.bytes,
                 "seen_s_ago": round(max(now - f.last_seen, 0.0), 3),
                 "address": f.address,  # where it said its learners reach it (a relay that has gone: where it was)
+                "learners": self.serving(region, learners, live),
             }
             for region, f in sorted(self.feeds.items())
         }
+
+    def serving(self, region: str, learners: Mapping[str, Placed], live: Container[str]) -> int:
+        """How many learners read through region ``region``'s relay now: those ``behind`` it while its stream is open
+        (with none open they are not reading it, whatever stream they lack here)."""
+        feed = self.feeds.get(region)
+        return len(self.behind(region, learners, live)) if feed is not None and feed.streams else 0
 
     def behind(self, region: str, learners: Mapping[str, Placed], live: Container[str]) -> list[str]:
         """The live learners of ``region`` that read no stream here: they are behind its relay."""
