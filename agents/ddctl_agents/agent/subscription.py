@@ -8,9 +8,9 @@ is gone, or it says its own streams from the shards broke), so a relay that
 fails costs a reconnect, never a version. A version arriving by both ways is
 adopted once (``versions`` holds the newest of each fragment).
 
-While its relay does not answer, the learner asks a shard where the region's
-relay is now (``GET /v1/relay``, at most every ``LOCATE_EVERY_S``) and moves to
-an address it says, so a relay whose host was replaced by a machine at another
+While its relay does not answer, the learner asks the shards in turn where the
+region's relay is now (``GET /v1/relay``, at most every ``LOCATE_EVERY_S``) and
+moves to an address one says, so a relay whose host was replaced by a machine at another
 address serves the learners started before it again.
 
 The relay forwards whole versions (it holds no learner's chain of deltas), so
