@@ -47,6 +47,17 @@ def test_the_four_layouts_are_what_their_names_say(made: dict[str, Layout]) -> N
     assert site_a["W"] < 0.5 * site_a["P2"] and site_a["P2"] < 0.5 * site_a["N"]  # relays halve a's fan-out, shards again
 
 
+def test_w_direct_is_the_full_scheduler_planned_without_relays(made: dict[str, Layout]) -> None:
+    [direct] = layouts(WanCase(), ["W-direct"])
+    w = made["W"]
+    assert not any(direct.relay.values()) and len(direct.shard_sites) > 1 and direct.in_flight is None
+    # every version crosses into a fast region once per learner without them: the busiest site's load only grows
+    assert direct.predicted >= w.predicted
+    site_a = {x.site: x.utilisation for x in direct.loads}["a"]
+    assert site_a > next(x.utilisation for x in w.loads if x.site == "a")
+    assert "W" in LAYOUTS and "W-direct" not in LAYOUTS  # run only when asked for
+
+
 def test_learners_are_named_region_by_region() -> None:
     regions = WanCase().learner_regions
     assert regions == {"L0": "a", "L1": "a", "L2": "b", "L3": "b", "L4": "c", "L5": "c", "L6": "d", "L7": "e"}
@@ -125,11 +136,11 @@ def test_a_trained_case_is_planned_at_the_models_step_not_the_synthetic_one() ->
 def test_unknown_layouts_are_refused_before_any_namespace_is_made() -> None:
     with pytest.raises(
         DdctlError,
-        match=re.escape("layouts must be some of N, N-rr, P2, W (each may end /auto or /N, uploads in flight), got ['X']"),
+        match=re.escape("layouts must be some of N, N-rr, P2, W, W-direct (each may end /auto or /N, uploads in flight), got ['X']"),
     ):
         layouts(WanCase(), ["X"])
     done = CliRunner().invoke(app, ["bench", "wan", "--layouts", "N,X", "--json"])
-    assert done.exit_code == 2 and "layouts must be some of N, N-rr, P2, W" in done.output
+    assert done.exit_code == 2 and "layouts must be some of N, N-rr, P2, W, W-direct" in done.output
     done = CliRunner().invoke(app, ["bench", "wan", "--step", "0", "--json"])
     assert done.exit_code == 2 and "step_s must be in [0.01, 60] seconds, got 0.0" in done.output
 

@@ -9,6 +9,7 @@ bytes come from its own frames (``config/synchronizer.traffic``). The layouts:
 - ``N-rr``: three shards at the three fast regions, fragments round robin; transfers as N.
 - ``P2``: one synchronizer, with the plan's cadences and relays, paced.
 - ``W``: the full scheduler: the plan's shards, sites, assignment, cadences and relays, paced.
+- ``W-direct`` (on request only): the full scheduler planned without relays, which isolates what relays add.
 
 The plan gives a relay (``relay/``) to each region with several learners at
 cadence 1; N and N-rr run none. The predictions are of what runs.
@@ -32,6 +33,8 @@ from ddctl_agents.train.config import DataConfig, InnerConfig, RunBudget, SyncSe
 from ddctl_agents.train.job import JobConfig
 
 LAYOUTS = ("N", "N-rr", "P2", "W")
+"""The layouts a run compares unless told otherwise."""
+KNOWN = (*LAYOUTS, "W-direct")
 FIVE_REGIONS = (("a", 1.0, 2), ("b", 1.0, 2), ("c", 1.0, 2), ("d", 0.2, 1), ("e", 0.05, 1))
 """The issue's case: (region, its link as a share of the fast sites', learners), links in the ratio 1000/1000/1000/200/50."""
 REGIONS = tuple(name for name, _, _ in FIVE_REGIONS)
@@ -165,9 +168,9 @@ class Layout:
 
 def layouts(case: WanCase, names: Sequence[str] = LAYOUTS) -> list[Layout]:
     """The named layouts of ``case`` (see the module docstring); ``W/1`` is W with one upload in flight."""
-    unknown = [n for n in names if n.partition("/")[0] not in LAYOUTS]
+    unknown = [n for n in names if n.partition("/")[0] not in KNOWN]
     if unknown or not names:
-        raise DdctlError(f"layouts must be some of {', '.join(LAYOUTS)} (each may end /auto or /N, uploads in flight), "
+        raise DdctlError(f"layouts must be some of {', '.join(KNOWN)} (each may end /auto or /N, uploads in flight), "
                          f"got {list(names)}")  # fmt: skip
     if case.regions != FIVE_REGIONS:
         raise DdctlError("the four layouts are laid out on the five-region case (FIVE_REGIONS)")
@@ -177,13 +180,14 @@ def layouts(case: WanCase, names: Sequence[str] = LAYOUTS) -> list[Layout]:
     one = tuple(0 for _ in range(case.fragments))
     rr = tuple(p % 3 for p in range(case.fragments))
     paced = plan_shards([_only(s, {home}) for s in sites], flow, PlanSettings(shards=1))
-    full = plan_shards(sites, flow, PlanSettings())
+    full, direct = plan_shards(sites, flow, PlanSettings()), plan_shards(sites, flow, PlanSettings(relays=False))
     none = dict.fromkeys(REGIONS, False)
     made = {
         "N": (((home,), one, every, none, UNPACED)),
         "N-rr": ((fast, rr, every, none, UNPACED)),
         "P2": (((home,), one, paced.cadence, paced.relay, PACED)),
         "W": ((tuple(s.site for s in full.shards), full.owner, full.cadence, full.relay, PACED)),
+        "W-direct": ((tuple(s.site for s in direct.shards), direct.owner, direct.cadence, direct.relay, PACED)),
     }
     chosen = []
     for name in names:

@@ -223,9 +223,12 @@ def cadence(
 
 @app.command("wan")
 def wan(
-    layouts: Annotated[str, typer.Option(help="Layouts to run, in order: N, N-rr, P2, W (the first is the others' x).")] = (
-        "N,N-rr,P2,W"
-    ),
+    layouts: Annotated[
+        str,
+        typer.Option(
+            help="Layouts to run, in order: N, N-rr, P2, W, or W-direct (W planned without relays); the first is the others' x."
+        ),
+    ] = ("N,N-rr,P2,W"),
     fast_mbit: Annotated[float, typer.Option(help="The fast sites' links, Mbit/s each way (the rest 1/5 and 1/20).")] = 10.0,
     step: Annotated[float, typer.Option(help="Seconds per synthetic inner step of every learner.")] = 0.1,
     seconds: Annotated[float, typer.Option(help="How long the learners train in each layout.")] = 60.0,
