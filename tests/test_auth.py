@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ddctl_agents.errors import ConfigError
-from ddctl_agents.service.auth import Unauthorized, derive_token, read_secret, verify_token
+from ddctl_agents.service.auth import Unauthorized, check_identity, derive_token, read_secret, verify_token
 
 SECRET = bytes(range(32))
 
@@ -36,6 +36,8 @@ def test_anything_else_is_unauthorized(header: str | None) -> None:
 def test_identities_and_secrets_are_validated() -> None:
     with pytest.raises(ConfigError, match="identity"):
         derive_token(SECRET, "no spaces allowed")
+    with pytest.raises(ConfigError, match="identity"):  # nor a trailing newline, which Python's "$" lets through
+        check_identity("east\n")
     with pytest.raises(ConfigError, match="at least 32 bytes"):
         read_secret("abcd")
     with pytest.raises(ConfigError, match="hex"):

@@ -136,7 +136,9 @@ def test_a_trained_case_is_planned_at_the_models_step_not_the_synthetic_one() ->
 def test_unknown_layouts_are_refused_before_any_namespace_is_made() -> None:
     with pytest.raises(
         DdctlError,
-        match=re.escape("layouts must be some of N, N-rr, P2, W, W-direct (each may end /auto or /N, uploads in flight), got ['X']"),
+        match=re.escape(
+            "layouts must be some of N, N-rr, P2, W, W-direct (each may end /auto or /N, uploads in flight), got ['X']"
+        ),
     ):
         layouts(WanCase(), ["X"])
     done = CliRunner().invoke(app, ["bench", "wan", "--layouts", "N,X", "--json"])

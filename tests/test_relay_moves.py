@@ -59,6 +59,7 @@ def test_a_relays_address_is_host_and_port_normalised(text: str, normal: str) ->
         ("224.0.0.1:29401", "224.0.0.1 is not an address"),
         ("bad host:1", "a relay's host must be an IP address or a DNS name, got 'bad host'"),
         ("x\n.evil:1", "a relay's host must be an IP address or a DNS name"),
+        ("x\n:1", "a relay's host must be an IP address or a DNS name"),  # a trailing newline, to forge a log line
         ("[name]:1", "a relay's host must be an IP address or a DNS name, got '[name]'"),
         ("-x.y:1", "must be an IP address or a DNS name"),
         ("a" * 301 + ":1", "at most 300 characters"),

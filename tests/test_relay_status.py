@@ -67,6 +67,7 @@ def test_what_a_synchronizer_says_of_its_relays_is_kept_only_whole() -> None:
     good = {"streams": 1, "bytes": 5, "seen_s_ago": 0.25, "address": "[fd00::5]:29401", "learners": 3}
     hostile: dict[str, Any] = {
         "east": good,
+        "east\n": good,  # a region named to forge a line where it is drawn
         "l1": {**good, "learners": -1},
         "l2": {**good, "learners": True},
         "l3": {**good, "learners": 2.5},

@@ -53,6 +53,7 @@ def test_round_robin_refuses_impossible_counts(shards: int, fragments: int) -> N
         ({"epoch": "1", "shards": ["S0"], "owners": [0]}, "epoch must be an integer >= 1"),
         ({"epoch": 1, "shards": "S0", "owners": [0]}, "must be lists"),
         ({"epoch": 1, "shards": ["L0"], "owners": [0]}, "shard names are S0, S1"),
+        ({"epoch": 1, "shards": ["S0\n"], "owners": [0]}, "shard names are S0, S1"),  # a trailing newline forges log lines
         ({"epoch": 1, "shards": ["S0", "S0"], "owners": [0]}, "unique"),
         ({"epoch": 1, "shards": [], "owners": [0]}, "1..64 shards"),
         ({"epoch": 1, "shards": ["S0"], "owners": []}, "1..4096 fragments"),

@@ -22,7 +22,7 @@ from typing import Any
 from ddctl_agents.core import vclock
 from ddctl_agents.errors import ConfigError, NotOwner
 
-SHARD_NAME = re.compile(r"^S[0-9]{1,3}$")
+SHARD_NAME = re.compile(r"^S[0-9]{1,3}\Z")  # \Z: "$" lets a trailing newline through
 """Shard names are S0, S1, ...: short, and never a learner's name (L0, L1, ...) in a vector clock."""
 MAX_SHARDS = 64
 MAX_FRAGMENTS = 4096

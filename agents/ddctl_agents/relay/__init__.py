@@ -48,7 +48,7 @@ def address(text: str) -> str:
     try:
         ip = ipaddress.ip_address(host[1:-1] if bracketed else host)
     except ValueError:
-        if bracketed or not HOSTNAME.match(host):
+        if bracketed or not HOSTNAME.fullmatch(host):  # fullmatch: ``$`` alone lets a trailing newline through
             raise ValueError(f"a relay's host must be an IP address or a DNS name, got {host[:60]!r}") from None
         return f"{host.lower()}:{int(port)}"
     if ip.version == 6 and not bracketed:

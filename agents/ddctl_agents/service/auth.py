@@ -15,7 +15,7 @@ import re
 from ddctl_agents.errors import ConfigError, Forbidden, Unauthorized
 
 ADMIN = "admin"
-IDENTITY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+IDENTITY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")  # \Z: "$" lets a trailing newline through
 __all__ = ["ADMIN", "Forbidden", "Unauthorized", "check_identity", "derive_token", "read_secret", "relay_key", "verify_token"]
 
 
