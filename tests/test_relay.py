@@ -252,6 +252,9 @@ def relayed(tmp_path: Path, learners: int, tokens: int, *relay_flags: str) -> It
         syncer.start()
         relay = LocalRelay(syncer, "east").start(*relay_flags)
         try:
+            # it holds the bootstrap versions before a learner asks: on a loaded machine a relay still waiting for them
+            # passed the learners' 5 s for its first answer, and they pulled the bootstrap from the shards too
+            wait_until(lambda: relay.health()["frames_in"] > 0, timeout_s=60, what="the relay to hold the first versions")
             yield syncer, relay
         finally:
             relay.stop()
@@ -269,9 +272,12 @@ def test_a_regions_versions_cross_its_link_once_and_every_learner_gets_them(tmp_
     east = summaries["L0"]["bytes_down"] + summaries["L1"]["bytes_down"]
     assert health["stale"] == "" and health["refused_in"] == 0
     print(json.dumps({"east": east, "relay": health, "syncer_down": status["bytes_down"], "L2": summaries["L2"]["bytes_down"]}))
-    # nothing the relayed learners received came from the synchronizer: it sent the relay's pull and L2's stream
+    # nothing the relayed learners received came from the synchronizer: it sent the relay's pull and L2's stream. Within
+    # two versions: the synchronizer counts a frame once its connection takes it, L2 once it reads it, and L2 may exit
+    # with the last ones unread (1.56 MB, 1.4 versions, in one run of five)
     one_version = 1_100_000  # the tiny model's four fragments, bf16
-    assert abs(status["bytes_down"] - health["bytes_in"] - summaries["L2"]["bytes_down"]) <= one_version, (status, health)
+    sent_elsewhere = status["bytes_down"] - health["bytes_in"] - summaries["L2"]["bytes_down"]
+    assert abs(sent_elsewhere) <= 2 * one_version, (status, health)
     # the synchronizer shows the relay by its region: what it sent the relay is what the relay read (within a frame
     # in flight at the end), and its stream is still open
     feed = status["relays"]["east"]
