@@ -143,7 +143,9 @@ def test_a_sharded_run_checkpoints_on_its_schedule_and_a_new_sharded_run_resumes
     versions and books go on from the checkpoint's, the books split between the shards so they still add up."""
     from ddctl.control.state import State
 
-    raw = {**REGIONS, "run": "scheduled", "training": {**REGIONS["training"], "tokens": 200_000},
+    # long enough for the controller's looks (every 10 s) to find 12 rounds merged: at 200,000 tokens the job ended in
+    # 11 s on a quiet machine, before any look found a checkpoint due
+    raw = {**REGIONS, "run": "scheduled", "training": {**REGIONS["training"], "tokens": 400_000},
            "checkpoints": {"every_rounds": 12, "every_minutes": 0, "keep_last": 2}}  # fmt: skip
     path = regions_at(tmp_path, monkeypatch, raw)
     run = dry_run_up(path)["run"]
@@ -174,7 +176,7 @@ def test_a_sharded_run_checkpoints_on_its_schedule_and_a_new_sharded_run_resumes
     assert down.exit_code == 0, down.output
 
     start = read_manifest((final / MANIFEST).read_bytes())
-    raw |= {"run": "resumed", "training": {**raw["training"], "tokens": 300_000}}
+    raw |= {"run": "resumed", "training": {**raw["training"], "tokens": 600_000}}
     path.write_text(yaml.safe_dump(raw))
     up = runner.invoke(app, ["up", "-f", str(path), "--dry-run", "--resume-from", str(RunDir(run).global_checkpoints), "--json"])
     assert up.exit_code == 0, up.output
@@ -184,7 +186,7 @@ def test_a_sharded_run_checkpoints_on_its_schedule_and_a_new_sharded_run_resumes
         assert all(v >= s for v, s in zip(first["versions"], start.versions, strict=True))  # every shard's, from the start
         assert first["ledger"]["merged"] >= 4 * start.tokens["merged"]  # fragment-tokens: the books go on, not twice
         summary = concluded("resumed")
-        trained_here = 100_000  # the budget's last third: each learner from its recorded step to its share's end
+        trained_here = 200_000  # the budget's last third: each learner from its recorded step to its share's end
         assert start.tokens["merged"] < summary["tokens"]["merged"] <= start.tokens["merged"] + trained_here
         assert summary["val_bpb"] is not None and summary["val_bpb"] < 4.5
     finally:
