@@ -335,7 +335,10 @@ def test_learners_train_on_int8_deltas_with_fewer_bytes_down_and_every_token_acc
         finally:
             job.stop_all()
     assert 0.4 < down[DELTA] / down["bf16"] < 0.62, down
-    assert abs(bpb[DELTA] - bpb["bf16"]) < 0.1 * bpb["bf16"], bpb
+    # Real processes' timing moves val_bpb: 4.34-4.60 on a quiet machine for either codec, and one CI run gave
+    # 4.90 against 4.40. Here: the learners trained on what they adopted (broken versions give ~8 or NaN); the
+    # codecs' quality is compared in the virtual cluster below, where the schedule is the same for both.
+    assert bpb[DELTA] < 1.25 * bpb["bf16"], bpb
 
 
 # -- in the virtual cluster ----------------------------------------------------------------------------
@@ -344,7 +347,8 @@ def test_learners_train_on_int8_deltas_with_fewer_bytes_down_and_every_token_acc
 @pytest.mark.slow
 def test_a_virtual_cluster_on_deltas_moves_fewer_bytes_down_and_its_tapes_replay_bit_for_bit(tmp_path: Path) -> None:
     """Two shards, a learner at cadence 2 (sent only the versions it adopts: whole ones) and one that fails and
-    rejoins (a bootstrap mid-chain): the learners adopt the chain's bits, so the tapes replay exactly."""
+    rejoins (a bootstrap mid-chain): the learners adopt the chain's bits, so the tapes replay exactly, and the model
+    is as good as with bf16 versions on the same schedule."""
     outage = Outage(learner=2, at=6.0, duration=5.0)
     cluster = ClusterConfig(speeds=(1.0, 0.6, 1.3), cadences=(1, 2, 1), outages=(outage,), shards=2)
     runs = {}
@@ -358,6 +362,7 @@ def test_a_virtual_cluster_on_deltas_moves_fewer_bytes_down_and_its_tapes_replay
     }
     ratio = steady[DELTA] / steady["bf16"]
     assert 0.4 < ratio < 0.62, ratio  # measured: 0.51
+    assert abs(runs[DELTA]["val_bpb"] - runs["bf16"]["val_bpb"]) < 0.03 * runs["bf16"]["val_bpb"]  # measured: 4.557, 4.514
     assert runs[DELTA]["bytes_up"] > 0 and runs[DELTA]["params_sha256"] != runs["bf16"]["params_sha256"]  # it adopts other bits
     replayed = replay_tapes([Path(p) for p in runs[DELTA]["tapes"]])
     assert replayed["match"] and replayed["params_sha256"] == runs[DELTA]["params_sha256"]
