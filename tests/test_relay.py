@@ -203,13 +203,14 @@ def subscribed_until(subscriber: Subscriber, versions: list[int], what: str) -> 
 
 
 def start_learner(
-    syncer: LocalSyncer, root: Path, name: str, region: str, relay: LocalRelay | None, step_s: float
+    syncer: LocalSyncer, root: Path, name: str, region: str, relay: LocalRelay | None, step_s: float, relay_url: str = ""
 ) -> subprocess.Popen[bytes]:
+    """A synthetic learner; behind ``relay``, which it dials at ``relay_url`` where one is given."""
     argv = [sys.executable, "-m", "ddctl_agents.agent", "--syncer", syncer.url, "--name", name, "--token", syncer.token(name),
             "--ca", str(syncer.ca), "--summary", str(root / f"{name}.json"), "--region", region]  # fmt: skip
     argv += ["--synthetic-step", str(step_s)]
     if relay is not None:
-        argv += ["--relay", relay.url, "--relay-token-file", str(relay.learner_token_file(name))]
+        argv += ["--relay", relay_url or relay.url, "--relay-token-file", str(relay.learner_token_file(name))]
     with (root / f"{name}.log").open("ab") as log:
         return subprocess.Popen(argv, stdout=log, stderr=log, env=ENV)
 

@@ -127,6 +127,22 @@ def test_a_learner_whose_relay_stops_answering_moves_to_where_a_shard_says_it_is
     assert new.asked and counter.down >= len(version_frame(0, 3)) * 2
 
 
+def test_a_learner_started_while_its_relay_was_down_asks_the_shards_and_never_dials_no_host() -> None:
+    stopping, counter = threading.Event(), Counter()
+    relay = FakeShard([version_frame(0, 2), version_frame(1, 2)])
+    shard = FakeShard([], located="10.0.0.7:29401")
+    dialled: list[str] = []
+
+    def dial(url: str) -> FakeShard:
+        dialled.append(url)
+        return relay
+
+    link = RelayLink("https://:29401", dial)  # type: ignore[arg-type]
+    subscriber = Subscriber(lambda url: shard, 1, stopping, lambda url: None, counter, relay=link)  # type: ignore[arg-type,return-value]
+    subscribed_until(subscriber, [2, 2], "the versions from the relay a shard located")
+    assert dialled == ["https://10.0.0.7:29401"] and link.url == "https://10.0.0.7:29401" and relay.asked
+
+
 class DownShard(FakeShard):
     def relay_address(self) -> str:
         raise Unavailable("GET /v1/relay on https://s0: ConnectError")
@@ -151,8 +167,13 @@ def test_each_shard_is_asked_in_turn_until_one_knows_where_the_relay_is() -> Non
 
 @pytest.mark.slow
 def test_a_relay_started_at_another_address_serves_the_learners_of_the_one_that_died(tmp_path: Path) -> None:
+    """L1 starts knowing only the relay's port (its host was down when it started) and finds it through a shard;
+    both learners then find the relay's replacement at its new address."""
     with relayed(tmp_path, 2, 900_000) as (syncer, first):
-        procs = {name: start_learner(syncer, tmp_path, name, "east", first, 0.03) for name in ("L0", "L1")}
+        unknown = f"https://:{first.url.rpartition(':')[2]}"  # L1 started while its relay's host was down: no host
+        procs = {
+            name: start_learner(syncer, tmp_path, name, "east", first, 0.03, url) for name, url in (("L0", ""), ("L1", unknown))
+        }
         serving = lambda r: lambda: (h := r.health())["subscribers"] == 2 and h["frames_in"] >= 4  # noqa: E731
         wait_until(serving(first), timeout_s=120, what="the first relay to serve both learners")
         learner = SyncerClient(syncer.url, syncer.token("L0"), syncer.ca)
@@ -183,6 +204,7 @@ def test_a_relay_started_at_another_address_serves_the_learners_of_the_one_that_
         finally:
             second.stop()
     assert status["ledger"]["balanced"] and status["relays"]["east"]["streams"] == 1
+    assert f"the region's relay is now at {first.url} (it was at {unknown})" in (tmp_path / "L1.log").read_text()
     for name, summary in summaries.items():
         log = (tmp_path / f"{name}.log").read_text()
         assert f"the region's relay is now at {second.url} (it was at {first.url})" in log, name

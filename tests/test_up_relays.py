@@ -49,7 +49,7 @@ def test_the_plan_puts_the_relay_on_the_regions_first_learner(regions_file: Path
     assert shown.exit_code == 0 and hosts == ["L1"], shown.stdout
 
 
-def test_with_relay_points_a_served_learner_at_its_host_and_drops_the_relay_without_one() -> None:
+def test_with_relay_points_a_served_learner_at_its_host_and_at_no_host_without_one() -> None:
     argv = (
         "python",
         "-m",
@@ -64,7 +64,11 @@ def test_with_relay_points_a_served_learner_at_its_host_and_drops_the_relay_with
     spec = InstanceSpec(run="r", name="L2", region="west", role="learner", argv=argv, log=Path("/l"))
     assert with_relay(spec, "10.0.0.7").argv[4] == "https://10.0.0.7:29401"
     assert with_relay(spec, "fd00::7").argv[4] == "https://[fd00::7]:29401"
-    assert with_relay(spec, "").argv == ("python", "-m", "ddctl_agents.agent", "--name", "L2")  # the shards then
+    unknown = with_relay(spec, "")  # its versions come from the shards, which it asks where the relay is
+    assert (
+        unknown.argv == (*argv[:4], "https://:29401", *argv[5:])
+        and with_relay(unknown, "10.0.0.8").argv[4] == "https://10.0.0.8:29401"
+    )
     host = InstanceSpec(
         run="r", name="L1", region="west", role="learner", argv=(*argv, "--host-relay", "0.0.0.0:29401"), log=Path("/l")
     )

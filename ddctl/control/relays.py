@@ -2,8 +2,9 @@
 
 A region's relay runs on the machine of its first learner (the plan's ``relay="host"``), so its address is known only
 once that machine is up: ``up`` starts the hosts before the other learners and points those at it, and the controller
-points a replacement at the host's address as it is now. Where the host does not run, a learner gets no relay: its
-versions come from the shards.
+points a replacement at the host's address as it is now. Where the host does not run, a learner is given the relay's
+port and no host: its versions come from the shards, which it asks where the relay is until the host is back and
+its relay tells them (``agent/subscription.py``).
 """
 
 from __future__ import annotations

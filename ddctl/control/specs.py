@@ -121,16 +121,13 @@ def _free_port() -> int:
 
 def with_relay(spec: InstanceSpec, host: str) -> InstanceSpec:
     """A relayed learner's spec pointed at its region's relay, on the machine of the learner that hosts it, at ``host``
-    (its private address); without one (that learner is not running), without a relay: its versions come from the
-    shards. The host itself keeps reaching its relay on loopback."""
+    (its private address); without one (that learner is not running) at no host (``https://:PORT``): its versions
+    come from the shards, which it asks where the relay is until one knows (``agent/subscription.py``). The host
+    itself keeps reaching its relay on loopback."""
     argv = list(spec.argv)
     if "--relay" not in argv or "--host-relay" in argv:
         return spec
     at = argv.index("--relay")
-    if not host:
-        del argv[at : at + 2]
-        del argv[argv.index("--relay-token-file") : argv.index("--relay-token-file") + 2]
-        return replace(spec, argv=tuple(argv))
     port = argv[at + 1].rpartition(":")[2]
     argv[at + 1] = f"https://{f'[{host}]' if ':' in host else host}:{port}"
     return replace(spec, argv=tuple(argv))

@@ -11,7 +11,10 @@ adopted once (``versions`` holds the newest of each fragment).
 While its relay does not answer, the learner asks the shards in turn where the
 region's relay is now (``GET /v1/relay``, at most every ``LOCATE_EVERY_S``) and
 moves to an address one says, so a relay whose host was replaced by a machine at another
-address serves the learners started before it again.
+address serves the learners started before it again. A relay URL with no host
+(``https://:PORT``: a learner started while its relay's host was down) is not
+dialled: the shards are asked from the start, and the relay serves the learner
+once a shard knows where it is.
 
 The relay forwards whole versions (it holds no learner's chain of deltas), so
 a version adopted through it is not a base the shard may send a delta from:
@@ -123,10 +126,14 @@ class Subscriber:
         whether it has moved."""
         link = self.relay
         assert link is not None
-        client, delay, asked = link.connect(link.url), FIRST_DELAY_S, -LOCATE_EVERY_S
+        client: SyncerClient | None = None
+        delay, asked = FIRST_DELAY_S, -LOCATE_EVERY_S
         try:
             while not self.stopping.is_set():
                 try:
+                    if not urlsplit(link.url).hostname:
+                        raise Unavailable("where the region's relay is is not known yet")
+                    client = client or link.connect(link.url)
                     for frame in client.fragments(list(self.versions)):
                         if not self.relayed.is_set():
                             log.info("the region's relay delivers: the shards' streams stand by")
@@ -147,13 +154,15 @@ class Subscriber:
                         asked = time.monotonic()
                         if moved := self._moved(link.url, shards):
                             log.info("the region's relay is now at %s (it was at %s)", moved, link.url)
-                            client.close()
-                            client, link.url, delay = link.connect(moved), moved, 0.0
+                            if client is not None:
+                                client.close()
+                            client, link.url, delay = None, moved, 0.0
                     self.stopping.wait(delay)
                     delay = min(max(delay * 2, FIRST_DELAY_S), MOST_DELAY_S)
         finally:
             self.relayed.clear()
-            client.close()
+            if client is not None:
+                client.close()
 
     def _moved(self, url: str, shards: list[str]) -> str:
         """The relay's URL as the first shard that knows says it is now, where that differs from ``url``; "" when it
