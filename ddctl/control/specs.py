@@ -21,6 +21,7 @@ from ddctl.errors import DdctlError
 from ddctl.providers.base import LOOPBACK, InstanceSpec, RegionInfo
 from ddctl.providers.deploy import REMOTE_ROOT
 from ddctl_agents import storage
+from ddctl_agents.relay import host_port
 from ddctl_agents.relay import identity as relay_identity
 from ddctl_agents.train.modelfiles import MODEL_DIR, pack
 
@@ -129,7 +130,7 @@ def with_relay(spec: InstanceSpec, host: str) -> InstanceSpec:
         return spec
     at = argv.index("--relay")
     port = argv[at + 1].rpartition(":")[2]
-    argv[at + 1] = f"https://{f'[{host}]' if ':' in host else host}:{port}"
+    argv[at + 1] = f"https://{host_port(host, port)}"
     return replace(spec, argv=tuple(argv))
 
 

@@ -63,16 +63,23 @@ def own_address(bind_host: str, port: int, shard_url: str) -> str:
     wildcard bind the local address of this machine's route to the shard (its private address on a cloud VM: the
     public one is the cloud's NAT, outside the machine). Nothing is sent to find the route."""
     host = bind_host.strip("[]")
-    if host not in WILDCARD:
-        return address(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    return address(host_port(_route_to(shard_url) if host in WILDCARD else host, port))
+
+
+def host_port(host: str, port: int | str) -> str:
+    """HOST:PORT, an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _route_to(shard_url: str) -> str:
+    """The local address of this machine's route to ``shard_url``'s host."""
     shard = urlsplit(shard_url)
     try:
         family, kind, proto, _, target = socket.getaddrinfo(shard.hostname, shard.port or 443, type=socket.SOCK_DGRAM)[0]
         with socket.socket(family, kind, proto) as probe:
             probe.connect(target)
-            local = str(probe.getsockname()[0])
+            return str(probe.getsockname()[0])
     except OSError as exc:
         raise ValueError(
             f"no route from this machine to {shard_url} to take its address from ({exc}); give --advertise"
         ) from None
-    return address(f"[{local}]:{port}" if ":" in local else f"{local}:{port}")
