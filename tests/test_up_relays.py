@@ -166,14 +166,17 @@ def test_on_docker_vms_the_served_learner_reaches_the_relay_at_its_hosts_address
         assert "pulling from the shards" not in logs
         # the relay found its own address (its route to the synchronizer) and told it: the one L2 was given
         assert status_json()["relays"]["west"]["address"] == f"{address}:{RELAY_PORT}"
-        # its host's VM dies; the controller's replacement is another VM (Docker gives it the freed address again), whose
-        # relay tells the synchronizer where it is and serves L2, started before it, again
+        # its host's VM dies; the controller's replacement is another VM at another address, as on a cloud, whose
+        # relay tells the synchronizer where it is; L2, started before it and never restarted, moves to it
         DockerProvider().engine.kill(host.provider_id)
         new = wait_until(lambda: replaced(run, host.provider_id), timeout_s=240, what="the controller to replace L1")
+        assert new.private_address != address
         wait_until(lambda: status_json()["relays"]["west"]["address"] == f"{new.private_address}:{RELAY_PORT}",
                    timeout_s=120, what="the replaced host's relay to tell the synchronizer where it is")  # fmt: skip
         again = wait_until(lambda: serving(run, RELAY_PORT, new.private_address), timeout_s=120, what="it to serve both")
         assert again["stale"] == ""
+        moved = f"the region's relay is now at https://{new.private_address}:{RELAY_PORT} (it was at https://{address}:"
+        assert moved in runner.invoke(app, ["logs", "L2"]).output
     finally:
         down = runner.invoke(app, ["down", "--run", run, "--json"])
     assert down.exit_code == 0, down.output

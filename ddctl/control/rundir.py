@@ -43,6 +43,11 @@ class RunDir:
         return self.job / "tls" / "ca.pem"
 
     @property
+    def docker_addresses(self) -> Path:
+        """Every address the Docker provider handed a learner's VM in this run, one per line (``docker/addresses``)."""
+        return self.root / "docker-addresses"
+
+    @property
     def syncer_url(self) -> Path:
         """Where ``up`` records the URL this machine reaches the syncer (a sharded one's first shard) at."""
         return self.root / "syncer.url"

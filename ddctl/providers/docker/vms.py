@@ -5,7 +5,8 @@ run's instance-metadata endpoint (spot notices). The syncer's container joins
 every region's network at a fixed address (.250), so learners reach it across
 their region's link and a replacement syncer comes back at the same address,
 with its state on a "persistent disk" (a bind mount from the run directory).
-``create`` boots a container with sshd, a host key ddctl made for it (pinned;
+``create`` boots a container, at an address the run never handed before as a
+cloud's new VM is (``addresses.py``), with sshd, a host key ddctl made for it (pinned;
 its public half is a container label) and the run's client key, shapes its link
 (tc tbf on its eth0 for the uplink, on the host end of its veth for the
 downlink), and returns once sshd answers: the agent is deployed over SSH by the
@@ -38,6 +39,7 @@ from ddctl.providers.base import (
     syncer_index,
 )
 from ddctl.providers.docker import metadata
+from ddctl.providers.docker.addresses import fresh_address
 from ddctl.providers.docker.engine import Engine, tar_of
 from ddctl.providers.docker.image import VmImage, ensure_image
 from ddctl_agents.waiting import wait_until
@@ -149,7 +151,13 @@ class DockerProvider:
         client_public = deploy.ensure_client_key(rundir.ssh_key)
         network = network_name(spec.run, spec.region)
         is_syncer = spec.role == "syncer"
-        endpoint = {"IPAMConfig": {"IPv4Address": _syncer_address(subnets[spec.region], spec.name)}} if is_syncer else {}
+        home = subnets[spec.region]
+        fixed = (
+            _syncer_address(home, spec.name)  # reachable at the same address after a restart
+            if is_syncer
+            else fresh_address(home, self._held(spec.run, network), rundir.docker_addresses)
+        )
+        endpoint = {"IPAMConfig": {"IPv4Address": fixed}}
         for local in spec.disks.values():
             Path(local).mkdir(parents=True, exist_ok=True)
         name = container_name(spec.run, spec.name)
@@ -200,6 +208,12 @@ class DockerProvider:
             self.engine.remove(ident)
             raise
         return Instance(name=spec.name, provider_id=ident, run=spec.run, alive=True, address=address, private_address=address)
+
+    def _held(self, run: str, network: str) -> list[str]:
+        """The addresses ``run``'s containers hold on ``network`` now."""
+        containers = self.engine.containers({RUN_LABEL: run})
+        held = (((c.get("NetworkSettings") or {}).get("Networks") or {}).get(network, {}) for c in containers)
+        return [address for n in held if (address := ipv4(n.get("IPAddress")))]
 
     def list_run(self, run: str) -> list[Instance]:
         found = []
