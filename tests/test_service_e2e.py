@@ -34,9 +34,10 @@ def learner_view(status: dict, name: str) -> dict:
 
 
 def test_three_learners_train_and_status_shows_their_links(tmp_path: Path, job_factory: list[Job]) -> None:
-    # long enough for ~40 fragment records per learner: the syncer's kernel needs 0.1 s of busy time (or 16
-    # transfers) to time a downlink, and on a loaded loopback some records are read too slowly to count
-    job = Job.create(tmp_path, small_job(learners=3, tokens=300_000))
+    # long enough for ~60 fragment records per learner: the syncer's kernel needs 0.1 s of busy time (or 16
+    # transfers) to time a downlink, and on a loaded loopback some records are read too slowly to count (at
+    # 300,000 tokens, ~40 records, one CI run timed none of L2's 21 MB: the reader held them back)
+    job = Job.create(tmp_path, small_job(learners=3, tokens=450_000))
     job_factory.append(job)
     job.start_syncer("--eval-every", "2")
     for i in range(3):
