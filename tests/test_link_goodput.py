@@ -40,7 +40,11 @@ def test_fragment_uploads_reach_90_percent_of_a_shaped_link() -> None:
     assert result["goodput_fraction"] >= 0.90, runs
     assert result["parallel"] == "auto" and 1 <= result["in_flight_cap"] <= 3, result
     assert 0 < result["first_ack_s"] <= result["median_ack_s"] <= result["seconds"], result
-    assert 0.8 <= result["tracker_fraction"] <= 2.0, result  # the tracker sees the link (it can read high: see the note)
+    # The syncer's tracker reads the uplink as the learner's kernel timed it (bytes acknowledged over busy time): a lower
+    # bound of the link but for the shaper's 0.5 ms burst and the busy clock's 4 ms tick (0.94-0.95 here). Its fallback,
+    # chunks timed as they arrive, once read 2.03 on a busy CI machine.
+    assert result["tracker_timed_by"] == "kernel", result
+    assert 0.8 <= result["tracker_fraction"] <= 1.05, result
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert "ddctl-link" not in namespaces  # nothing left behind
 

@@ -4,7 +4,8 @@ A real syncer listens on the host end of a veth pair; a learner-side client in a
 network namespace pushes int4 updates through a ``tc tbf`` uplink. Goodput is
 frame bytes per second of acknowledged upload (transfer, decode, fsync, ack
 included), against the shaped rate. The syncer's own bandwidth tracker
-estimate for the link is reported beside it.
+estimate for the link is reported beside it: the uplink the learner's kernel timed, as its heartbeats
+report it (``tracker_timed_by`` says so).
 
 The client half runs inside the namespace as ``python -m ddctl.bench.link``: the learner's own
 ``Comms`` (its uploaders, in-flight slots and link timing), with every update queued at once, so
@@ -64,16 +65,17 @@ def measure_link(rate_mbit: float = 80.0, uploads: int = 6, preset: str = "small
         client_result = json.loads(done.stdout.strip().splitlines()[-1])
         admin = syncer.client()
         try:
-            tracked = next(entry for entry in admin.status()["learners"] if entry["id"] == "L0")["up_mbps"]
+            learner = next(entry for entry in admin.status()["learners"] if entry["id"] == "L0")
         finally:
             admin.close()
-    goodput = client_result["goodput_mbit"]
+    goodput, tracked = client_result["goodput_mbit"], learner["up_mbps"]
     return {
         "rate_mbit": rate_mbit,
         "goodput_mbit": round(goodput, 2),
         "goodput_fraction": round(goodput / rate_mbit, 4),
         "tracker_up_mbit": tracked,
         "tracker_fraction": round(tracked / rate_mbit, 4) if tracked else None,
+        "tracker_timed_by": learner["up_timed_by"],
         "frame_bytes": client_result["frame_bytes"],
         "uploads": uploads,
         "parallel": in_flight,
@@ -118,6 +120,9 @@ def _client(url: str, token: str, ca: str, uploads: int, in_flight: str) -> dict
     comms = Comms(lambda u: SyncerClient(u, token, Path(ca)), Routes({"": url}), me, "int4", 64,
                   parallel_uploads=parse_in_flight(in_flight), absorb=False)  # fmt: skip
     comms.start(fragments=1)
+    # As a training learner does: its heartbeats carry the uplink its kernel timed, so the syncer's tracker
+    # reads that, not its own fallback (chunks timed as they arrive, which reads high on a busy reader).
+    comms.set_report(step=8, step_time=1.0, tokens=0, tokens_per_s=0.0)
 
     def update(i: int) -> Update:
         return Update(learner="L0", fragment=0, base_version=base, update_id=f"L0.1.{i}", step=8, c_steps=8,
@@ -142,6 +147,7 @@ def _client(url: str, token: str, ca: str, uploads: int, in_flight: str) -> dict
     if len(acks) < uploads:
         raise SystemExit(f"only {len(acks)} of {uploads} uploads were acknowledged in 600 s")
     cap = comms.slots.cap()
+    time.sleep(3 * comms.interval_s)  # the heartbeats after the last acknowledgement carry its timing
     comms.close(reason=None)
     frame_bytes = len(encode_update(update(1), "int4", 64))
     return {"goodput_mbit": frame_bytes * uploads * 8 / seconds / 1e6, "frame_bytes": frame_bytes, "seconds": round(seconds, 3),
