@@ -388,6 +388,16 @@ def test_a_learner_refuses_a_relay_it_cannot_use(tmp_path: Path, extra: list[str
     assert done.returncode == 2 and message in done.stderr, done.stderr
 
 
+def test_a_learner_refuses_a_malformed_relay_url_at_start(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("east.x")
+    argv = ["--syncer", "https://127.0.0.1:9", "--name", "L0", "--token", "t", "--relay-token-file", str(token)]
+    done = run_module("ddctl_agents.agent", *argv, "--relay", "https://[bad:1")
+    assert done.returncode == 2, done.stderr
+    assert "argument --relay: a relay's host must be an IP address or a DNS name, got '[bad'" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_a_relay_checks_a_frame_whole_without_decoding_its_tensors() -> None:
     from ddctl_agents.core.messages import decode_fragment, fragment_of
     from ddctl_agents.core.wire import pack

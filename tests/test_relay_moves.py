@@ -18,7 +18,7 @@ from ddctl.local.relay import LocalRelay
 from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable
 from ddctl_agents.agent.subscription import RelayLink, Subscriber
 from ddctl_agents.errors import BadRequest
-from ddctl_agents.relay import address, identity, own_address
+from ddctl_agents.relay import address, identity, own_address, url
 from ddctl_agents.service.app import relay_at
 from ddctl_agents.service.relay_feeds import RelayFeeds
 from ddctl_agents.waiting import wait_until
@@ -68,6 +68,37 @@ def test_a_relays_address_is_host_and_port_normalised(text: str, normal: str) ->
 def test_a_relays_address_is_refused_saying_what_is_allowed(text: str, message: str) -> None:
     with pytest.raises(ValueError) as refused:
         address(text)
+    assert message in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "normal"),
+    [
+        ("https://10.0.0.5:29401", "https://10.0.0.5:29401"),
+        ("https://[2001:db8::1]:0443", "https://[2001:db8::1]:443"),
+        ("https://:29401", "https://:29401"),  # the relay's host is not known yet: the learner asks the shards
+        ("http://127.0.0.1:8", "http://127.0.0.1:8"),
+    ],
+)
+def test_a_learners_relay_url_is_normalised(text: str, normal: str) -> None:
+    assert url(text) == normal
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("10.0.0.5:29401", "a relay URL is https://HOST:PORT (or https://:PORT before its host is known), got '10.0.0.5:29401'"),
+        ("ftp://10.0.0.5:1", "a relay URL is https://HOST:PORT"),
+        ("https://10.0.0.5:1/v1", "a relay URL is https://HOST:PORT"),
+        ("https://[bad:1", "a relay's host must be an IP address or a DNS name, got '[bad'"),
+        ("https://:0", "a relay URL's port must be from 1 to 65535, got 'https://:0'"),
+        ("https://:x", "a relay URL's port must be from 1 to 65535"),
+        ("https://0.0.0.0:1", "0.0.0.0 is not an address a learner can reach a relay at"),
+    ],
+)
+def test_a_learners_relay_url_is_refused_saying_what_is_allowed(text: str, message: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        url(text)
     assert message in str(refused.value)
 
 

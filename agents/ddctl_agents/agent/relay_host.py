@@ -23,6 +23,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from ddctl_agents import relay
 from ddctl_agents.errors import AgentError
 
 log = logging.getLogger(__name__)
@@ -33,12 +34,22 @@ PR_SET_PDEATHSIG = 1
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--relay", default="", help="The region's relay URL: versions come through it (cadence 1 only).")
+    parser.add_argument(
+        "--relay", default="", type=_relay_url, help="The region's relay URL: versions come through it (cadence 1 only)."
+    )
     parser.add_argument("--relay-token-file", type=Path, help="A file holding this learner's token for the relay.")
     parser.add_argument(
         "--host-relay", default="", metavar="HOST:PORT", help="Also run the region's relay here (it ends with this learner)."
     )
     parser.add_argument("--host-relay-dir", type=Path, metavar="DIR", help=f"The hosted relay's files: {', '.join(HOST_FILES)}.")
+
+
+def _relay_url(text: str) -> str:
+    """Checked when the learner starts, with what is allowed, not in its stream's thread at the first connection."""
+    try:
+        return relay.url(text) if text else ""
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def relay_argv(args: argparse.Namespace) -> list[str]:

@@ -58,6 +58,21 @@ def address(text: str) -> str:
     return f"[{ip}]:{int(port)}" if ip.version == 6 else f"{ip}:{int(port)}"
 
 
+def url(text: str) -> str:
+    """``text`` as the relay URL a learner is started with: ``https://HOST:PORT``, or ``https://:PORT`` while the
+    relay's host is not known yet (``ddctl.control.specs.with_relay``); normalised. ValueError says what is allowed,
+    at start, rather than in the stream's thread at its first connection."""
+    scheme, sep, rest = text.partition("://")
+    if not sep or scheme not in ("https", "http") or "/" in rest:
+        raise ValueError(f"a relay URL is https://HOST:PORT (or https://:PORT before its host is known), got {text[:60]!r}")
+    if rest.startswith(":"):
+        port = rest[1:]
+        if not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
+            raise ValueError(f"a relay URL's port must be from 1 to 65535, got {text[:60]!r}")
+        return f"{scheme}://:{int(port)}"
+    return f"{scheme}://{address(rest)}"
+
+
 def own_address(bind_host: str, port: int, shard_url: str) -> str:
     """The address this machine's learners reach a relay bound to ``bind_host``:``port`` at: that host, or for a
     wildcard bind the local address of this machine's route to the shard (its private address on a cloud VM: the
