@@ -190,9 +190,12 @@ def test_a_restarted_syncer_still_files_each_learners_links_under_its_region(tmp
     try:
         learner.heartbeat({**beat, "step": 4, "up_bytes": 2_000_000, "up_seconds": 0.2, "region": "europe-west4"})
         learner.heartbeat({**beat, "step": 5, "region": "us-east1"})  # registration's region stands: no moving
+        learner.heartbeat({**beat, "step": 6, "up_bytes": 10_000, "up_seconds": 0.01})  # too small to tell a bandwidth
     finally:
         learner.close()
     status = job.status()
     assert learner_view(status, "L0")["region"] == "europe-west4"
     (row,) = status["regions"]
     assert row["name"] == "europe-west4" and row["up_mbps"] == pytest.approx(80.0)  # 2 MB in 0.2 s, after the restart
+    # The bytes the rate was read from: the 2 MB sample since the restart, not the 10 kB one it left out.
+    assert learner_view(status, "L0")["up_sampled_bytes"] == row["up_sampled_bytes"] == 2_000_000

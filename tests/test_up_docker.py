@@ -145,9 +145,9 @@ def _sampled(run: str, since: dict[str, dict[str, Any]] | None) -> dict[str, dic
         seen.append({name: {k: v for k, v in row.items() if "_mbps" in k or "_bytes" in k} for name, row in rows.items()})
         for name in RATES:
             for direction in ("up", "down"):
-                needed = since[name][f"{direction}_bytes"] + SAMPLED_BYTES[1] if since else SAMPLED_BYTES[0]
+                needed = since[name][f"{direction}_sampled_bytes"] + SAMPLED_BYTES[1] if since else SAMPLED_BYTES[0]
                 row = rows.get(name, {})
-                if row.get(f"{direction}_timed_by") != "kernel" or row[f"{direction}_bytes"] < needed:
+                if row.get(f"{direction}_timed_by") != "kernel" or row[f"{direction}_sampled_bytes"] < needed:
                     return None
         return rows
 

@@ -34,8 +34,8 @@ def _link_view(links: LearnerLinks) -> dict[str, Any]:
         "up_mbps": _mbps(links.up),
         "down_mbps": _mbps(links.down),
         "rtt_ms": _ms(links.up),
-        "up_bytes": links.up.total_bytes,
-        "down_bytes": links.down.total_bytes,
+        "up_sampled_bytes": links.up.total_bytes,  # what the rate was read from, not all that crossed the link
+        "down_sampled_bytes": links.down.total_bytes,
         "up_timed_by": _timed_by(links.up),
         "down_timed_by": _timed_by(links.down),
     }
@@ -43,7 +43,8 @@ def _link_view(links: LearnerLinks) -> dict[str, Any]:
 
 def _site_view(up: LinkEstimate, down: LinkEstimate) -> dict[str, Any]:
     """The site's link as every transfer across it measured it: ``up`` what left it, ``down`` what arrived."""
-    return {"up_mbps": _mbps(up), "down_mbps": _mbps(down), "up_bytes": up.total_bytes, "down_bytes": down.total_bytes}
+    sampled = {"up_sampled_bytes": up.total_bytes, "down_sampled_bytes": down.total_bytes}
+    return {"up_mbps": _mbps(up), "down_mbps": _mbps(down), **sampled}
 
 
 def _timed_by(link: LinkEstimate) -> str | None:
