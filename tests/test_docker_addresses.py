@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ddctl.errors import ProvisionError
-from ddctl.providers.docker.addresses import fresh_address
+from ddctl.providers.docker.addresses import LEARNER_HOSTS, fresh_address
 
 NET = ipaddress.IPv4Network("10.213.4.0/24")
 
@@ -30,7 +30,7 @@ def test_a_replacement_gets_an_address_never_handed_in_the_run_not_the_freed_one
 
 def test_once_every_address_was_handed_a_free_one_is_reused_and_a_full_network_is_a_quota_error(tmp_path: Path) -> None:
     handed = tmp_path / "docker-addresses"
-    everything = [str(NET[host]) for host in range(2, 128)]
+    everything = [str(NET[host]) for host in LEARNER_HOSTS]
     handed.write_text("\n".join(everything) + "\n")
     assert fresh_address(NET, everything[:5], handed) == "10.213.4.7"  # the lowest free one
     with pytest.raises(ProvisionError, match=r"every learner address of 10.213.4.0/24 \(.2-.127\) is in use") as full:
