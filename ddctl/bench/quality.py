@@ -75,7 +75,7 @@ def measure(config: TrainConfig, *, data_parallel: bool) -> dict[str, Any]:
         from ddctl.local.training import train_decoupled
 
         result = train_decoupled(config)
-    keep = ("val_bpb", "tokens", "bytes_up", "bytes_down", "wall_s", "rounds", "ledger", "learners")
+    keep = ("val_bpb", "tokens", "bytes_up", "bytes_down", "wall_s", "rounds", "ledger", "learners", "restarts")
     row = {k: result[k] for k in keep if k in result}
     row["bytes_per_token"] = (result["bytes_up"] + result["bytes_down"]) / max(result["tokens"], 1)
     row["config"] = {

@@ -16,10 +16,13 @@ Run small (a few seconds on a laptop CPU)::
 from __future__ import annotations
 
 import datetime
+import logging
 import queue
+import tempfile
 import time
 import traceback
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +33,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from ddctl.errors import WorkerError
+from ddctl.local.rank_watch import BEAT_S, RankWatch, StalledRanks, dump_on_signal, stacks_of
 from ddctl_agents.train.checksum import params_sha256
 from ddctl_agents.train.config import (
     DataConfig,
@@ -59,6 +63,15 @@ POLL_S = 0.5
 EXIT_GRACE_S = 30.0
 """How long workers that reported may take to exit before they are killed."""
 
+STALL_S = 300.0
+"""A rank waiting on its peers (in the rendezvous or a step) silent this long is stuck (``rank_watch``): half the
+collective timeout, so the parent says where well before gloo gives up."""
+
+RESTARTS = 1
+"""A run stuck in its rendezvous, before any step, is started again this many times."""
+
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Job:
@@ -70,6 +83,8 @@ class _Job:
     threads: int
     port: int
     keep_params: bool
+    stacks: str
+    """The folder each rank writes its stack to when the parent asks (``rank_watch.dump_on_signal``)."""
 
 
 @dataclass(slots=True)
@@ -110,20 +125,27 @@ def _wrap_ddp(model: nn.Module, counter: _CommCounter) -> nn.Module:
     return ddp
 
 
-def _train(model: nn.Module, sampler: BatchSampler, steps: int, inner: InnerConfig, log: bool) -> list[list[float]]:
-    """The step loop; returns [step, loss] every LOSS_EVERY steps when log is set."""
+def _train(
+    model: nn.Module, sampler: BatchSampler, steps: int, inner: InnerConfig, log: bool, tell: Callable[[str], None]
+) -> list[list[float]]:
+    """The step loop, telling the parent it trains every BEAT_S; returns [step, loss] every LOSS_EVERY steps when log
+    is set."""
     optimizer = build_inner_optimizer(model, inner)
     curve: list[list[float]] = []
+    told = time.monotonic()
     for step in range(steps):
         x, y = sampler.batch(step)
         loss = inner_step(model, optimizer, x, y, inner_lr(step, steps, inner), inner.grad_clip)
         if log and (step % LOSS_EVERY == 0 or step == steps - 1):
             curve.append([step, loss.item()])
+        if (now := time.monotonic()) - told >= BEAT_S:
+            told = now
+            tell("training")
     return curve
 
 
-def _train_rank(rank: int, job: _Job) -> dict[str, Any]:
-    """Train one rank on its shard and stream; rank 0 also evaluates."""
+def _train_rank(rank: int, job: _Job, tell: Callable[[str], None]) -> dict[str, Any]:
+    """Train one rank on its shard and stream, telling the parent each phase; rank 0 also evaluates."""
     config = model_config(job.inner)
     corpus = load_corpus(job.data)
     learners = job.budget.learners
@@ -138,11 +160,13 @@ def _train_rank(rank: int, job: _Job) -> dict[str, Any]:
     )
     counter = _CommCounter()
     if learners > 1:
+        tell("joining")
         _join_group(rank, job)
     try:
+        tell("training")
         start = time.perf_counter()
         trained = _wrap_ddp(model, counter) if learners > 1 else model
-        curve = _train(trained, sampler, steps, job.inner, log=rank == 0)
+        curve = _train(trained, sampler, steps, job.inner, log=rank == 0, tell=tell)
         train_s = time.perf_counter() - start
     finally:
         if learners > 1:
@@ -156,6 +180,7 @@ def _train_rank(rank: int, job: _Job) -> dict[str, Any]:
         "train_s": train_s,
     }
     if rank == 0:
+        tell("evaluating")
         windows, batch_size = job.data.eval_windows, job.inner.batch_size
         report["val_bpb"] = evaluate_bpb(model, validation_batches(corpus.val, config.seq_len, windows, batch_size))
         report["loss_curve"] = curve
@@ -165,37 +190,47 @@ def _train_rank(rank: int, job: _Job) -> dict[str, Any]:
 
 
 def _worker(rank: int, job: _Job, results: Any) -> None:
-    """Process entry point: report ("ok", rank, report) or ("error", rank, traceback)."""
+    """Process entry point: ("phase", rank, phase) as it goes, then ("ok", rank, report) or ("error", rank, traceback)."""
     try:
         torch.set_num_threads(job.threads)
-        results.put(("ok", rank, _train_rank(rank, job)))
+        stack = dump_on_signal(job.stacks, rank)  # noqa: F841  # open while the rank runs: its stack goes there
+        results.put(("ok", rank, _train_rank(rank, job, lambda phase: results.put(("phase", rank, phase)))))
     except BaseException:
         results.put(("error", rank, traceback.format_exc()))
 
 
-def _collect(results: Any, procs: list[Any], timeout_s: float) -> dict[int, dict[str, Any]]:
-    """Wait for every rank's report; fail fast on an error, a silent death or the timeout."""
-    deadline = time.monotonic() + timeout_s
+def _collect(results: Any, procs: dict[int, Any], job: _Job, timeout_s: float, stall_s: float) -> dict[int, dict[str, Any]]:
+    """Wait for every rank's report; fail fast on an error, a silent death, a stall (``rank_watch``) or the timeout."""
+    start = time.monotonic()
+    watch = RankWatch(stall_s, start)
+    watch.start(procs)
     reports: dict[int, dict[str, Any]] = {}
     while len(reports) < len(procs):
         try:
             status, rank, payload = results.get(timeout=POLL_S)
         except queue.Empty:
-            for rank, proc in enumerate(procs):
-                if rank not in reports and proc.exitcode not in (None, 0):
-                    raise WorkerError(f"rank {rank} died with exit code {proc.exitcode}") from None
-            if time.monotonic() > deadline:
-                raise WorkerError(f"data-parallel run exceeded timeout_s={timeout_s:g}") from None
-            continue
-        if status == "error":
+            status = ""
+        now = time.monotonic()
+        if status == "phase":
+            watch.hear(rank, payload, now)
+        elif status == "error":
             raise WorkerError(f"rank {rank} failed:\n{payload}")
-        reports[rank] = payload
+        elif status == "ok":
+            reports[rank] = payload
+        for r, proc in procs.items():
+            if r not in reports and proc.exitcode not in (None, 0):
+                raise WorkerError(f"rank {r} died with exit code {proc.exitcode}") from None
+        if stuck := watch.stalled(now, reports):
+            stacks = stacks_of(job.stacks, {r: procs[r] for r in stuck})
+            raise StalledRanks(f"{watch.describe(stuck, now)}\n{stacks}", restartable=watch.restartable(stuck))
+        if now - start > timeout_s:
+            raise WorkerError(f"data-parallel run exceeded timeout_s={timeout_s:g}") from None
     return reports
 
 
-def _stop(procs: list[Any], grace_s: float) -> None:
+def _stop(procs: dict[int, Any], grace_s: float) -> None:
     """Let workers exit within grace_s, then kill what is left, so none outlives the run."""
-    for proc in procs:
+    for proc in procs.values():
         proc.join(timeout=grace_s)
         if proc.is_alive():
             proc.kill()
@@ -232,6 +267,7 @@ def run_data_parallel(
     *,
     timeout_s: float = 24 * 3600.0,
     keep_params: bool = False,
+    stall_s: float = STALL_S,
 ) -> dict[str, Any]:
     """Train budget.tokens with budget.learners synchronous DDP ranks and report.
 
@@ -239,38 +275,48 @@ def run_data_parallel(
     (so the global batch is M times a Decoupled learner's) with the same
     schedule. Returns val_bpb (rank 0, final model), tokens, bytes_up/bytes_down
     (ring all-reduce traffic summed over ranks; 0 when M = 1), wall_s, train_s,
-    params_sha256 (rank 0) and rank_params_sha256 (all ranks), steps, learners
-    and loss_curve; with keep_params also rank 0's final "params" (CPU tensors).
+    params_sha256 (rank 0) and rank_params_sha256 (all ranks), steps, learners,
+    loss_curve and restarts (times the run stuck in its rendezvous was started
+    again); with keep_params also rank 0's final "params" (CPU tensors).
     A worker's failure raises WorkerError carrying its traceback; so does
-    running past timeout_s.
+    running past timeout_s, and a rank stuck (``rank_watch``) past the restarts.
     """
     get_preset(inner.preset)  # fail here, not in M processes
     require(threads_per_rank >= 1, f"threads_per_rank must be >= 1, got {threads_per_rank}")
+    start = time.monotonic()
+    for restarts in range(RESTARTS + 1):
+        try:
+            with tempfile.TemporaryDirectory(prefix="ddctl-dp-") as stacks:
+                job = _Job(inner=inner, data=data, budget=budget, threads=threads_per_rank, port=0, keep_params=keep_params,
+                           stacks=stacks)  # fmt: skip
+                reports = _attempt(job, range(budget.learners), timeout_s - (time.monotonic() - start), stall_s)
+            break
+        except StalledRanks as exc:
+            if not exc.restartable or restarts == RESTARTS:
+                raise
+            log.warning("data-parallel run stuck in its rendezvous, starting it again: %s", exc)
+    return {**_summarise(reports, budget.learners, time.monotonic() - start), "restarts": restarts}
+
+
+def _attempt(job: _Job, ranks: range, timeout_s: float, stall_s: float) -> dict[int, dict[str, Any]]:
+    """Spawn ``ranks`` of ``job`` (all of them, but for a test) around a fresh TCP store and collect their reports."""
     ctx = torch.multiprocessing.get_context("spawn")
     timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
     store = dist.TCPStore(  # type: ignore[attr-defined]  # port 0: the OS picks a free one
         "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timeout
     )
-    job = _Job(
-        inner=inner,
-        data=data,
-        budget=budget,
-        threads=threads_per_rank,
-        port=store.port,
-        keep_params=keep_params,
-    )
+    job = replace(job, port=store.port)
     results = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(rank, job, results), daemon=True) for rank in range(budget.learners)]
-    start = time.monotonic()
-    for proc in procs:
+    procs = {rank: ctx.Process(target=_worker, args=(rank, job, results), daemon=True) for rank in ranks}
+    for proc in procs.values():
         proc.start()
     try:
-        reports = _collect(results, procs, timeout_s)
+        reports = _collect(results, procs, job, timeout_s, stall_s)
     except BaseException:
         _stop(procs, grace_s=0.0)
         raise
     _stop(procs, grace_s=EXIT_GRACE_S)
-    return _summarise(reports, budget.learners, time.monotonic() - start)
+    return reports
 
 
-__all__ = ["COLLECTIVE_TIMEOUT_S", "WorkerError", "ring_allreduce_bytes", "run_data_parallel"]
+__all__ = ["COLLECTIVE_TIMEOUT_S", "STALL_S", "WorkerError", "ring_allreduce_bytes", "run_data_parallel"]
