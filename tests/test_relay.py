@@ -12,6 +12,7 @@ import logging
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -448,3 +449,24 @@ def test_a_hosted_relay_that_cannot_start_leaves_its_learner_to_the_shards(tmp_p
             assert "exited (2)" in said and learner.poll() is None  # it still runs: it keeps trying the shards
         finally:
             learner.kill()
+
+
+def test_a_learner_that_leaves_its_stream_early_is_behind_its_relay_again_at_once(tmp_path: Path) -> None:
+    """httpcore closes an HTTP/2 response left early without a RST_STREAM: the synchronizer went on feeding the stream
+    and counted its learner as reading a shard itself (``relay_feeds.direct``), 20 s and more after it had gone over
+    to its relay. Leaving the stream now ends it at the synchronizer (``SyncerClient.fragments``)."""
+    with relayed(tmp_path, 1, 600_000) as (syncer, _relay):
+        learner = syncer.client("L0")
+        try:
+            learner.register("L0", incarnation=1, region="east")
+            behind = lambda: status_of(syncer)["relays"]["east"]["learners"]  # noqa: E731
+            assert behind() == 1  # live, and reading no stream of the synchronizer's
+            for frame in learner.fragments([-1, -1, -1, -1]):
+                assert frame and behind() == 0  # a bootstrap version, on a stream of its own
+                break
+            began = time.monotonic()
+            wait_until(lambda: behind() == 1, timeout_s=10, what="the stream left to end at the synchronizer")
+            assert time.monotonic() - began < 5
+            assert learner.status()["relays"]["east"]["learners"] == 1  # the client still works, on a new connection
+        finally:
+            learner.close()

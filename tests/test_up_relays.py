@@ -103,6 +103,22 @@ def pid_of(run: str, name: str) -> int:
     return int(instance.provider_id)
 
 
+def behind(count: int, timeout_s: float = 60.0) -> None:
+    """Wait until ``ddctl status`` counts ``count`` learners behind west's relay; on a timeout, say what it showed last
+    (the relay's feed and each west learner's state): a count that stays short is then told from a learner gone
+    quiet (its heartbeats) or one still reading a shard's stream itself."""
+    last: list[Any] = []
+
+    def counted() -> bool:
+        status = status_json()
+        west = [r for r in status.get("regions", []) if r.get("name") == "west"]
+        last[:] = [status["relays"].get("west"), [(e["id"], e["state"]) for r in west for e in r["learners"]]]
+        return bool(last[0] and last[0]["learners"] == count)
+
+    wait_until(counted, timeout_s=timeout_s, what=f"{count} learners behind west's relay",
+               error=lambda message: TimeoutError(f"{message}; last seen: relay {last[0]}, learners {last[1]}"))  # fmt: skip
+
+
 @pytest.mark.slow
 def test_up_runs_the_relay_on_its_host_and_a_killed_host_is_replaced_with_its_relay(regions_file: Path) -> None:
     run = dry_run_up(regions_file)["run"]
@@ -119,7 +135,7 @@ def test_up_runs_the_relay_on_its_host_and_a_killed_host_is_replaced_with_its_re
         assert health is not None and feed["streams"] == 1 and abs(feed["bytes"] - health["bytes_in"]) <= 1_100_000
         assert feed["address"] == f"127.0.0.1:{port}"  # where it listens, as it told the synchronizer
         # both west learners read through it, and the synchronizer counts them so (neither reads a stream of its own)
-        wait_until(lambda: status_json()["relays"]["west"]["learners"] == 2, timeout_s=30, what="both learners behind it")
+        behind(2)
         logs = RunDir(run).root / "logs"
         for name in ("L1", "L2"):
             wait_until(lambda n=name: "the region's relay delivers" in (logs / f"{n}.log").read_text(), timeout_s=60,

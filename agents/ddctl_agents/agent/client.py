@@ -10,6 +10,7 @@ one 64 MiB body crawl at about 1 MB/s.
 
 from __future__ import annotations
 
+import functools
 import ssl
 import struct
 from collections.abc import Callable, Iterator
@@ -49,7 +50,8 @@ class SyncerClient:
         if not tls and not self.url.startswith("http://"):
             raise ConfigError(f"syncer URL must start with https:// or http://, got {url!r}")
         verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(ca)) if tls and ca else tls
-        self.http = httpx.Client(
+        self._http = functools.partial(
+            httpx.Client,
             http1=tls or not http2,  # with TLS, ALPN picks h2; in plain text, HTTP/2 prior knowledge (h2c)
             http2=http2,
             verify=verify,
@@ -57,6 +59,7 @@ class SyncerClient:
             headers={"authorization": f"Bearer {token}"},
             limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S),
         )
+        self.http = self._http()
         self._stream: Any = None
         """The connection the last response came on (httpcore's network stream), for ``sending``."""
 
@@ -169,7 +172,13 @@ class SyncerClient:
         waiting and would time its own wake-up (a 50 Mbit/s link read 655-801). The
         syncer measures each learner's downlink from its own socket (``tcpinfo``).
 
-        ``at``: a relay's address, which it tells the shards its stream comes from (``relay.address``)."""
+        ``at``: a relay's address, which it tells the shards its stream comes from (``relay.address``).
+
+        Left early (the caller breaks out), the stream ends at the server too: httpcore closes an HTTP/2 response
+        without a RST_STREAM, so the server would go on feeding a stream nobody reads until its window filled, and
+        count it (a learner behind its relay went on counting as reading a shard itself, for 20 s and more). This
+        client's connections are dropped instead, which ends every stream on them: give a stream a client of its
+        own."""
         params = {"since": ",".join(str(v) for v in since)} | ({"at": at} if at else {})
         if chain is not None:
             params.update(deltas="1", chain=chain[0])
@@ -194,6 +203,10 @@ class SyncerClient:
                         yield frame
         except httpx.TransportError as exc:
             raise Unavailable(f"fragment stream from {self.url} broke: {exc!r}") from None
+        except GeneratorExit:
+            self.http.close()
+            self.http = self._http()
+            raise
 
     # -- plumbing -------------------------------------------------------------------------------
     def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
