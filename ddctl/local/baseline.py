@@ -3,7 +3,7 @@
 M local processes train one model with real ``torch.distributed`` (gloo, DDP):
 every step all-reduces every gradient. Each rank draws its own shard and batch
 stream exactly as a Decoupled learner would, so the two see the same token
-budget; a DDP comm hook counts the bytes a ring all-reduce moves.
+budget; the bytes a ring all-reduce moves are counted from the buckets DDP says it all-reduces.
 
 Run small (a few seconds on a laptop CPU)::
 
@@ -24,12 +24,11 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from ddctl.errors import WorkerError
@@ -47,9 +46,6 @@ from ddctl_agents.train.data import BatchSampler, load_corpus, shard, validation
 from ddctl_agents.train.evaluate import evaluate_bpb
 from ddctl_agents.train.optim import build_inner_optimizer, inner_lr, inner_step
 from ddctl_agents.train.presets import get_preset, model_config
-
-if TYPE_CHECKING:
-    from torch._C._distributed_c10d import GradBucket
 
 COLLECTIVE_TIMEOUT_S = 600.0
 """A rank waiting longer than this on its peers (one died or hung) fails instead of hanging."""
@@ -87,20 +83,6 @@ class _Job:
     """The folder each rank writes its stack to when the parent asks (``rank_watch.dump_on_signal``)."""
 
 
-@dataclass(slots=True)
-class _CommCounter:
-    """DDP comm-hook state: bytes of gradient buckets this rank has all-reduced."""
-
-    bucket_bytes: int = 0
-
-
-def _counting_allreduce(state: _CommCounter, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """The default all-reduce (on the default group), after adding the bucket's size."""
-    buffer = bucket.buffer()
-    state.bucket_bytes += buffer.numel() * buffer.element_size()
-    return default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]
-
-
 def ring_allreduce_bytes(bucket_bytes: int, learners: int) -> int:
     """Bytes one rank sends (and receives) to ring-all-reduce bucket_bytes: 2(M-1)/M of them."""
     return round(Fraction(2 * (learners - 1) * bucket_bytes, learners))
@@ -115,14 +97,20 @@ def _join_group(rank: int, job: _Job) -> None:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=job.budget.learners, timeout=timeout)
 
 
-def _wrap_ddp(model: nn.Module, counter: _CommCounter) -> nn.Module:
-    """DDP with the counting hook. Every rank builds the same model from the seed, so the
-    initial broadcast is skipped and every byte moved passes through the hook."""
-    ddp = DistributedDataParallel(model, init_sync=False)
-    # DDP compares the hook's annotations to real classes; ours are postponed
-    # strings, so register an unannotated lambda around the typed hook.
-    ddp.register_comm_hook(counter, lambda state, bucket: _counting_allreduce(state, bucket))
-    return ddp
+def _wrap_ddp(model: nn.Module) -> DistributedDataParallel:
+    """DDP with its own C++ all-reduce. Every rank builds the same model from the seed, so the initial broadcast is
+    skipped and every byte moved is a gradient bucket's.
+
+    No Python comm hook: one (a counting wrapper around ``allreduce_hook``) deadlocked a rank at exit in about one run
+    in seven on two cores: gloo's worker thread, releasing the hook's Python ``then`` callback, waited for the GIL
+    while the main thread, holding it, joined that thread in the reducer's destructor (``py-spy dump --native``)."""
+    return DistributedDataParallel(model, init_sync=False)
+
+
+def _bucket_bytes(ddp: DistributedDataParallel, steps: int) -> int:
+    """Bytes of gradient buckets all-reduced over ``steps``: DDP all-reduces every bucket once per backward pass."""
+    sizes = str(ddp._get_ddp_logging_data()["bucket_sizes"])  # type: ignore[no-untyped-call]
+    return steps * sum(int(size) for size in sizes.split(","))
 
 
 def _train(
@@ -158,16 +146,18 @@ def _train_rank(rank: int, job: _Job, tell: Callable[[str], None]) -> dict[str, 
         seed=job.inner.seed,
         stream=rank,
     )
-    counter = _CommCounter()
+    bucket_bytes = 0
     if learners > 1:
         tell("joining")
         _join_group(rank, job)
     try:
         tell("training")
         start = time.perf_counter()
-        trained = _wrap_ddp(model, counter) if learners > 1 else model
+        trained = _wrap_ddp(model) if learners > 1 else model
         curve = _train(trained, sampler, steps, job.inner, log=rank == 0, tell=tell)
         train_s = time.perf_counter() - start
+        if isinstance(trained, DistributedDataParallel):
+            bucket_bytes = _bucket_bytes(trained, steps)
     finally:
         if learners > 1:
             dist.destroy_process_group()
@@ -175,7 +165,7 @@ def _train_rank(rank: int, job: _Job, tell: Callable[[str], None]) -> dict[str, 
     report: dict[str, Any] = {
         "steps": steps,
         "tokens": steps * job.inner.batch_size * config.seq_len,
-        "bucket_bytes": counter.bucket_bytes,
+        "bucket_bytes": bucket_bytes,
         "params_sha256": params_sha256(params),
         "train_s": train_s,
     }
