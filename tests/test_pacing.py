@@ -116,7 +116,8 @@ def test_a_bad_option_says_what_is_allowed(text: str) -> None:
 
 def test_the_learner_refuses_a_bad_count_with_exit_2() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "ddctl_agents.agent", "learner", "--syncer", "x", "--name", "L0", "--parallel-uploads", "0"],
+        [sys.executable, "-m", "ddctl_agents.agent", "learner", "--syncer", "http://127.0.0.1:9", "--name", "L0",
+         "--parallel-uploads", "0"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 2

@@ -470,3 +470,14 @@ def test_a_learner_that_leaves_its_stream_early_is_behind_its_relay_again_at_onc
             assert learner.status()["relays"]["east"]["learners"] == 1  # the client still works, on a new connection
         finally:
             learner.close()
+
+
+@pytest.mark.parametrize("module", ["ddctl_agents.agent", "ddctl_agents.relay"])
+def test_a_malformed_syncer_url_is_refused_at_start(tmp_path: Path, module: str) -> None:
+    key = tmp_path / "key"
+    key.write_text("00" * 32)
+    rest = ["--name", "L0"] if module == "ddctl_agents.agent" else ["--region", "east", "--key-file", str(key), "--plaintext"]
+    done = run_module(module, "--syncer", "https://[bad:1", "--token", "t", *rest)
+    assert done.returncode == 2, done.stderr
+    assert "argument --syncer: a synchronizer's host must be an IP address or a DNS name, got '[bad'" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ddctl_agents.agent.comm import Comms, Identity
-from ddctl_agents.agent.routes import Routes, discover
+from ddctl_agents.agent.routes import Routes, discover, syncer_url
 from ddctl_agents.core import shardmap
 from ddctl_agents.core.shard_syncer import HANDOFF_KIND, HANDOFF_LIMITS, ShardSynchronizer
 from ddctl_agents.core.shardmap import ShardMap, ShardRole
@@ -276,3 +276,36 @@ def test_a_map_naming_a_shard_without_an_address_refuses_the_update_instead_of_s
     with pytest.raises(Refused, match="names S2, whose address this learner lacks"):
         comms._push(shards["https://b"], "https://b", b"frame", 1)  # type: ignore[arg-type]
     assert routes.epoch == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "normal"),
+    [
+        ("https://10.0.0.5:8443", "https://10.0.0.5:8443"),
+        ("https://Syncer.Example.COM:8443/", "https://syncer.example.com:8443"),  # a DNS name, a trailing slash
+        ("https://[fd00::7]:8443", "https://[fd00::7]:8443"),
+        ("http://127.0.0.1:9", "http://127.0.0.1:9"),
+    ],
+)
+def test_a_syncer_url_is_normalised(text: str, normal: str) -> None:
+    assert syncer_url(text) == normal
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("10.0.0.5:8443", "a synchronizer URL is https://HOST:PORT (http:// for h2c on loopback), got '10.0.0.5:8443'"),
+        ("ftp://10.0.0.5:1", "a synchronizer URL is https://HOST:PORT"),
+        ("https://10.0.0.5:1/v1", "a synchronizer URL is https://HOST:PORT"),
+        ("https://user@10.0.0.5:1", "a synchronizer URL is https://HOST:PORT"),
+        ("https://[bad:1", "a synchronizer's host must be an IP address or a DNS name, got '[bad'"),
+        ("https://10.0.0.5", "a synchronizer's address must be HOST:PORT with a port from 1 to 65535"),
+        ("https://10.0.0.5:0", "a synchronizer's address must be HOST:PORT with a port from 1 to 65535"),
+        ("https://fd00::7:8443", "an IPv6 host goes in brackets, [fd00::7]:8443"),
+        ("https://0.0.0.0:8443", "0.0.0.0 is not an address a learner can reach a synchronizer at"),
+    ],
+)
+def test_a_syncer_url_is_refused_saying_what_is_allowed(text: str, message: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        syncer_url(text)
+    assert message in str(refused.value)

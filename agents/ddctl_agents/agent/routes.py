@@ -11,11 +11,13 @@ new owner (it was not applied where it was refused).
 
 from __future__ import annotations
 
+import argparse
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ddctl_agents import relay
 from ddctl_agents.core import shardmap
 from ddctl_agents.core.shardmap import ShardMap
 from ddctl_agents.errors import ConfigError
@@ -66,6 +68,24 @@ class Routes:
             self._map = newer
         log.info("shard map epoch %d: %s", newer.epoch, newer.to_json())
         return True
+
+
+def syncer_url(text: str) -> str:
+    """``text`` as a ``--syncer`` address, ``https://HOST:PORT`` (``http://`` for h2c on loopback; a trailing ``/``
+    is dropped), normalised: checked at start, with what is allowed, not found at the first request as "unreachable"."""
+    scheme, sep, rest = text.partition("://")
+    rest = rest.removesuffix("/")
+    if not sep or scheme not in ("https", "http") or any(c in rest for c in "/?#@"):
+        raise ValueError(f"a synchronizer URL is https://HOST:PORT (http:// for h2c on loopback), got {text[:60]!r}")
+    return f"{scheme}://{relay.address(rest, role='synchronizer')}"
+
+
+def syncer_url_arg(text: str) -> str:
+    """``syncer_url`` as an argparse type: a bad address exits 2 with its reason."""
+    try:
+        return syncer_url(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def discover(urls: Sequence[str], ask: Ask) -> Routes:

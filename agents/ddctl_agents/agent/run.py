@@ -38,7 +38,7 @@ from ddctl_agents.agent.loop import GO, STOP, STOP_NOW, StepLoop
 from ddctl_agents.agent.notice import Stop, watch
 from ddctl_agents.agent.progress import Pace, Progress
 from ddctl_agents.agent.roundtrip import RoundTrips
-from ddctl_agents.agent.routes import discover
+from ddctl_agents.agent.routes import discover, syncer_url_arg
 from ddctl_agents.agent.slots import in_flight_argument
 from ddctl_agents.agent.subscription import RelayLink
 from ddctl_agents.agent.summary import write as write_summary
@@ -272,12 +272,8 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     defaults = LearnerOptions(syncer="", name="", token="")
     parser = Parser("ddctl learner run", "Run one Decoupled DiLoCo learner against a syncer.")
-    parser.add_argument(
-        "--syncer",
-        required=True,
-        action="append",
-        help="The syncer's URL: https://HOST:PORT (http:// for h2c on loopback); once per shard of a sharded one.",
-    )
+    syncer = "The syncer's URL: https://HOST:PORT (http:// for h2c on loopback); once per shard of a sharded one."
+    parser.add_argument("--syncer", required=True, action="append", type=syncer_url_arg, help=syncer)
     parser.add_argument("--name", required=True, help="This learner's name, L0 .. L{M-1}; it picks the data shard.")
     parser.add_argument("--token", help="This learner's token (or DDCTL_TOKEN, or --token-file).")
     parser.add_argument("--token-file", type=Path, help="A file holding this learner's token.")

@@ -36,25 +36,25 @@ def server_name(region: str) -> str:
     return f"relay.{region}.ddctl"
 
 
-def address(text: str) -> str:
-    """``text`` as a relay's address, ``HOST:PORT`` (an IPv6 host in brackets), normalised; ValueError says what is
-    allowed. It is what another process sent, so it is checked before it is stored or dialled."""
+def address(text: str, role: str = "relay") -> str:
+    """``text`` as a relay's (or another ``role``'s) address, ``HOST:PORT`` (an IPv6 host in brackets), normalised;
+    ValueError says what is allowed. It is what another process sent, so it is checked before it is stored or dialled."""
     if not isinstance(text, str) or len(text) > 300:
-        raise ValueError("a relay's address must be HOST:PORT, at most 300 characters")
+        raise ValueError(f"a {role}'s address must be HOST:PORT, at most 300 characters")
     host, sep, port = text.rpartition(":")
     if not sep or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
-        raise ValueError(f"a relay's address must be HOST:PORT with a port from 1 to 65535, got {text[:60]!r}")
+        raise ValueError(f"a {role}'s address must be HOST:PORT with a port from 1 to 65535, got {text[:60]!r}")
     bracketed = host.startswith("[") and host.endswith("]")
     try:
         ip = ipaddress.ip_address(host[1:-1] if bracketed else host)
     except ValueError:
         if bracketed or not HOSTNAME.fullmatch(host):  # fullmatch: ``$`` alone lets a trailing newline through
-            raise ValueError(f"a relay's host must be an IP address or a DNS name, got {host[:60]!r}") from None
+            raise ValueError(f"a {role}'s host must be an IP address or a DNS name, got {host[:60]!r}") from None
         return f"{host.lower()}:{int(port)}"
     if ip.version == 6 and not bracketed:
         raise ValueError(f"an IPv6 host goes in brackets, [{host}]:{port}")
     if ip.is_unspecified or ip.is_multicast:
-        raise ValueError(f"{ip} is not an address a learner can reach a relay at")
+        raise ValueError(f"{ip} is not an address a learner can reach a {role} at")
     return f"[{ip}]:{int(port)}" if ip.version == 6 else f"{ip}:{int(port)}"
 
 

@@ -19,6 +19,7 @@ from hypercorn.asyncio import serve
 
 from ddctl_agents import relay
 from ddctl_agents.agent.client import SyncerClient, retry
+from ddctl_agents.agent.routes import syncer_url_arg
 from ddctl_agents.entrypoint import Parser, add_label_option, configure_logging, report
 from ddctl_agents.errors import AgentError, ConfigError
 from ddctl_agents.jsonable import from_json
@@ -63,7 +64,8 @@ async def run_relay(app: RelayApp, sock: socket.socket, cert: Path | None, key: 
 
 def main(argv: list[str] | None = None) -> int:
     parser = Parser("ddctl syncer relay", "Pull each fragment version into this region once and serve it to its learners.")
-    parser.add_argument("--syncer", required=True, action="append", help="A shard's URL (once per shard), as learners give it.")
+    shard = "A shard's URL (once per shard), as learners give it."
+    parser.add_argument("--syncer", required=True, action="append", type=syncer_url_arg, help=shard)
     parser.add_argument("--region", required=True, help="The region this relay serves (its learners' tokens are for it).")
     parser.add_argument("--token", help="The relay's token for the shards, for identity relay-REGION (or DDCTL_TOKEN).")
     parser.add_argument("--token-file", type=Path, help="A file holding the relay's token for the shards.")
