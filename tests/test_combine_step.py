@@ -9,6 +9,7 @@ norms-only combination gives the norms the writing one does.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -78,3 +79,42 @@ def test_the_norms_alone_are_the_norms_of_the_combinations_written(codec: str, n
     alone = _native.packed_combine(codec, *_addresses(packed), rows, numel, 64, [])
     assert alone == written
     assert alone == pytest.approx([float(o.double().square().sum()) for o in outs], rel=1e-5)
+
+
+@pytest.fixture
+def sums_on() -> Iterator[Callable[[bool], object]]:
+    """Switch the int4 sums between AVX-512 and AVX2 (restored after); skipped where the CPU has no AVX-512F, as then
+    only the AVX2 sums exist."""
+    before = _native.use_avx512(True)
+    if before is None:
+        pytest.skip("this CPU has no AVX-512F: the AVX2 sums are the only hand-written ones, and run everywhere")
+    yield _native.use_avx512
+    _native.use_avx512(before)
+
+
+@pytest.mark.parametrize("numel", [1024, 5127])  # one whole tile; whole tiles and a tail (the portable loop's)
+@pytest.mark.parametrize("updates", [1, 3, 8])
+def test_the_avx512_sums_give_the_avx2_bits(numel: int, updates: int, sums_on: Callable[[bool], object]) -> None:
+    gen = torch.Generator().manual_seed(numel + updates)
+    blocks = -(-numel // 64)
+    codes = [torch.randint(0, 256, ((numel + 1) // 2,), generator=gen, dtype=torch.uint8) for _ in range(updates)]
+    scales = [1e-3 * torch.randn(blocks, generator=gen) for _ in range(updates)]  # raw bytes: every code, -8 too
+    packed = ([s.data_ptr() for s in scales], [c.data_ptr() for c in codes])
+    rows = [torch.rand(updates, generator=gen).tolist(), torch.randn(updates, generator=gen).tolist()]
+    theta, buf = torch.randn(numel, generator=gen), 1e-3 * torch.randn(numel, generator=gen)
+
+    def round_on(wide: bool) -> list[object]:
+        sums_on(wide)
+        two, one = [torch.full((numel,), math.nan) for _ in range(2)], torch.full((numel,), math.nan)
+        norms = _native.packed_combine("int4", *packed, rows, numel, 64, [t.data_ptr() for t in two])
+        alone = _native.packed_combine("int4", *packed, rows, numel, 64, [])
+        mean = _native.packed_combine("int4", *packed, rows[:1], numel, 64, [one.data_ptr()])
+        stepped = [torch.full((numel,), math.nan) for _ in range(2)]
+        step = (numel, theta.data_ptr(), buf.data_ptr(), (0.9, 0.7, True), (stepped[0].data_ptr(), stepped[1].data_ptr()))
+        largest = _native.packed_combine_step("int4", packed, rows[0], 64, 1.37, step)
+        return [*two, one, *stepped, norms, alone, mean, largest]
+
+    wide, narrow = round_on(True), round_on(False)
+    for got, want in zip(wide, narrow, strict=True):
+        assert torch.equal(got, want) if isinstance(got, torch.Tensor) else got == want
+    assert not wide[0].isnan().any() and not wide[3].isnan().any()  # every value written

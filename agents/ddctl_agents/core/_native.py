@@ -28,6 +28,7 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
     "ddctl_q_combine": ([ctypes.c_int, ctypes.c_int, _I64, _P, _P, _P, _I64, _I64, _P, _P], None),
     "ddctl_step_from": ([_P, _F, _I64, _P, _P, _F, _F, ctypes.c_int, _P, _P, _P], None),
     "ddctl_q_combine_step": ([ctypes.c_int, _I64, _P, _P, _P, _I64, _I64, _F, _P, _P, _F, _F, ctypes.c_int, _P, _P, _P], None),
+    "ddctl_use_avx512": ([ctypes.c_int], ctypes.c_int),
     # native/crc32.c
     "ddctl_crc32": ([ctypes.c_uint32, _P, ctypes.c_size_t], ctypes.c_uint32),
 }
@@ -154,6 +155,13 @@ def packed_combine_step(
         theta, buf, mu, lr, int(nesterov), out[0], out[1], largest,
     )  # fmt: skip
     return largest[0], largest[1]
+
+
+def use_avx512(allowed: bool) -> bool | None:
+    """Let the int4 combinations use AVX-512 where the CPU has it (the default), or keep them on AVX2, so the two
+    paths can be compared on one machine; the previous setting, or None where the CPU has no AVX-512F."""
+    before: int = _library().ddctl_use_avx512(int(allowed))
+    return None if before < 0 else bool(before)
 
 
 def crc32(address: int, nbytes: int, value: int) -> int:

@@ -215,10 +215,11 @@ __attribute__((always_inline)) static inline void combine_tiles(int bits, int K,
 }
 
 #ifdef DDCTL_AVX2_PATH
-/* The hot case by hand: int4 in blocks of 64, on AVX2. A block's 64 sums stay
- * in registers across all M updates (the portable path goes through L1 for
- * each), and each byte of codes is widened to floats once (nibbles64). Same
- * operations in the same order as the portable path (no FMA): the same values. */
+/* The hot case by hand: int4 in blocks of 64, on AVX2 or AVX-512. A block's
+ * 64 sums stay in registers across all M updates (the portable path goes
+ * through L1 for each), and each byte of codes is decoded once (sum64_avx2,
+ * sum64_avx512f). Same operations in the same order as the portable path (no
+ * FMA): the same values. */
 __attribute__((target("avx2"))) static inline double horizontal_sum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -226,52 +227,56 @@ __attribute__((target("avx2"))) static inline double horizontal_sum(__m256 v) {
     return (double)_mm_cvtss_f32(s);
 }
 
-__attribute__((target("avx2"), always_inline)) static inline void combine64_avx2(
-    int K, int64_t updates, const uint8_t *const *scales, const uint8_t *const *codes, const float *coef,
-    int64_t blocks, float *const *outs, double *norms) {
-    for (int64_t b = 0; b < blocks; b++) {
-        __m256 e[2][4], o[2][4];
-        for (int k = 0; k < K; k++)
-            for (int i = 0; i < 4; i++) e[k][i] = o[k][i] = _mm256_setzero_ps();
-        for (int64_t m = 0; m < updates; m++) {
-            __m256 ev[4], od[4];
-            nibbles64(codes[m] + 32 * b, ev, od);
-            float scale = load_scale(scales[m], b);
-            for (int k = 0; k < K; k++) {
-                __m256 s = _mm256_set1_ps(coef[k * updates + m] * scale);
-                for (int i = 0; i < 4; i++) {
-                    e[k][i] = _mm256_add_ps(e[k][i], _mm256_mul_ps(s, ev[i]));
-                    o[k][i] = _mm256_add_ps(o[k][i], _mm256_mul_ps(s, od[i]));
-                }
+/* A block's K sums written in element order (when outs) and their squares added to norms[k]. */
+__attribute__((target("avx2"), always_inline)) static inline void emit64(int K, int64_t b, __m256 e[2][4],
+                                                                       __m256 o[2][4], float *const *outs,
+                                                                       double *norms) {
+    for (int k = 0; k < K; k++) {
+        __m256 sq = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            if (outs) {
+                __m256 first = _mm256_unpacklo_ps(e[k][i], o[k][i]), second = _mm256_unpackhi_ps(e[k][i], o[k][i]);
+                _mm256_storeu_ps(outs[k] + 64 * b + 16 * i, _mm256_permute2f128_ps(first, second, 0x20));
+                _mm256_storeu_ps(outs[k] + 64 * b + 16 * i + 8, _mm256_permute2f128_ps(first, second, 0x31));
             }
+            sq = _mm256_add_ps(sq, _mm256_add_ps(_mm256_mul_ps(e[k][i], e[k][i]), _mm256_mul_ps(o[k][i], o[k][i])));
         }
-        for (int k = 0; k < K; k++) {
-            __m256 sq = _mm256_setzero_ps();
-            for (int i = 0; i < 4; i++) {
-                if (outs) {
-                    __m256 first = _mm256_unpacklo_ps(e[k][i], o[k][i]), second = _mm256_unpackhi_ps(e[k][i], o[k][i]);
-                    _mm256_storeu_ps(outs[k] + 64 * b + 16 * i, _mm256_permute2f128_ps(first, second, 0x20));
-                    _mm256_storeu_ps(outs[k] + 64 * b + 16 * i + 8, _mm256_permute2f128_ps(first, second, 0x31));
-                }
-                sq = _mm256_add_ps(sq, _mm256_add_ps(_mm256_mul_ps(e[k][i], e[k][i]), _mm256_mul_ps(o[k][i], o[k][i])));
-            }
-            norms[k] += horizontal_sum(sq);
-        }
+        norms[k] += horizontal_sum(sq);
     }
 }
 
-__attribute__((target("avx2"))) static void combine64_avx2_1(int64_t updates, const uint8_t *const *scales,
-                                                           const uint8_t *const *codes, const float *coef,
-                                                           int64_t blocks, float *const *outs, double *norms) {
-    combine64_avx2(1, updates, scales, codes, coef, blocks, outs, norms);
-}
-
-__attribute__((target("avx2"))) static void combine64_avx2_2(int64_t updates, const uint8_t *const *scales,
-                                                           const uint8_t *const *codes, const float *coef,
-                                                           int64_t blocks, float *const *outs, double *norms) {
-    combine64_avx2(2, updates, scales, codes, coef, blocks, outs, norms);
-}
+/* Whole blocks, K combinations (a constant once inlined), the sums on AVX2 or AVX-512. */
+#define COMBINE64(ISA, K)                                                                                               \
+    __attribute__((target(#ISA))) static void combine64_##ISA##_##K(int64_t updates, const uint8_t *const *scales,    \
+                                                                    const uint8_t *const *codes, const float *coef,   \
+                                                                    int64_t blocks, float *const *outs,               \
+                                                                    double *norms) {                                  \
+        for (int64_t b = 0; b < blocks; b++) {                                                                          \
+            __m256 e[2][4], o[2][4];                                                                                    \
+            sum64_##ISA(K, updates, scales, codes, coef, b, e, o);                                                      \
+            emit64(K, b, e, o, outs, norms);                                                                            \
+        }                                                                                                               \
+    }
+COMBINE64(avx2, 1)
+COMBINE64(avx2, 2)
+COMBINE64(avx512f, 1)
+COMBINE64(avx512f, 2)
 #endif
+
+__attribute__((visibility("hidden"))) int ddctl_avx512_allowed = 1;
+
+/* Allow (1) or forbid (0) the AVX-512 sums; returns the previous setting, or -1 where they cannot run (no AVX-512F
+ * on this CPU, or a build without the hand-written paths): the other sums run either way. */
+DDCTL_EXPORT int ddctl_use_avx512(int allowed) {
+    int before = ddctl_avx512_allowed;
+    ddctl_avx512_allowed = allowed != 0;
+#ifdef DDCTL_AVX2_PATH
+    return __builtin_cpu_supports("avx512f") ? before : -1;
+#else
+    (void)before;
+    return -1;
+#endif
+}
 
 /* outs[k] = sum_m coef[k * updates + m] v_m for k < K (1 or 2), in element
  * order, decoding each update once; norms[k] = |outs[k]|^2. */
@@ -286,7 +291,10 @@ DDCTL_EXPORT DDCTL_CLONES void ddctl_q_combine(int bits, int K, int64_t updates,
 #ifdef DDCTL_AVX2_PATH
     if (bits == 4 && block == 64 && __builtin_cpu_supports("avx2")) {
         begin = n / TILE * TILE; /* whole tiles by hand, the rest below */
-        (K == 1 ? combine64_avx2_1 : combine64_avx2_2)(updates, scales, codes, coef, begin / 64, outs, norms);
+        if (use_avx512())
+            (K == 1 ? combine64_avx512f_1 : combine64_avx512f_2)(updates, scales, codes, coef, begin / 64, outs, norms);
+        else
+            (K == 1 ? combine64_avx2_1 : combine64_avx2_2)(updates, scales, codes, coef, begin / 64, outs, norms);
     }
 #endif
     if (K == 1)

@@ -137,6 +137,72 @@ __attribute__((target("avx2"))) static inline void nibbles64(const uint8_t *p, _
         odd[2 * h + 1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(halves[2 + h], 8)));
     }
 }
+
+/* Block b (int4, 64 codes) of every update, weighted by coef[k * updates + m] times the block's scale and summed
+ * into e[k], o[k] (the Acc layout, eight lanes at a time), k < K: the scalar path's products, added in its order. */
+__attribute__((target("avx2"), always_inline)) static inline void sum64_avx2(int K, int64_t updates,
+                                                                           const uint8_t *const *scales,
+                                                                           const uint8_t *const *codes,
+                                                                           const float *coef, int64_t b,
+                                                                           __m256 e[2][4], __m256 o[2][4]) {
+    for (int k = 0; k < K; k++)
+        for (int i = 0; i < 4; i++) e[k][i] = o[k][i] = _mm256_setzero_ps();
+    for (int64_t m = 0; m < updates; m++) {
+        __m256 ev[4], od[4];
+        nibbles64(codes[m] + 32 * b, ev, od);
+        float scale = load_scale(scales[m], b);
+        for (int k = 0; k < K; k++) {
+            __m256 s = _mm256_set1_ps(coef[k * updates + m] * scale);
+            for (int i = 0; i < 4; i++) {
+                e[k][i] = _mm256_add_ps(e[k][i], _mm256_mul_ps(s, ev[i]));
+                o[k][i] = _mm256_add_ps(o[k][i], _mm256_mul_ps(s, od[i]));
+            }
+        }
+    }
+}
+
+/* sum64_avx2 on AVX-512F, with the same bits: each update's 16 possible weighted values s * q are one vector, and
+ * vpermps looks every code up in it by its nibble (it reads an index's low four bits only, so the bytes need no
+ * masking), which replaces the widening to int32, the conversion to float and the multiply of each code. */
+__attribute__((target("avx512f"), always_inline)) static inline void sum64_avx512f(int K, int64_t updates,
+                                                                                const uint8_t *const *scales,
+                                                                                const uint8_t *const *codes,
+                                                                                const float *coef, int64_t b,
+                                                                                __m256 e[2][4], __m256 o[2][4]) {
+    const __m512 q = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1); /* nibble u: (u ^ 8) - 8 */
+    __m512 even[2][2], odd[2][2]; /* even[k][h]: elements 2j of the block's half h, j < 16 */
+    for (int k = 0; k < K; k++)
+        for (int h = 0; h < 2; h++) even[k][h] = odd[k][h] = _mm512_setzero_ps();
+    for (int64_t m = 0; m < updates; m++) {
+        __m256i bytes = _mm256_loadu_si256((const __m256i *)(codes[m] + 32 * b));
+        __m256i high = _mm256_srli_epi16(bytes, 4); /* each byte's high nibble in its low four bits */
+        __m512i lo[2] = {_mm512_cvtepu8_epi32(_mm256_castsi256_si128(bytes)),
+                         _mm512_cvtepu8_epi32(_mm256_extracti128_si256(bytes, 1))};
+        __m512i hi[2] = {_mm512_cvtepu8_epi32(_mm256_castsi256_si128(high)),
+                         _mm512_cvtepu8_epi32(_mm256_extracti128_si256(high, 1))};
+        float scale = load_scale(scales[m], b);
+        for (int k = 0; k < K; k++) {
+            __m512 values = _mm512_mul_ps(_mm512_set1_ps(coef[k * updates + m] * scale), q);
+            for (int h = 0; h < 2; h++) {
+                even[k][h] = _mm512_add_ps(even[k][h], _mm512_permutexvar_ps(lo[h], values));
+                odd[k][h] = _mm512_add_ps(odd[k][h], _mm512_permutexvar_ps(hi[h], values));
+            }
+        }
+    }
+    for (int k = 0; k < K; k++)
+        for (int h = 0; h < 2; h++) {
+            e[k][2 * h] = _mm512_castps512_ps256(even[k][h]);
+            e[k][2 * h + 1] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(even[k][h]), 1));
+            o[k][2 * h] = _mm512_castps512_ps256(odd[k][h]);
+            o[k][2 * h + 1] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(odd[k][h]), 1));
+        }
+}
+
+/* Whether the AVX-512 sums are used where the CPU has them (1, the default); ddctl_use_avx512 sets it, so that the
+ * tests compare the two paths on a machine that has both. */
+extern __attribute__((visibility("hidden"))) int ddctl_avx512_allowed;
+
+static inline int use_avx512(void) { return ddctl_avx512_allowed && __builtin_cpu_supports("avx512f"); }
 #endif
 
 #endif

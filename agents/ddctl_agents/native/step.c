@@ -4,7 +4,7 @@
  *   ddctl_q_combine_step forming one combination and stepping in the same
  *                        pass, so it is never written or read back.
  * Both keep the largest |value| they write (the result's check). Values are
- * float32, the portable and AVX2 paths the same operations in the same order.
+ * float32, the portable, AVX2 and AVX-512 paths the same operations in the same order.
  */
 #include <math.h>
 #include <stdint.h>
@@ -97,36 +97,31 @@ __attribute__((target("avx2"))) static int64_t step_avx2(const float *delta, flo
     return end;
 }
 
-/* combine64_avx2 (K = 1) and step8 in one pass: each block's 64 sums go from
+/* combine64 (K = 1) and step8 in one pass: each block's 64 sums go from
  * registers into the step, so the combination is never written or read back. */
-__attribute__((target("avx2"))) static void combine_step64_avx2(int64_t updates, const uint8_t *const *scales,
-                                                              const uint8_t *const *codes, const float *coef,
-                                                              int64_t blocks, float scale, const float *theta,
-                                                              const float *buf, float mu, float lr, int nesterov,
-                                                              float *theta_out, float *buf_out, Largest *seen) {
-    const __m256 s = _mm256_set1_ps(scale);
-    Step8 st = step8_start(mu, lr, nesterov);
-    for (int64_t b = 0; b < blocks; b++) {
-        __m256 e[4], o[4];
-        for (int i = 0; i < 4; i++) e[i] = o[i] = _mm256_setzero_ps();
-        for (int64_t m = 0; m < updates; m++) {
-            __m256 ev[4], od[4];
-            nibbles64(codes[m] + 32 * b, ev, od);
-            __m256 c = _mm256_set1_ps(coef[m] * load_scale(scales[m], b));
-            for (int i = 0; i < 4; i++) {
-                e[i] = _mm256_add_ps(e[i], _mm256_mul_ps(c, ev[i]));
-                o[i] = _mm256_add_ps(o[i], _mm256_mul_ps(c, od[i]));
-            }
-        }
-        for (int i = 0; i < 4; i++) {
-            __m256 first = _mm256_unpacklo_ps(e[i], o[i]), second = _mm256_unpackhi_ps(e[i], o[i]);
-            int64_t at = 64 * b + 16 * i;
-            step8(&st, _mm256_mul_ps(_mm256_permute2f128_ps(first, second, 0x20), s), at, theta, buf, theta_out, buf_out);
-            step8(&st, _mm256_mul_ps(_mm256_permute2f128_ps(first, second, 0x31), s), at + 8, theta, buf, theta_out, buf_out);
-        }
+#define COMBINE_STEP64(ISA)                                                                                             \
+    __attribute__((target(#ISA))) static void combine_step64_##ISA(                                                   \
+        int64_t updates, const uint8_t *const *scales, const uint8_t *const *codes, const float *coef, int64_t blocks, \
+        float scale, const float *theta, const float *buf, float mu, float lr, int nesterov, float *theta_out,         \
+        float *buf_out, Largest *seen) {                                                                              \
+        const __m256 s = _mm256_set1_ps(scale);                                                                         \
+        Step8 st = step8_start(mu, lr, nesterov);                                                                       \
+        for (int64_t b = 0; b < blocks; b++) {                                                                          \
+            __m256 e[2][4], o[2][4];                                                                                    \
+            sum64_##ISA(1, updates, scales, codes, coef, b, e, o);                                                      \
+            for (int i = 0; i < 4; i++) {                                                                               \
+                __m256 first = _mm256_unpacklo_ps(e[0][i], o[0][i]), second = _mm256_unpackhi_ps(e[0][i], o[0][i]);     \
+                int64_t at = 64 * b + 16 * i;                                                                           \
+                __m256 low = _mm256_permute2f128_ps(first, second, 0x20);                                               \
+                __m256 high = _mm256_permute2f128_ps(first, second, 0x31);                                              \
+                step8(&st, _mm256_mul_ps(low, s), at, theta, buf, theta_out, buf_out);                                  \
+                step8(&st, _mm256_mul_ps(high, s), at + 8, theta, buf, theta_out, buf_out);                             \
+            }                                                                                                           \
+        }                                                                                                               \
+        step8_finish(&st, seen);                                                                                        \
     }
-    step8_finish(&st, seen);
-}
+COMBINE_STEP64(avx2)
+COMBINE_STEP64(avx512f)
 #endif
 
 DDCTL_EXPORT DDCTL_CLONES void ddctl_step_from(const float *delta, float scale, int64_t n, const float *theta,
@@ -159,8 +154,9 @@ DDCTL_EXPORT DDCTL_CLONES void ddctl_q_combine_step(int bits, int64_t updates, c
 #ifdef DDCTL_AVX2_PATH
     if (bits == 4 && block == 64 && __builtin_cpu_supports("avx2")) {
         begin = n / TILE * TILE;
-        combine_step64_avx2(updates, scales, codes, coef, begin / 64, scale, theta, buf, mu, lr, nesterov, theta_out,
-                            buf_out, &seen);
+        (use_avx512() ? combine_step64_avx512f : combine_step64_avx2)(updates, scales, codes, coef, begin / 64, scale,
+                                                                      theta, buf, mu, lr, nesterov, theta_out, buf_out,
+                                                                      &seen);
     }
 #endif
     for (int64_t start = begin; start < n; start += TILE) {
