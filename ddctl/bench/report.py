@@ -65,7 +65,9 @@ def syncer_table(result: dict[str, Any]) -> Table:
     for col in ("path", "merge GB/s", "x memcpy", "round s", "decode s", "admit+merge+step s"):
         table.add_column(col, justify="right")
     reference = result["reference"]
-    for name, row in ((result["path"], result), ("reference", reference)):
+    sums = result.get("int4_sums", "")  # which sums the fused round ran on
+    fused = f"{result['path']} ({sums})" if sums and result["path"] == "fused" else result["path"]
+    for name, row in ((fused, result), ("reference", reference)):
         table.add_row(
             name,
             f"{row['merge_gbps']:.3f}",

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ddctl_agents.core import _native
 from ddctl_agents.core.admission import check_result, check_update
 from ddctl_agents.core.config import SyncerConfig
 from ddctl_agents.core.fragments import TensorSpec, fragment_tensors
@@ -117,6 +118,7 @@ def measure_syncer(learners: int = 8, numel: int = 8 * 2**20, tensors: int = 8, 
         "learners": learners,
         "params": numel,
         "path": "fused" if packable("int4") else "reference (native kernels missing)",
+        "int4_sums": _native.sums_path() if packable("int4") else "reference",
         "merge_gbps": round(gb / best, 6),
         "memcpy_gbps": round(gb / memcpy_s, 6),
         "ratio_to_memcpy": round(memcpy_s / best, 6),

@@ -29,6 +29,7 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
     "ddctl_step_from": ([_P, _F, _I64, _P, _P, _F, _F, ctypes.c_int, _P, _P, _P], None),
     "ddctl_q_combine_step": ([ctypes.c_int, _I64, _P, _P, _P, _I64, _I64, _F, _P, _P, _F, _F, ctypes.c_int, _P, _P, _P], None),
     "ddctl_use_avx512": ([ctypes.c_int], ctypes.c_int),
+    "ddctl_sums_path": ([], ctypes.c_int),
     # native/crc32.c
     "ddctl_crc32": ([ctypes.c_uint32, _P, ctypes.c_size_t], ctypes.c_uint32),
 }
@@ -162,6 +163,12 @@ def use_avx512(allowed: bool) -> bool | None:
     paths can be compared on one machine; the previous setting, or None where the CPU has no AVX-512F."""
     before: int = _library().ddctl_use_avx512(int(allowed))
     return None if before < 0 else bool(before)
+
+
+def sums_path() -> str:
+    """What the int4 combinations' sums run on now (``avx512``, ``avx2`` or ``portable``), for a benchmark to say."""
+    path: int = _library().ddctl_sums_path()
+    return ("portable", "avx2", "avx512")[path]
 
 
 def crc32(address: int, nbytes: int, value: int) -> int:

@@ -278,6 +278,15 @@ DDCTL_EXPORT int ddctl_use_avx512(int allowed) {
 #endif
 }
 
+/* Which sums the int4 combinations at block 64 run on now: 2 AVX-512, 1 AVX2, 0 portable C (what a benchmark reports). */
+DDCTL_EXPORT int ddctl_sums_path(void) {
+#ifdef DDCTL_AVX2_PATH
+    if (use_avx512()) return 2;
+    if (__builtin_cpu_supports("avx2")) return 1;
+#endif
+    return 0;
+}
+
 /* outs[k] = sum_m coef[k * updates + m] v_m for k < K (1 or 2), in element
  * order, decoding each update once; norms[k] = |outs[k]|^2. */
 DDCTL_EXPORT DDCTL_CLONES void ddctl_q_combine(int bits, int K, int64_t updates, const uint8_t *const *scales,
