@@ -235,9 +235,10 @@ __attribute__((target("avx2"), always_inline)) static inline void emit64(int K, 
         __m256 sq = _mm256_setzero_ps();
         for (int i = 0; i < 4; i++) {
             if (outs) {
-                __m256 first = _mm256_unpacklo_ps(e[k][i], o[k][i]), second = _mm256_unpackhi_ps(e[k][i], o[k][i]);
-                _mm256_storeu_ps(outs[k] + 64 * b + 16 * i, _mm256_permute2f128_ps(first, second, 0x20));
-                _mm256_storeu_ps(outs[k] + 64 * b + 16 * i + 8, _mm256_permute2f128_ps(first, second, 0x31));
+                __m256 low, high;
+                interleave16(e[k][i], o[k][i], &low, &high);
+                _mm256_storeu_ps(outs[k] + 64 * b + 16 * i, low);
+                _mm256_storeu_ps(outs[k] + 64 * b + 16 * i + 8, high);
             }
             sq = _mm256_add_ps(sq, _mm256_add_ps(_mm256_mul_ps(e[k][i], e[k][i]), _mm256_mul_ps(o[k][i], o[k][i])));
         }

@@ -161,6 +161,15 @@ __attribute__((target("avx2"), always_inline)) static inline void sum64_avx2(int
     }
 }
 
+/* Sixteen elements in order from the sums of their even (e) and odd (o) positions: ``low`` the first eight, ``high``
+ * the next eight. */
+__attribute__((target("avx2"), always_inline)) static inline void interleave16(__m256 e, __m256 o, __m256 *low,
+                                                                             __m256 *high) {
+    __m256 first = _mm256_unpacklo_ps(e, o), second = _mm256_unpackhi_ps(e, o);
+    *low = _mm256_permute2f128_ps(first, second, 0x20);
+    *high = _mm256_permute2f128_ps(first, second, 0x31);
+}
+
 /* sum64_avx2 on AVX-512F, with the same bits: each update's 16 possible weighted values s * q are one vector, and
  * vpermps looks every code up in it by its nibble (it reads an index's low four bits only, so the bytes need no
  * masking), which replaces the widening to int32, the conversion to float and the multiply of each code. */

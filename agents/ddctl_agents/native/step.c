@@ -110,10 +110,9 @@ __attribute__((target("avx2"))) static int64_t step_avx2(const float *delta, flo
             __m256 e[2][4], o[2][4];                                                                                    \
             sum64_##ISA(1, updates, scales, codes, coef, b, e, o);                                                      \
             for (int i = 0; i < 4; i++) {                                                                               \
-                __m256 first = _mm256_unpacklo_ps(e[0][i], o[0][i]), second = _mm256_unpackhi_ps(e[0][i], o[0][i]);     \
+                __m256 low, high;                                                                                       \
                 int64_t at = 64 * b + 16 * i;                                                                           \
-                __m256 low = _mm256_permute2f128_ps(first, second, 0x20);                                               \
-                __m256 high = _mm256_permute2f128_ps(first, second, 0x31);                                              \
+                interleave16(e[0][i], o[0][i], &low, &high);                                                            \
                 step8(&st, _mm256_mul_ps(low, s), at, theta, buf, theta_out, buf_out);                                  \
                 step8(&st, _mm256_mul_ps(high, s), at + 8, theta, buf, theta_out, buf_out);                             \
             }                                                                                                           \
