@@ -11,7 +11,7 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from ddctl.bench.wan_layouts import LAYOUTS, Layout, WanCase, at_pace, layouts, predict
+from ddctl.bench.wan_layouts import FIVE_REGIONS, LAYOUTS, Layout, WanCase, at_pace, layouts, predict, with_hubs
 from ddctl.bench.wannet import wan
 from ddctl.cli.app import app
 from ddctl.config.synchronizer import CPU_FLOPS_PRIOR, traffic
@@ -56,6 +56,30 @@ def test_w_direct_is_the_full_scheduler_planned_without_relays(made: dict[str, L
     site_a = {x.site: x.utilisation for x in direct.loads}["a"]
     assert site_a > next(x.utilisation for x in w.loads if x.site == "a")
     assert "W" in LAYOUTS and "W-direct" not in LAYOUTS  # run only when asked for
+
+
+def test_with_hubs_the_synchronizers_run_at_the_hubs_and_only_shards_keep_one_sites_link_under_the_target() -> None:
+    """Three synchronizer-only hubs at half the fast sites' link: one synchronizer's site carries every region's
+    traffic and cannot (the case where sharding pays); the scheduler's shards split it three ways."""
+    case = WanCase(regions=with_hubs(0.5))
+    assert case.regions == (*FIVE_REGIONS, ("h1", 0.5, 0), ("h2", 0.5, 0), ("h3", 0.5, 0)) and case.hosts == ("h1", "h2", "h3")
+    assert WanCase().hosts == ("a", "b", "c", "d", "e")
+    n, rr, p2, w = layouts(case, LAYOUTS)
+    assert n.shard_sites == p2.shard_sites == ("h1",) and rr.shard_sites == ("h1", "h2", "h3")
+    assert rr.owner == tuple(p % 3 for p in range(case.fragments)) and set(n.cadence.values()) == {1}
+    assert sorted(w.shard_sites) == ["h1", "h2", "h3"] and sorted(w.owner.count(i) for i in range(3)) == [2, 2, 2]
+    assert w.cadence == p2.cadence and w.relay == p2.relay and [r for r, on in w.relay.items() if on] == ["a", "b", "c"]
+    hub = {layout.name: {x.site: x.utilisation for x in layout.loads} for layout in (n, p2, w)}
+    assert hub["P2"]["h1"] > 2.0 and hub["N"]["h1"] > hub["P2"]["h1"]  # one site carries it all: overloaded
+    assert all(0.7 < hub["W"][h] <= 0.81 for h in ("h1", "h2", "h3"))  # a third each, within the plan's target
+    assert hub["W"]["h1"] == pytest.approx(hub["P2"]["h1"] / 3, rel=1e-3)
+    assert all(hub["W"][r] == hub["P2"][r] for r in "abcde")  # a learner's own link does not change with the shards
+    allowed = "a hub's link must be a share in [0.05, 1] of the fast sites', "
+    for share, got in ((0.0, "got 0.0"), (1.5, "got 1.5"), (math.nan, "got nan")):
+        with pytest.raises(DdctlError, match=re.escape(allowed + got)):
+            with_hubs(share)
+    done = CliRunner().invoke(app, ["bench", "wan", "--hubs", "2", "--json"])
+    assert done.exit_code == 2 and "a hub's link must be a share in [0.05, 1] of the fast sites', got 2.0" in done.output
 
 
 def test_learners_are_named_region_by_region() -> None:
@@ -154,13 +178,13 @@ def test_the_wan_table_shows_the_rows_figures() -> None:
 
     sites = {"a": {"measured": 0.71, "predicted_at_pace": 0.66}, "e": {"measured": 0.42, "predicted_at_pace": 0.5}}
     row = {"layout": "W", "shards": [{"site": "a"}, {"site": "b"}], "cadence": {"a": 1, "e": 8}, "in_flight": 1,
-           "efficiency": 0.654, "x_first": 2.06, "sites": sites}  # fmt: skip
+           "efficiency": 0.654, "fresh": 0.321, "x_first": 2.06, "sites": sites}  # fmt: skip
     case = {"links_mbit": {"a": (10, 10), "e": (0.5, 0.5)}, "learners": {"a": 2, "e": 1}, "preset": "micro", "fragments": 6,
             "inner_steps": 8, "step_s": 0.1}  # fmt: skip
     console = Console(width=220, record=True)
     console.print(wan_table({"case": case, "rows": [row]}))
     text = console.export_text()
-    for cell in ("W", "a,b", "1/8", "0.654", "2.06", "0.71", "0.66", "10/0.5 Mbit/s", "learners 2/1"):
+    for cell in ("W", "a,b", "1/8", "0.654", "0.321", "2.06", "0.71", "0.66", "10/0.5 Mbit/s", "learners 2/1"):
         assert cell in text, cell
     assert "val_bpb" not in text
     console = Console(width=220, record=True)
@@ -212,6 +236,8 @@ def test_one_synchronizer_against_the_full_scheduler_over_the_wan() -> None:
         assert row["balanced"]
         assert row["efficiency"] == pytest.approx((ledger["merged"] + ledger["late_merged"]) / row["trained_tokens"], abs=1e-4)
         assert 0 < row["efficiency"] <= 1
+        assert row["fresh"] == pytest.approx(ledger["merged"] / row["trained_tokens"], abs=1e-4)
+        assert row["fresh"] <= row["efficiency"]
         assert row["window_s"] >= 0.6 * 24.0, row["layout"]  # started together: 21 s measured here, 13-16 s before
         for region, site in row["sites"].items():
             up_mbit, down_mbit = result["case"]["links_mbit"][region]

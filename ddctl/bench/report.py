@@ -183,7 +183,8 @@ def wan_table(result: dict[str, Any]) -> Table:
     table = Table(title=f"Links {links} Mbit/s, learners {'/'.join(map(str, case['learners'].values()))}, {case['preset']}, "
                   f"{case['fragments']} fragments, H = {case['inner_steps']}, synthetic step {case['step_s']:g} s")  # fmt: skip
     trained = bool(case.get("train_tokens"))
-    columns = ("layout", "shards at", "cadence", "in flight", "efficiency", "x first", "worst site", "measured", "predicted")
+    columns = ("layout", "shards at", "cadence", "in flight", "efficiency", "fresh", "x first", "worst site", "measured",
+               "predicted")  # fmt: skip
     for col in (*columns, "val_bpb") if trained else columns:
         table.add_column(col, justify="right")
     for row in result["rows"]:
@@ -195,6 +196,7 @@ def wan_table(result: dict[str, Any]) -> Table:
             "/".join(str(k) for k in row["cadence"].values()),
             str(row["in_flight"]),
             f"{row['efficiency']:.3f}",
+            f"{row['fresh']:.3f}" if "fresh" in row else "-",
             "-" if row["x_first"] is None else f"{row['x_first']:.2f}",
             worst,
             f"{site['measured']:.2f}",

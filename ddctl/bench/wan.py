@@ -6,7 +6,9 @@ and comms; no training), over ``bench/wannet.py``'s shaped links. Each layout is
 fresh job of the same budget. Per layout:
 
 - ``efficiency``: merged + late-merged over trained fragment-tokens, from the shards'
-  ledgers (summed: each counts its own fragments) and the learners' summaries; per
+  ledgers (summed: each counts its own fragments) and the learners' summaries, and
+  ``fresh``, the merged alone (in the round of their base version: a late update was
+  computed from a version that has since moved on, and is worth less); per
   region, the share of its learners' trained tokens the shards accepted (their acks)
   and its send-to-adoption round trips (``agent/roundtrip.py``);
 - ``sites``: each site's measured utilisation (the tbf counters' bytes over the steady
@@ -279,6 +281,7 @@ def layout_row(
         "cadence": layout.cadence,
         "in_flight": "auto" if layout.in_flight is None else layout.in_flight,
         "efficiency": round((ledger["merged"] + ledger["late_merged"]) / trained, 4) if trained else 0.0,
+        "fresh": round(ledger["merged"] / trained, 4) if trained else 0.0,
         "regions": regions,
         "sites": {r: _site(net.regions[r], window, predicted[r], at_measured[r]) for r in case.links},
         "site_meters": {

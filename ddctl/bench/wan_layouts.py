@@ -2,11 +2,15 @@
 
 The case is the issue's five regions, scaled down to this machine: site links in
 the ratio 1000/1000/1000/200/50 and 2/2/2/1/1 learners, one job whose per-period
-bytes come from its own frames (``config/synchronizer.traffic``). The layouts:
+bytes come from its own frames (``config/synchronizer.traffic``). ``with_hubs`` adds
+three synchronizer-only *hub* regions (no learners) on slower links: there the
+synchronizers run at the hubs, and one synchronizer's site is the bottleneck, the
+place the issue says sharding pays. The layouts:
 
-- ``N``: one synchronizer at the first region; every learner sends every period,
-  three uploads in flight (today's transfers).
-- ``N-rr``: three shards at the three fast regions, fragments round robin; transfers as N.
+- ``N``: one synchronizer at the first region (the first hub); every learner sends every
+  period, three uploads in flight (today's transfers).
+- ``N-rr``: three shards at the three fast regions (the hubs), fragments round robin;
+  transfers as N.
 - ``P2``: one synchronizer, with the plan's cadences and relays, paced.
 - ``W``: the full scheduler: the plan's shards, sites, assignment, cadences and relays, paced.
 - ``W-direct`` (on request only): the full scheduler planned without relays, which isolates what relays add.
@@ -38,6 +42,7 @@ KNOWN = (*LAYOUTS, "W-direct")
 FIVE_REGIONS = (("a", 1.0, 2), ("b", 1.0, 2), ("c", 1.0, 2), ("d", 0.2, 1), ("e", 0.05, 1))
 """The issue's case: (region, its link as a share of the fast sites', learners), links in the ratio 1000/1000/1000/200/50."""
 REGIONS = tuple(name for name, _, _ in FIVE_REGIONS)
+HUB_NAMES = ("h1", "h2", "h3")
 BATCH = 8
 """Sequences in a learner's batch."""
 PACED, UNPACED = None, 3
@@ -97,6 +102,13 @@ class WanCase:
     @property
     def learners(self) -> dict[str, int]:
         return {name: learners for name, _, learners in self.regions}
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """Where the layouts may run synchronizers: the hubs (regions without learners) where there are any, else
+        every region, in order."""
+        hubs = tuple(name for name, _, learners in self.regions if not learners)
+        return hubs or tuple(name for name, _, _ in self.regions)
 
     @property
     def learner_regions(self) -> dict[str, str]:
@@ -172,19 +184,19 @@ def layouts(case: WanCase, names: Sequence[str] = LAYOUTS) -> list[Layout]:
     if unknown or not names:
         raise DdctlError(f"layouts must be some of {', '.join(KNOWN)} (each may end /auto or /N, uploads in flight), "
                          f"got {list(names)}")  # fmt: skip
-    if case.regions != FIVE_REGIONS:
-        raise DdctlError("the four layouts are laid out on the five-region case (FIVE_REGIONS)")
     sites, flow = case.sites(), traffic(case.job())
-    home, fast = REGIONS[0], REGIONS[:3]
-    every = dict.fromkeys(REGIONS, 1)
+    hosts = case.hosts
+    home, spread = hosts[0], hosts[:3]
+    every = dict.fromkeys(case.links, 1)
     one = tuple(0 for _ in range(case.fragments))
-    rr = tuple(p % 3 for p in range(case.fragments))
+    rr = tuple(p % len(spread) for p in range(case.fragments))
     paced = plan_shards([_only(s, {home}) for s in sites], flow, PlanSettings(shards=1))
-    full, direct = plan_shards(sites, flow, PlanSettings()), plan_shards(sites, flow, PlanSettings(relays=False))
-    none = dict.fromkeys(REGIONS, False)
+    free = [_only(s, set(hosts)) for s in sites]
+    full, direct = plan_shards(free, flow, PlanSettings()), plan_shards(free, flow, PlanSettings(relays=False))
+    none = dict.fromkeys(case.links, False)
     made = {
         "N": (((home,), one, every, none, UNPACED)),
-        "N-rr": ((fast, rr, every, none, UNPACED)),
+        "N-rr": ((spread, rr, every, none, UNPACED)),
         "P2": (((home,), one, paced.cadence, paced.relay, PACED)),
         "W": ((tuple(s.site for s in full.shards), full.owner, full.cadence, full.relay, PACED)),
         "W-direct": ((tuple(s.site for s in direct.shards), direct.owner, direct.cadence, direct.relay, PACED)),
@@ -198,6 +210,13 @@ def layouts(case: WanCase, names: Sequence[str] = LAYOUTS) -> list[Layout]:
                           in_flight=in_flight, loads=())  # fmt: skip
         chosen.append(replace(made_one, loads=predict(made_one, sites, flow)))
     return chosen
+
+
+def with_hubs(share: float) -> tuple[tuple[str, float, int], ...]:
+    """The five regions and three synchronizer-only hubs whose links are ``share`` of the fast sites'."""
+    if not 0.05 <= share <= 1.0:
+        raise DdctlError(f"a hub's link must be a share in [0.05, 1] of the fast sites', got {share}")
+    return FIVE_REGIONS + tuple((name, share, 0) for name in HUB_NAMES)
 
 
 def in_flight_setting(text: str, option: str) -> int | None:
@@ -226,4 +245,4 @@ def at_pace(sites: Sequence[Site], step_s: dict[str, float], round_trip_s: dict[
     return [replace(s, step_s=step_s.get(s.name, s.step_s), round_trip_s=waits.get(s.name, s.round_trip_s)) for s in sites]
 
 
-__all__ = ["LAYOUTS", "Layout", "WanCase", "at_pace", "layouts", "predict"]
+__all__ = ["LAYOUTS", "Layout", "WanCase", "at_pace", "layouts", "predict", "with_hubs"]

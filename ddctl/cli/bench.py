@@ -238,19 +238,27 @@ def wan(
     max_behind: Annotated[
         int, typer.Option(help="Rounds an update may lag beyond its cadence and still merge (late); 0 drops late ones.")
     ] = 1,
+    hubs: Annotated[
+        float,
+        typer.Option(
+            help="Add three synchronizer-only hub regions whose links are this share of the fast sites' (0.05-1), and run "
+            "the synchronizers there: where one synchronizer's site is the bottleneck. 0: the five regions alone."
+        ),
+    ] = 0.0,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
 ) -> None:
     """One synchronizer against shards, cadence and pacing over an emulated 5-region WAN: the learners' work merged
     and each site's link load against the plan (real processes, synthetic steps; needs root)."""
     from ddctl.bench.report import wan_table
     from ddctl.bench.wan import measure_wan
-    from ddctl.bench.wan_layouts import WanCase
+    from ddctl.bench.wan_layouts import FIVE_REGIONS, WanCase, with_hubs
     from ddctl.cli.output import progress_lines
 
     def run() -> dict[str, object]:
         names = [n.strip() for n in layouts.split(",") if n.strip()]
+        regions = with_hubs(hubs) if hubs else FIVE_REGIONS
         case = WanCase(fast_mbit=fast_mbit, step_s=step, seconds=seconds, inner_steps=inner_steps, train_tokens=train,
-                       preset=preset, max_behind=max_behind)  # fmt: skip
+                       preset=preset, max_behind=max_behind, regions=regions)  # fmt: skip
         with progress_lines("ddctl bench wan") as say:
             return measure_wan(case, names, say)
 
