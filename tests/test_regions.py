@@ -90,6 +90,31 @@ def test_unreadable_and_non_yaml_files(tmp_path: Path) -> None:
         load_regions(bad)
 
 
+def test_binary_text_and_alias_bombs_are_refused_and_plain_aliases_still_load(tmp_path: Path) -> None:
+    """Found by a hostile-input audit: bytes that are not UTF-8 raised UnicodeDecodeError (a traceback), and nine
+    levels of nine aliases (an alias bomb) loaded at once and then hung validation, which expands them."""
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"run: t\xff\xfe\n")
+    with pytest.raises(RegionsError, match=r"binary.yaml: not UTF-8 text \(byte 6\); a regions file is YAML in UTF-8"):
+        load_regions(binary)
+    bomb, previous = "a: &a [" + ", ".join(["x"] * 9) + "]\n", "a"
+    for name in "bcdefghi":
+        bomb += f"{name}: &{name} [" + ", ".join([f"*{previous}"] * 9) + "]\n"
+        previous = name
+    (tmp_path / "bomb.yaml").write_text(bomb)
+    with pytest.raises(RegionsError, match=r"bomb.yaml: expands to more than 100,000 values \(YAML aliases"):
+        load_regions(tmp_path / "bomb.yaml")
+    shared = """run: t
+syncer: a
+regions:
+  - {name: a, provider: process, learners: 2, link: &fast {up_mbps: 100, down_mbps: 100}}
+  - {name: b, provider: process, link: *fast}
+"""
+    (tmp_path / "shared.yaml").write_text(shared)
+    a, b = load_regions(tmp_path / "shared.yaml").regions  # an alias used as YAML users use them still loads
+    assert a.link == b.link and b.link is not None and b.link.up_mbps == 100
+
+
 def test_training_values_the_job_refuses_are_reported_against_the_file_and_the_key(tmp_path: Path) -> None:
     with pytest.raises(RegionsError, match="training.preset: preset must be one of") as info:
         load_regions(write(tmp_path, variant(training__preset="gigantic")))  # at load time, before anything starts

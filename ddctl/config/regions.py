@@ -17,12 +17,12 @@ from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ddctl.config import synchronizer
 from ddctl.config.job import KnobError, build_job, knobs_model
 from ddctl.config.synchronizer import Strict, SynchronizerSection
+from ddctl.config.yamlfile import read_yaml
 from ddctl.errors import RegionsError
 from ddctl.providers import instance_gpus
 from ddctl_agents import storage
@@ -202,12 +202,7 @@ def job_config(rf: RegionsFile) -> JobConfig:
 
 def load_regions(path: Path) -> RegionsFile:
     """Read and validate ``path``; any problem is a RegionsError naming file, key and what is allowed."""
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise RegionsError(f"{path}: cannot read ({exc.strerror})", path=path) from None
-    except yaml.YAMLError as exc:
-        raise RegionsError(f"{path}: not valid YAML ({exc})", path=path) from None
+    raw = read_yaml(path, RegionsError, "a regions file")
     return parse_regions(raw, path)
 
 
