@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -39,3 +40,25 @@ def test_a_tape_of_a_future_format_is_refused(tmp_path: Path) -> None:
     path.write_text(json.dumps({"type": "config", "format": TAPE_FORMAT + 1}) + "\n")
     with pytest.raises(TapeError, match="format"):
         list(read_tape(path))
+
+
+def test_a_line_that_is_not_utf8_or_a_field_of_the_wrong_type_is_a_tape_error_naming_the_line(tmp_path: Path) -> None:
+    """Found by a hostile-input audit: both raised far from the tape (UnicodeDecodeError while reading; a learner named
+    5 reached the replay's name parsing as an int, AttributeError), and ``ddctl replay`` ended in a traceback."""
+    header = json.dumps({"type": "config", "format": TAPE_FORMAT}) + "\n"
+    join = {"type": "join", "t": 0.0, "vclock": {"syncer": 1}, "learner": "L0", "incarnation": 0, "start_step": 0}
+    path = tmp_path / "tape.jsonl"
+    path.write_bytes(header.encode() + b'{"type":"join","learner":"L\xff"}\n')
+    with pytest.raises(TapeError, match=r"tape.jsonl:2: not UTF-8 text \(byte 27 of the line\); a tape is JSON lines"):
+        list(read_tape(path))
+    path.write_text(header + json.dumps(join) + "\n")
+    assert [r["type"] for r in read_tape(path)] == ["config", "join"]  # the well-typed record passes
+    for field, bad, says in (
+        ("learner", 5, "join record's learner must be a string, got 5"),
+        ("incarnation", True, "join record's incarnation must be an integer, got True"),
+        ("t", "0", "join record's t must be a number, got '0'"),
+        ("vclock", [1], "join record's vclock must be an object, got [1]"),
+    ):
+        path.write_text(header + json.dumps(join | {field: bad}) + "\n")
+        with pytest.raises(TapeError, match=rf"tape.jsonl:2: {re.escape(says)}"):
+            list(read_tape(path))

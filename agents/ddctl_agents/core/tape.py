@@ -63,20 +63,42 @@ class TapeWriter:
         self.close()
 
 
+FIELDS: dict[str, type | tuple[type, ...]] = {
+    "learner": str, "incarnation": int, "fragment": int, "version": int, "base_version": int, "start_step": int,
+    "cadence": int, "step": int, "c_steps": int, "c_tokens": int, "update_id": str, "status": str, "t": (int, float),
+    "vclock": dict, "admitted": list,
+}  # fmt: skip
+"""The type of each field the records share, wherever one holds it: a tape is read back from a file, which may be
+anything (a learner's name that is a number reached the replay as one and raised far from the tape)."""
+
+
 def read_tape(path: Path) -> Iterator[dict[str, Any]]:
-    """Yield records in order; the first must be a config record of a known format."""
+    """Yield records in order; the first must be a config record of a known format, and each field ``FIELDS``
+    names must have its type."""
     try:
-        lines = path.open(encoding="utf-8")
+        lines = path.open("rb")
     except OSError as exc:
         raise TapeError(f"cannot open tape {path}: {exc.strerror}") from None
     with lines:
-        for number, line in enumerate(lines, 1):
+        for number, raw in enumerate(lines, 1):
             try:
-                record = json.loads(line)
+                record = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                raise TapeError(f"{path}:{number}: not UTF-8 text (byte {exc.start} of the line); a tape is JSON lines") from None
             except json.JSONDecodeError as exc:
                 raise TapeError(f"{path}:{number}: not a JSON record ({exc.msg})") from None
             if not isinstance(record, dict) or record.get("type") not in RECORD_TYPES:
                 raise TapeError(f"{path}:{number}: record must be an object with a type in {', '.join(RECORD_TYPES)}")
+            for field, kind in FIELDS.items():
+                value = record.get(field, kind() if isinstance(kind, type) else 0)
+                if isinstance(value, bool) or not isinstance(value, kind):
+                    raise TapeError(f"{path}:{number}: {record['type']} record's {field} must be {_named(kind)}, "
+                                    f"got {value!r:.40}")  # fmt: skip
             if number == 1 and (record["type"] != "config" or record.get("format") != TAPE_FORMAT):
                 raise TapeError(f"{path}:1: a tape starts with a config record of format {TAPE_FORMAT}")
             yield record
+
+
+def _named(kind: type | tuple[type, ...]) -> str:
+    names = {str: "a string", int: "an integer", dict: "an object", list: "a list"}
+    return "a number" if isinstance(kind, tuple) else names[kind]
