@@ -60,6 +60,8 @@ def test_plain_output_has_no_colour_codes_when_not_a_terminal() -> None:
         (["--preset", "huge"], "huge"),
         (["--shards", "5"], "shards (5) must not outnumber fragments (4): a shard owns whole fragments"),
         (["--shards", "0"], "Invalid value for '--shards'"),
+        (["--lr", "inf"], "lr must be a finite number > 0, got inf"),  # with --tape it wrote an empty tape, then crashed
+        (["--latency-ms", "inf"], "latency_ms must be in [0, 60000], got inf"),  # it gave Infinity in --json
     ],
 )
 def test_bad_input_exits_2_with_a_message_naming_what_is_allowed(args: list[str], message: str) -> None:
@@ -111,3 +113,39 @@ def test_help_does_not_import_torch() -> None:
     code = "import sys, ddctl.cli.app; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+SIM = ["simulate", "--seeds", "1", "--days", "0.01", "--chips", "4096"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--plot", "chart.txt"], "--plot chart.txt: give a file name ending in .png"),
+        (["--plot", "."], "--plot .: give a file name ending in .png"),  # a folder: it wrote ..png beside it
+        (["--plot", "no/such/folder/c.png"], "the folder no/such/folder does not exist"),
+        (["--plot", "c.png", "--sensitivity"], "--sensitivity has no chart"),  # the chart was silently not drawn
+        (["--chips", "99999999999999999999999"], "must be a whole number of chips in [1, 100,000,000]"),
+        (["--days", "1e308"], "Invalid value for '--days'"),
+        (["--tape-seconds", "inf"], "Invalid value for '--tape-seconds'"),
+    ],
+)
+def test_simulate_refuses_what_it_cannot_do_before_simulating_or_writing_its_tape(
+    args: list[str], message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a hostile-input audit: each of these ran the simulation and wrote the tape, then ended in a traceback
+    (matplotlib's, an array too big, JSON's refusal of an infinity)."""
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, [*SIM, "--tape", "t.jsonl", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+    assert list(tmp_path.iterdir()) == []  # no tape, no chart
+
+
+def test_json_output_is_strict_json_where_a_figure_is_not_a_number() -> None:
+    """One seed has no confidence interval: the figure is NaN, which --json printed as NaN (no strict parser reads
+    it); it is null now."""
+    result = runner.invoke(app, [*SIM, "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout, parse_constant=lambda name: pytest.fail(f"{name} in --json output"))
+    assert all(system["goodput_ci95"] is None for system in data["systems"].values())

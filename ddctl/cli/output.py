@@ -7,6 +7,7 @@ terminal, so piped output and CI logs stay plain.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -26,7 +27,18 @@ def stdout() -> Console:
 
 
 def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    """Strict JSON: a figure that is not a number (NaN, an infinity) is null, which every parser reads."""
+    sys.stdout.write(json.dumps(_finite(data), indent=2, sort_keys=True, default=str, allow_nan=False) + "\n")
+
+
+def _finite(data: Any) -> Any:
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, Mapping):
+        return {key: _finite(value) for key, value in data.items()}
+    if isinstance(data, list | tuple):
+        return [_finite(value) for value in data]
+    return data
 
 
 def print_table(title: str, rows: Mapping[str, Any]) -> None:

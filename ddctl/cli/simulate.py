@@ -10,6 +10,7 @@ import typer
 
 from ddctl.cli.errors import run_guarded
 from ddctl.cli.output import print_json, progress_bar, stdout
+from ddctl.errors import SimError
 from ddctl.goodput.params import SimParams
 
 D = SimParams()
@@ -21,7 +22,7 @@ def simulate(
     learners: Annotated[int, typer.Option(min=1, help="M: Decoupled learners the chips are split into.")] = 8,
     mtbi: Annotated[str, typer.Option(help="Per-chip mean time between interruptions: 1y, 6mo, 90d, 3600 (s).")] = "1y",
     seeds: Annotated[int, typer.Option(min=1, max=100, help="Seeds per cell (95% intervals over them).")] = 5,
-    days: Annotated[float, typer.Option(min=0.01, help="Simulated days per run.")] = D.days,
+    days: Annotated[float, typer.Option(min=0.01, max=3650, help="Simulated days per run.")] = D.days,
     grid: Annotated[bool, typer.Option("--grid", help="The paper's table: every system at 150k..2.4M chips.")] = False,
     sensitivity: Annotated[
         bool, typer.Option("--sensitivity", help="Goodput as MTBI (0.5, 1, 2 y) and repair times (x0.25, x1, x4) move.")
@@ -30,7 +31,9 @@ def simulate(
     tape: Annotated[
         Path | None, typer.Option(help="Write the Decoupled learners' availability (seed 0) as an event tape here.")
     ] = None,
-    tape_seconds: Annotated[float, typer.Option(min=1.0, help="How much of the timeline the tape covers.")] = 600.0,
+    tape_seconds: Annotated[
+        float, typer.Option(min=1.0, max=31_536_000, help="How much of the timeline the tape covers.")
+    ] = 600.0,
     slice_chips: Annotated[int, typer.Option(min=1, help="Chips per slice (what an elastic job drops).")] = D.slice_chips,
     notice: Annotated[
         float, typer.Option(min=0.0, help="Seconds an interruption is announced before its chip goes down.")
@@ -68,6 +71,8 @@ def simulate(
     from ddctl.goodput.params import parse_chips, parse_duration
 
     def body() -> dict[str, Any]:
+        if plot is not None:
+            check_plot_path(plot, sensitivity)
         p = SimParams(
             mtbi_s=parse_duration(mtbi),
             slice_chips=slice_chips,
@@ -120,6 +125,16 @@ def simulate(
         _print_sensitivity(result)
     else:
         _print_cell(result)
+
+
+def check_plot_path(plot: Path, sensitivity: bool) -> None:
+    """Before any simulating: a chart that cannot be drawn where asked fails now, not after the run and its tape."""
+    if sensitivity:
+        raise SimError("--plot draws one cell or the grid; --sensitivity has no chart (drop one of them)")
+    if plot.suffix.lower() != ".png" or plot.is_dir():
+        raise SimError(f"--plot {plot}: give a file name ending in .png")
+    if not plot.parent.is_dir():
+        raise SimError(f"--plot {plot}: the folder {plot.parent} does not exist")
 
 
 def _one_cell(chips: int, learners: int, p: SimParams, seeds: int, jobs: int | None) -> dict[str, Any]:

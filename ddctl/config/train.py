@@ -73,7 +73,7 @@ class ClusterConfig:
         require(self.step_time_s > 0, f"step_time_s must be > 0, got {self.step_time_s}")
         require(0 <= self.jitter < 0.5, f"jitter must be in [0, 0.5), got {self.jitter}")
         require(self.link_mbps > 0, f"link_mbps must be > 0, got {self.link_mbps}")
-        require(self.latency_ms >= 0, f"latency_ms must be >= 0, got {self.latency_ms}")
+        require(0 <= self.latency_ms <= 60_000, f"latency_ms must be in [0, 60000], got {self.latency_ms}")
         require(self.detect_after_steps > 0, f"detect_after_steps must be > 0, got {self.detect_after_steps}")
         require(
             not isinstance(self.shards, bool) and isinstance(self.shards, int) and 1 <= self.shards <= MAX_SHARDS,

@@ -104,14 +104,18 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w|y|mo)?\s*$")
 _DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0, "mo": YEAR_S / 12, "y": YEAR_S}
 
 
+MAX_CHIPS = 100_000_000
+"""40x the paper's largest job (2.4M chips); past it a cell's arrays outgrow memory."""
+
+
 def parse_chips(text: str) -> int:
     """'1.2m' -> 1_200_000; '150k' -> 150_000; '4096' -> 4096."""
     match = _SIZE.match(text)
     if not match:
         raise SimError(f"chips {text!r} must be a count like 150k, 1.2m or 4096")
     value = float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6}[match.group(2).lower()]
-    if value < 1 or value != round(value):
-        raise SimError(f"chips {text!r} must be a whole number of chips >= 1")
+    if value < 1 or value != round(value) or value > MAX_CHIPS:
+        raise SimError(f"chips {text!r} must be a whole number of chips in [1, {MAX_CHIPS:,}]")
     return int(round(value))
 
 

@@ -4,6 +4,7 @@ fails at the edge with a message, not deep inside a training loop."""
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,10 +52,10 @@ class InnerConfig:
 
     def __post_init__(self) -> None:
         require(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
-        require(self.lr > 0, f"lr must be > 0, got {self.lr}")
+        require(0 < self.lr < math.inf, f"lr must be a finite number > 0, got {self.lr}")
         require(self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}")
         require(0 <= self.min_lr_ratio <= 1, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        require(self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}")
+        require(0 <= self.weight_decay < math.inf, f"weight_decay must be a finite number >= 0, got {self.weight_decay}")
         require(all(0 <= b < 1 for b in self.betas), f"betas must be in [0, 1), got {self.betas}")
         require(self.grad_clip >= 0, f"grad_clip must be >= 0, got {self.grad_clip}")
         require(
