@@ -140,6 +140,8 @@ def test_the_agents_exit_codes_are_ddctls() -> None:
         exc = cls(400, "x", "y") if cls is agent_errors.Refused else cls("x")
         assert entrypoint.exit_code_for(exc) == cli_errors.exit_code_for(exc), cls
     assert entrypoint.exit_code_for(agent_errors.Unavailable("gone")) == cli_errors.EXIT_UNREACHABLE == 6
+    for exc, code in ((NotADirectoryError(20, "x"), 2), (ConnectionRefusedError(111, "x"), 6), (TimeoutError(), 6)):
+        assert entrypoint.exit_code_for(exc) == cli_errors.exit_code_for(exc) == code, exc  # a path; a peer gone
     for name in ("EXIT_OK", "EXIT_INTERNAL", "EXIT_USAGE", "EXIT_DATA", "EXIT_UNREACHABLE"):
         assert getattr(entrypoint, name) == getattr(cli_errors, name)
 

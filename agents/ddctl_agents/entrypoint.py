@@ -28,6 +28,8 @@ EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (WireError, EXIT_DATA),
     (Unavailable, EXIT_UNREACHABLE),
     (AgentError, EXIT_USAGE),
+    (ConnectionError, EXIT_UNREACHABLE),
+    (TimeoutError, EXIT_UNREACHABLE),
     (OSError, EXIT_USAGE),
 )
 """ddctl's codes for the errors an agent can end with (a test holds the two tables to the same answers);

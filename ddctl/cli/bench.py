@@ -27,7 +27,7 @@ def comma_ints(text: str, option: str, low: int, high: int) -> list[int]:
 
 @app.command("codec")
 def codec(
-    numel: Annotated[int, typer.Option(help="Values in the test buffer.")] = 16 * 2**20,
+    numel: Annotated[int, typer.Option(min=1024, max=2**30, help="Values in the test buffer.")] = 16 * 2**20,
     repeats: Annotated[int, typer.Option(help="Timed repetitions; the best is kept.")] = 5,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
 ) -> None:

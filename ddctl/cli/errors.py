@@ -35,8 +35,13 @@ EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (UnreachableError, EXIT_UNREACHABLE),
     (ProvisionError, EXIT_PROVISION),
     (DdctlError, EXIT_USAGE),
+    (ConnectionError, EXIT_UNREACHABLE),
+    (TimeoutError, EXIT_UNREACHABLE),
+    (OSError, EXIT_USAGE),
 )
-"""First match wins, so subclasses come before their parents."""
+"""First match wins, so subclasses come before their parents. An OSError that reaches the boundary is a path the
+command was given that cannot be used (a folder that does not exist, a file where a folder is needed, a name too
+long): its message names the path and the reason."""
 
 T = TypeVar("T")
 

@@ -125,6 +125,8 @@ def fetch(
     default: the built-in model's for its config, or its own for a model of yours); its files' bytes, and its name."""
     entries = listing(source)
     names = [e["name"] for e in entries]
+    if not names:
+        raise DdctlError(f"{source.label} holds no checkpoint yet (its index lists none)")
     chosen = name or names[-1]
     if chosen not in names:
         raise DdctlError(f"{source.label} has no checkpoint {name!r}; it has {', '.join(names) or 'none'}")

@@ -36,7 +36,7 @@ def choose_run(state: State, run: str = "") -> str:
     """``run`` if this machine knows it, else the only live run; otherwise an error that lists the runs."""
     records = state.runs()
     if run:
-        if state.run(run) is None:
+        if not run.isprintable() or not run.isascii() or state.run(run) is None:  # run names are ASCII (regions.py)
             raise NoSuchRun(f"no run named {run!r}; runs: {describe(records)} (`ddctl ls` lists them)")
         return run
     live = [r for r in records if r.state in LIVE]

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ddctl.control.rundir import data_dir
+from ddctl.errors import DdctlError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -88,10 +89,18 @@ class State:
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or self.default_path()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA foreign_keys=ON")
-        self.db.executescript(SCHEMA)
+        db: sqlite3.Connection | None = None
+        try:
+            db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA foreign_keys=ON")
+            db.executescript(SCHEMA)
+            self.db = db
+        except sqlite3.DatabaseError as exc:
+            if db is not None:
+                db.close()
+            raise DdctlError(f"cannot open ddctl's state database {self.path} ({exc}); if it is not a SQLite file, move it "
+                             "aside and ddctl starts a new one (or set DDCTL_HOME to another folder)") from None  # fmt: skip
 
     def close(self) -> None:
         self.db.close()

@@ -11,6 +11,7 @@ from ddctl.control.state import State
 from ddctl.control.up import admin_client
 from ddctl.errors import DdctlError, UnreachableError
 from ddctl_agents.agent.client import SyncerClient, Unavailable
+from ddctl_agents.agent.routes import syncer_url
 
 
 def readmit(learner: str, *, run: str = "", url: str = "", job_dir: Path | None = None) -> dict[str, Any]:
@@ -28,6 +29,10 @@ def _client(run: str, url: str, job_dir: Path | None) -> SyncerClient:
     if bool(url) != (job_dir is not None):
         raise DdctlError("give --url and --job-dir together (a syncer ddctl up did not start), or neither (a run's syncer)")
     if job_dir is not None:
+        try:
+            url = syncer_url(url)
+        except ValueError as exc:
+            raise DdctlError(f"--url: {exc}") from None
         ca = job_dir / "tls" / "ca.pem"
         return SyncerClient(url, token_for(job_dir, "admin"), ca if url.startswith("https://") else None)
     with State() as state:

@@ -1,0 +1,59 @@
+"""Inputs a hostile-input audit of the CLI found ending in a traceback: each is now exit 2 with what was wrong."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ddctl.cli.app import app
+
+runner = CliRunner()
+
+
+def refused(args: list[str], message: str) -> None:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output, result.output
+
+
+def test_a_path_that_cannot_be_used_is_a_usage_error_naming_it(tmp_path: Path) -> None:
+    """An OSError at the boundary is a path the command was given: a file where a folder is needed here (it was
+    exit 1 with a traceback for syncer init, data prepare, pull --out and serve --port-file)."""
+    (tmp_path / "afile").write_text("")
+    refused(["syncer", "init", str(tmp_path / "afile" / "job")], f"Not a directory: '{tmp_path / 'afile' / 'job'}'")
+    assert (tmp_path / "afile").read_text() == ""
+
+
+def test_pull_from_an_index_that_lists_no_checkpoint(tmp_path: Path) -> None:
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "index.json").write_text(json.dumps({"checkpoints": []}))
+    refused(["pull", "--from", str(tmp_path / "ck"), "--out", str(tmp_path / "out")], "holds no checkpoint yet")
+    assert not (tmp_path / "out").exists()
+
+
+def test_readmit_checks_its_url(tmp_path: Path) -> None:
+    refused(["syncer", "readmit", "L0", "--url", "http://[::1", "--job-dir", str(tmp_path)], "--url: a synchronizer's host")
+
+
+@pytest.mark.parametrize("kind", ["garbage", "folder"])
+def test_a_state_database_that_is_not_one_is_named_with_what_to_do(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DDCTL_HOME", str(tmp_path))
+    path = tmp_path / "state.sqlite3"
+    if kind == "garbage":
+        path.write_bytes(bytes(range(256)) * 16)
+    else:
+        path.mkdir()
+    for command in (["ls"], ["status"]):
+        refused(command, f"cannot open ddctl's state database {path}")
+    assert path.is_dir() or path.read_bytes() == bytes(range(256)) * 16  # nothing overwritten
+
+
+def test_a_run_name_no_run_can_have_is_no_such_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A name with bytes that are not UTF-8 reached SQLite as a lone surrogate (UnicodeEncodeError)."""
+    monkeypatch.setenv("DDCTL_HOME", str(tmp_path))
+    refused(["status", "--run", "a\x01b\udcff"], "no run named")
