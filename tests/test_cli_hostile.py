@@ -57,3 +57,34 @@ def test_a_run_name_no_run_can_have_is_no_such_run(tmp_path: Path, monkeypatch: 
     """A name with bytes that are not UTF-8 reached SQLite as a lone surrogate (UnicodeEncodeError)."""
     monkeypatch.setenv("DDCTL_HOME", str(tmp_path))
     refused(["status", "--run", "a\x01b\udcff"], "no run named")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--run", "../../x"], "--run '../../x': a run's name is 1-40 letters"),  # it names folders and object keys
+        (["--host", ""], "--host '': give an IP address or a DNS name"),  # it went into the certificate as DNS:
+        (["--host", "a b"], "--host 'a b': give an IP address or a DNS name"),
+        (["--shards", "0"], "Invalid value for '--shards'"),  # it was taken as one
+    ],
+)
+def test_syncer_init_checks_the_names_it_writes_before_writing(args: list[str], message: str, tmp_path: Path) -> None:
+    refused(["syncer", "init", str(tmp_path / "job"), *args], message)
+    assert not (tmp_path / "job").exists()
+
+
+def test_syncer_init_takes_ip_addresses_and_dns_names(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["syncer", "init", str(tmp_path / "job"), "--host", "::1", "--host", "sync.example.com",
+                                 "--run", "ok-1", "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["run"] == "ok-1"
+
+
+@pytest.mark.parametrize("notice", [float("nan"), float("inf"), -1.0, 3601.0])
+def test_a_preemption_notice_must_be_a_number_of_seconds_a_cloud_could_give(notice: float, tmp_path: Path) -> None:
+    from ddctl.control.chaos import preempt
+    from ddctl.control.state import State
+    from ddctl.errors import DdctlError
+
+    with State(tmp_path / "state.sqlite3") as state, pytest.raises(DdctlError, match=r"--notice must be in \[0, 3600\]"):
+        preempt("r", state, "east", notice_s=notice)

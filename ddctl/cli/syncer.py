@@ -7,7 +7,9 @@ ARGS`` on a VM are the same program with the same flags (``--help`` included).
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import re
 import secrets
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +21,9 @@ from ddctl.cli.choices import Codec
 from ddctl.cli.errors import EXIT_UNREACHABLE, run_guarded
 from ddctl.cli.output import print_json
 from ddctl.config.job import build_job, default
+from ddctl.errors import DdctlError
 from ddctl_agents.core import shardmap
+from ddctl_agents.relay import HOSTNAME
 
 if TYPE_CHECKING:
     from ddctl_agents.agent.client import SyncerClient
@@ -62,7 +66,8 @@ def init(
     run: Annotated[str, typer.Option(help="Run id (default: random).")] = "",
     tls: Annotated[bool, typer.Option(help="Generate the run's CA and server certificate.")] = True,
     shards: Annotated[
-        int, typer.Option(help="Synchronizer shards (fragments round robin); >1 writes shards.json for serve --shard-map.")
+        int,
+        typer.Option(min=1, help="Synchronizer shards (fragments round robin); >1 writes shards.json for serve --shard-map."),
     ] = 1,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
@@ -79,7 +84,9 @@ def init(
         job = build_job(knobs)
         shard_map = shardmap.round_robin(shards, job.sync.fragments) if shards > 1 else None  # checked before writing
         run_id = run or f"run-{secrets.token_hex(4)}"
-        init_job_dir(directory, job, run_id, host or ["127.0.0.1", "localhost"], tls=tls)
+        hosts = host or ["127.0.0.1", "localhost"]
+        check_init_names(run_id, hosts)
+        init_job_dir(directory, job, run_id, hosts, tls=tls)
         result = {"run": run_id, "job_dir": str(directory), "tls": tls, "learners": [f"L{i}" for i in range(learners)]}
         serve = [f"ddctl syncer serve --job-dir {directory}"]
         if shard_map is not None:
@@ -93,6 +100,21 @@ def init(
             typer.echo(f"job {run_id} in {directory}; start it with:\n  " + "\n  ".join(serve))
 
     run_guarded(body)
+
+
+def check_init_names(run: str, hosts: list[str]) -> None:
+    """The run's name (as a regions file allows it) and the hosts its certificate names, checked before the job
+    directory is written."""
+    from ddctl.config.regions import NAME_PATTERN
+
+    if not re.fullmatch(NAME_PATTERN, run):
+        raise DdctlError(f"--run {run[:60]!r}: a run's name is 1-40 letters, digits, '-' or '_', starting with a letter or digit")
+    for name in hosts:
+        try:
+            ipaddress.ip_address(name)
+        except ValueError:
+            if not HOSTNAME.fullmatch(name):
+                raise DdctlError(f"--host {name[:60]!r}: give an IP address or a DNS name the syncer is reached at") from None
 
 
 @syncer_app.command("token")

@@ -33,7 +33,9 @@ Provider = Literal["aws", "gcp", "docker", "process"]
 PROVIDERS: tuple[str, ...] = typing.get_args(Provider)
 LOCAL_PROVIDERS = ("docker", "process")
 CLOUD_PROVIDERS = ("aws", "gcp")
-Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,39}$", description="letters, digits, '-' or '_' (a name)")]
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,39}$"
+"""A run's or a region's name: it names folders, object keys and cloud resources."""
+Name = Annotated[str, Field(pattern=NAME_PATTERN, description="letters, digits, '-' or '_' (a name)")]
 
 
 _Model = Strict

@@ -26,11 +26,13 @@ from ddctl.control.state import State
 from ddctl.errors import DdctlError
 
 MAX_PARTITION_S = 3600.0
+MAX_NOTICE_S = 3600.0
+"""A preemption notice: clouds give 30 s (GCP) to 120 s (AWS); an hour is past any."""
 
 
 def preempt(run: str, state: State, region: str, notice_s: float = 30.0) -> dict[str, Any]:
-    if notice_s < 0:
-        raise DdctlError(f"--notice must be >= 0 seconds, got {notice_s}")
+    if not 0 <= notice_s <= MAX_NOTICE_S:  # NaN fails too
+        raise DdctlError(f"--notice must be in [0, {MAX_NOTICE_S:g}] seconds, got {notice_s}")
     learners = {i.name: i for i in state.instances(run) if i.role == "learner" and i.region == region}
     if not learners:
         regions = sorted({i.region for i in state.instances(run) if i.role == "learner"})
