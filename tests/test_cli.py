@@ -101,6 +101,13 @@ def test_bench_codec_json_shape() -> None:
 def test_bench_quality_refuses_unknown_runs() -> None:
     result = runner.invoke(app, ["bench", "quality", "--only", "bogus"])
     assert result.exit_code == 2 and "unknown runs bogus" in result.stderr
+    for args, message in (
+        (["--tokens", "0"], "tokens and jobs must be >= 1, got 0 and 1"),
+        (["--jobs", "0"], "tokens and jobs must be >= 1, got 1000000 and 0"),  # it ran on one
+        (["--preset", "nosuch"], "preset must be one of"),  # every run failed on it, then exit 1
+    ):
+        result = runner.invoke(app, ["bench", "quality", *args])
+        assert result.exit_code == 2 and message in result.stderr, result.output
 
 
 @pytest.mark.parametrize("command", [[], ["train"], ["replay"], ["bench"], ["bench", "codec"], ["bench", "quality"]])

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -88,3 +90,40 @@ def test_a_preemption_notice_must_be_a_number_of_seconds_a_cloud_could_give(noti
 
     with State(tmp_path / "state.sqlite3") as state, pytest.raises(DdctlError, match=r"--notice must be in \[0, 3600\]"):
         preempt("r", state, "east", notice_s=notice)
+
+
+def replan_args(tmp_path: Path, syncer: str) -> list[str]:
+    assert runner.invoke(app, ["syncer", "init", str(tmp_path / "job"), "--shards", "2"]).exit_code == 0
+    (tmp_path / "regions.yaml").write_text(
+        "run: t\nsyncer: a\nregions:\n"
+        "  - {name: a, provider: process, learners: 2, link: {up_mbps: 100, down_mbps: 100}}\n"
+        "  - {name: b, provider: process, learners: 1, link: {up_mbps: 100, down_mbps: 100}}\n"
+    )
+    return ["syncer", "replan", str(tmp_path / "job"), "--regions", str(tmp_path / "regions.yaml"), "--syncer", syncer,
+            "--syncer", "https://127.0.0.1:2", "--site", "S0=a", "--site", "S1=b", "--for", "1"]  # fmt: skip
+
+
+def test_replan_checks_its_shards_urls_at_start(tmp_path: Path) -> None:
+    """A malformed --syncer was retried as a failed look every 10 s until --for ran out, and the command exited 0."""
+    refused(replan_args(tmp_path, "notaurl"), "--syncer: a synchronizer URL is https://HOST:PORT")
+
+
+def test_replan_that_never_reached_a_shard_exits_unreachable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ddctl.control.replanning as replanning
+
+    def failing(loop: object, every: float, until: object, on_event: Callable[[dict[str, Any]], None]) -> int:
+        on_event({"t": 0.0, "error": "Unavailable: GET /v1/shards: refused"})
+        return 0
+
+    monkeypatch.setattr(replanning, "watch", failing)
+    result = runner.invoke(app, replan_args(tmp_path, "https://127.0.0.1:1"))
+    assert result.exit_code == 6 and "none of 1 look(s) reached the shards" in result.output, result.output
+
+    def answering(loop: object, every: float, until: object, on_event: Callable[[dict[str, Any]], None]) -> int:
+        on_event({"t": 0.0, "error": "Unavailable: one look lost"})
+        on_event({"t": 1.0, "replan": None})
+        return 0
+
+    monkeypatch.setattr(replanning, "watch", answering)
+    result = runner.invoke(app, replan_args(tmp_path / "again", "https://127.0.0.1:1"))
+    assert result.exit_code == 0 and "0 re-plan(s)" in result.output, result.output  # one answered look is a run

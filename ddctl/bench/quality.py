@@ -20,6 +20,7 @@ from typing import Any
 from ddctl.config.job import build_job
 from ddctl.config.train import ClusterConfig, TrainConfig
 from ddctl_agents.errors import ConfigError
+from ddctl_agents.train.presets import get_preset
 
 HETEROGENEOUS = (1.0, 1.0, 0.6, 0.6)
 """Two fast and two slow learners (the paper's heterogeneous-hardware setting, halved)."""
@@ -102,6 +103,10 @@ def run_quality(
         raise ConfigError(f"unknown runs {', '.join(unknown)}; allowed: {', '.join(RUNS)}")
     if not seeds:
         raise ConfigError("at least one seed is needed")
+    if tokens < 1 or jobs < 1:
+        raise ConfigError(f"tokens and jobs must be >= 1, got {tokens} and {jobs}")
+    if preset is not None:
+        get_preset(preset)  # an unknown one is refused here, not by every run
     names = only or list(RUNS)
     done: dict[str, dict[int, dict[str, Any]]] = {}
     failed: dict[str, str] = {}

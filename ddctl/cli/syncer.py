@@ -243,9 +243,13 @@ def replan(
     from ddctl.control.credentials import token_for
     from ddctl.control.replanning import for_job, parse_sites, watch
     from ddctl_agents.agent.client import SyncerClient
+    from ddctl_agents.agent.routes import syncer_url
     from ddctl_agents.service.server import load_job_dir
 
+    looks = {"answered": 0, "failed": 0}
+
     def show(event: dict[str, Any]) -> None:
+        looks["failed" if "error" in event else "answered"] += 1
         if json_out:
             typer.echo(json.dumps(event, sort_keys=True))
         elif "error" in event:
@@ -260,6 +264,11 @@ def replan(
             typer.echo(f"re-plan: {moves}: {r['cause']}")
 
     def body() -> int:
+        for url in syncer:
+            try:
+                syncer_url(url)
+            except ValueError as exc:
+                raise DdctlError(f"--syncer: {exc}") from None
         token, ca = token_for(job_dir, "admin"), job_dir / "tls" / "ca.pem"
         connect = lambda url: SyncerClient(url, token, ca if url.startswith("https://") else None)  # noqa: E731
         loop = for_job(load_regions(regions), load_job_dir(job_dir).job, syncer, connect, parse_sites(site))
@@ -269,6 +278,9 @@ def replan(
     made = run_guarded(body)
     if not json_out:
         typer.echo(f"{made} re-plan(s)")
+    if looks["failed"] and not looks["answered"]:
+        typer.echo(f"ddctl: error: none of {looks['failed']} look(s) reached the shards", err=True)
+        raise typer.Exit(EXIT_UNREACHABLE)
 
 
 @syncer_app.command("status")
