@@ -127,3 +127,42 @@ def test_replan_that_never_reached_a_shard_exits_unreachable(tmp_path: Path, mon
     monkeypatch.setattr(replanning, "watch", answering)
     result = runner.invoke(app, replan_args(tmp_path / "again", "https://127.0.0.1:1"))
     assert result.exit_code == 0 and "0 re-plan(s)" in result.output, result.output  # one answered look is a run
+
+
+def test_a_ca_certificate_that_is_missing_or_not_one_is_named(tmp_path: Path) -> None:
+    """It was '[Errno 2] No such file or directory', naming no file (ssl's error carries none)."""
+    from ddctl_agents.agent.client import SyncerClient
+    from ddctl_agents.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"the CA certificate {tmp_path / 'nosuch.pem'}: No such file or directory"):
+        SyncerClient("https://127.0.0.1:1", "t", tmp_path / "nosuch.pem")
+    (tmp_path / "bad.pem").write_text("not a certificate\n")
+    with pytest.raises(ConfigError, match=f"the CA certificate {tmp_path / 'bad.pem'}: .*NO_CERTIFICATE"):
+        SyncerClient("https://127.0.0.1:1", "t", tmp_path / "bad.pem")
+
+
+def test_a_move_checks_its_arguments_before_asking_and_says_when_nothing_was_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the shards down, a move of fragment -1 to S9 said 'run the same command again to finish the move'."""
+    from ddctl.control import handoff
+    from ddctl.errors import DdctlError, UnreachableError
+    from ddctl_agents.agent.client import Unavailable
+
+    def never(url: str) -> Any:
+        raise AssertionError("connected before the arguments were checked")
+
+    for fragment, to in ((-1, "S1"), (0, "S9x"), (0, "../S1")):
+        with pytest.raises(DdctlError, match="give a fragment >= 0 and a shard named S0, S1"):
+            handoff.move(["https://127.0.0.1:1"], never, fragment, to)
+
+    class Down:
+        def shards(self) -> Any:
+            raise Unavailable("GET /v1/shards: refused")
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(handoff, "retry", lambda call, give_up_after_s: call())
+    with pytest.raises(UnreachableError, match="refused; no move was started, nothing changed"):
+        handoff.move(["https://127.0.0.1:1"], lambda url: Down(), 0, "S1")  # type: ignore[arg-type, return-value]

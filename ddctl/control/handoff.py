@@ -23,8 +23,11 @@ from ddctl_agents.core import shardmap
 
 def move(urls: list[str], connect: Callable[[str], SyncerClient], fragment: int, to: str) -> dict[str, Any]:
     """Move ``fragment`` to shard ``to`` (every shard's URL in ``urls``)."""
+    if fragment < 0 or not (to.startswith("S") and to[1:].isascii() and to[1:].isdigit()):
+        raise DdctlError(f"give a fragment >= 0 and a shard named S0, S1, ...; got fragment {fragment} and shard {to[:40]!r}")
     clients = {url: connect(url) for url in urls}
     started = time.perf_counter()
+    begun = False  # whether a hand-out was asked for: only then is there a move to finish
     try:
         answers = {url: retry(clients[url].shards, give_up_after_s=30.0) for url in urls}
         routes = discover(urls, answers.__getitem__)
@@ -42,10 +45,12 @@ def move(urls: list[str], connect: Callable[[str], SyncerClient], fragment: int,
                     "reason": f"shard {to} owns fragment {fragment} already"}  # fmt: skip
         in_flight = newest.owner(fragment) == to  # the old owner handed it out; the new one has not taken it in
         epoch = newest.epoch if in_flight else newest.epoch + 1
+        begun = True
         export = clients[routes.url_of_shard(source)].hand_out(fragment, to, epoch)
         answer = clients[target].hand_in(export)
     except Unavailable as exc:
-        raise UnreachableError(f"a shard could not be reached: {exc}; run the same command again to finish the move") from None
+        then = "run the same command again to finish the move" if begun else "no move was started, nothing changed"
+        raise UnreachableError(f"a shard could not be reached: {exc}; {then}") from None
     finally:
         for client in clients.values():
             client.close()

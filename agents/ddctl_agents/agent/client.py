@@ -37,6 +37,14 @@ def retry(call: Callable[[], T], *, stop: Callable[[], bool] = lambda: False, gi
     return waiting.retry(call, retry_on=(Unavailable,), stop=stop, give_up_after_s=give_up_after_s)
 
 
+def _pinned(ca: Path) -> ssl.SSLContext:
+    """A TLS context trusting only the job's CA; a file that is missing or not a certificate is named at once."""
+    try:
+        return ssl.create_default_context(cafile=str(ca))
+    except OSError as exc:  # ssl.SSLError is one: not PEM, or no certificate in it
+        raise ConfigError(f"the CA certificate {ca}: {exc.strerror or exc}") from None
+
+
 class SyncerClient:
     """One HTTP/2 connection to the syncer, authenticated as one identity."""
 
@@ -49,7 +57,7 @@ class SyncerClient:
         tls = self.url.startswith("https://")
         if not tls and not self.url.startswith("http://"):
             raise ConfigError(f"syncer URL must start with https:// or http://, got {url!r}")
-        verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(ca)) if tls and ca else tls
+        verify: ssl.SSLContext | bool = _pinned(ca) if tls and ca else tls
         self._http = functools.partial(
             httpx.Client,
             http1=tls or not http2,  # with TLS, ALPN picks h2; in plain text, HTTP/2 prior knowledge (h2c)
