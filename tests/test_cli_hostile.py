@@ -166,3 +166,12 @@ def test_a_move_checks_its_arguments_before_asking_and_says_when_nothing_was_sta
     monkeypatch.setattr(handoff, "retry", lambda call, give_up_after_s: call())
     with pytest.raises(UnreachableError, match="refused; no move was started, nothing changed"):
         handoff.move(["https://127.0.0.1:1"], lambda url: Down(), 0, "S1")  # type: ignore[arg-type, return-value]
+
+
+def test_a_plan_checks_the_checkpoint_it_would_resume_from(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``up --plan --resume-from /nonexist`` printed the plan and exited 0; ``up`` itself would refuse it."""
+    monkeypatch.setenv("DDCTL_HOME", str(tmp_path / "home"))
+    replan_args(tmp_path, "https://127.0.0.1:1")  # writes regions.yaml (process regions)
+    refused(["up", "--plan", "-f", str(tmp_path / "regions.yaml"), "--resume-from", str(tmp_path / "nope")],
+            "no such directory; a checkpoint is a directory")  # fmt: skip
+    assert not (tmp_path / "home" / "state.sqlite3").exists()  # a plan changes nothing

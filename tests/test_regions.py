@@ -121,6 +121,10 @@ def test_training_values_the_job_refuses_are_reported_against_the_file_and_the_k
     assert info.value.key == "training.preset"
     with pytest.raises(RegionsError, match=r"training.fragments: fragments must be >= 1"):
         load_regions(write(tmp_path, variant(training__fragments=0)))
+    learners = load_regions(write(tmp_path, GOOD)).learners
+    with pytest.raises(RegionsError, match=rf"training.quorum: quorum \(9\) must be at most the learners \({learners}\)") as info:
+        load_regions(write(tmp_path, variant(training__quorum=9)))  # it ran as K = M, silently
+    assert info.value.key == "training.quorum"
 
 
 GCP = {"name": "g", "provider": "gcp", "cloud_region": "us-central1"}

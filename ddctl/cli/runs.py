@@ -46,7 +46,13 @@ def up(
         rf = load_regions(file)
         if plan_only:  # read only: a plan reads the state file where there is one and makes none
             with State() if State.default_path().is_file() else nullcontext(None) as state:
-                return plan_actions(rf, dry_run=dry_run, say=say, state=state)
+                plan = plan_actions(rf, dry_run=dry_run, say=say, state=state)
+            if resume_from:  # checked as up would check it (whole, and against this job's model), so a plan says so
+                from ddctl.config.regions import job_config
+                from ddctl.control.pull import resume_point
+
+                plan["resume_from"] = resume_point(resume_from, job_config(rf).inner)[1]
+            return plan
         with State() as state, progress_lines(f"bringing {rf.run} up") as progress:  # a spinner on a terminal
             return up(rf, state, dry_run=dry_run, keep=keep, resume_from=resume_from, say=progress)
 
@@ -92,6 +98,9 @@ def _print_plan(result: dict[str, Any]) -> None:
         _print_shards(result["synchronizer"])
     if "cost" in result:
         _print_money(result)
+    if resumed := result.get("resume_from"):
+        typer.echo(f"resumes from {resumed['from']}: checkpoint {resumed['checkpoint']} of run {resumed['run']}, "
+                   f"{resumed['rounds']} rounds, val_bpb {resumed['val_bpb']}")  # fmt: skip
     unpriced = f" (no price cap in: {', '.join(result['unpriced'])})" if result["unpriced"] else ""
     typer.echo(f"at most ${result['max_dollars_per_hour']:.2f}/h{unpriced}; nothing was changed")
 

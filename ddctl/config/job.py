@@ -73,9 +73,18 @@ def build_job(knobs: Mapping[str, Any], base: JobConfig | None = None) -> JobCon
     try:
         return typing.cast(JobConfig, _apply(start, chosen))
     except ConfigError as exc:
+        fine = {}  # the knobs a config takes alone: the context a knob that depends on others is judged in
         for knob, value in chosen.items():
             try:
                 _apply(start, {knob: value})
+                fine[knob] = value
+            except ConfigError:
+                pass
+        for knob, value in chosen.items():
+            if knob in fine:
+                continue
+            try:
+                _apply(start, {**fine, knob: value})
             except ConfigError as alone:
                 raise KnobError(knob, str(alone)) from None
         raise ConfigError(str(exc)) from None

@@ -40,5 +40,10 @@ class JobConfig:
         )
         require(self.sync.inner_steps == self.syncer.inner_steps, "sync.inner_steps and syncer.inner_steps must agree")
         require(self.threads >= 1, f"threads must be >= 1, got {self.threads}")
+        require(
+            self.syncer.quorum.quorum <= self.budget.learners,
+            f"quorum ({self.syncer.quorum.quorum}) must be at most the learners ({self.budget.learners}): K of M learners' "
+            "updates close a round",
+        )
         require(self.sync.codec in CODECS, f"codec must be one of {', '.join(CODECS)}")
         get_preset(self.inner.preset)  # an unknown preset fails here, naming the allowed ones
