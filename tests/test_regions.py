@@ -125,6 +125,10 @@ def test_training_values_the_job_refuses_are_reported_against_the_file_and_the_k
     with pytest.raises(RegionsError, match=rf"training.quorum: quorum \(9\) must be at most the learners \({learners}\)") as info:
         load_regions(write(tmp_path, variant(training__quorum=9)))  # it ran as K = M, silently
     assert info.value.key == "training.quorum"
+    many = {"run": "t", "syncer": "a", "regions": [{"name": "a", "provider": "process", "learners": 100000}]}
+    with pytest.raises(RegionsError, match=r"regions: their learners add up to 100000; learners must be in \[1, 64\]") as info:
+        load_regions(write(tmp_path, many))  # it was reported as training.learners, a key the file does not have
+    assert info.value.key == "regions"
 
 
 GCP = {"name": "g", "provider": "gcp", "cloud_region": "us-central1"}

@@ -197,6 +197,9 @@ def job_config(rf: RegionsFile) -> JobConfig:
     try:
         return build_job({**knobs, "learners": rf.learners})
     except KnobError as exc:
+        if exc.knob == "learners":  # not a training key: the regions' learners added up
+            raise RegionsError(f"{rf.path}: regions: their learners add up to {rf.learners}; {exc.problem}", path=rf.path,
+                               key="regions") from None  # fmt: skip
         raise RegionsError(f"{rf.path}: training.{exc.knob}: {exc.problem}", path=rf.path, key=f"training.{exc.knob}") from None
     except AgentError as exc:
         raise RegionsError(f"{rf.path}: training: {exc}", path=rf.path, key="training") from None
