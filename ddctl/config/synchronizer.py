@@ -33,7 +33,7 @@ CPU_FLOPS_PRIOR = 3e10
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)  # .inf is no rate or time
 
 
 class Replan(Strict):
