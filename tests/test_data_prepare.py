@@ -159,6 +159,8 @@ def test_a_terminal_gets_a_progress_bar(tmp_path: Path, tokenizer_file: Path, mo
         ("no-tokenizer", "tokenizer file .*missing.json does not exist; give a tokenizers JSON file"),
         ("bad-tokenizer", "cannot load .*bad.json as a tokenizers JSON file"),
         ("no-input", "input .*absent does not exist; give text files or folders"),
+        ("tokenizer-folder", "tokenizer file .*corpus is not a file; give a tokenizers JSON file"),  # said: does not exist
+        ("device-input", "input /dev/null is neither a file nor a folder; give text files"),  # said: does not exist
         ("not-utf8", r"cannot read input .*binary.dat: not UTF-8 text \(byte 3\)"),
         ("empty", "no tokens: the 1 input files hold no text"),
         ("out-taken", "--out .*taken exists and is not an empty folder"),
@@ -174,8 +176,11 @@ def test_bad_input_exits_2_with_the_reason_and_leaves_nothing(
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "keep").write_text("mine")
-    tokenizer = {"no-tokenizer": tmp_path / "missing.json", "bad-tokenizer": tmp_path / "bad.json"}.get(case, tokenizer_file)
-    source = {"no-input": tmp_path / "absent", "not-utf8": tmp_path / "binary.dat", "empty": tmp_path / "empty.txt"}
+    tokenizers = {"no-tokenizer": tmp_path / "missing.json", "bad-tokenizer": tmp_path / "bad.json",
+                  "tokenizer-folder": tmp_path / "corpus"}  # fmt: skip
+    tokenizer = tokenizers.get(case, tokenizer_file)
+    source = {"no-input": tmp_path / "absent", "not-utf8": tmp_path / "binary.dat", "empty": tmp_path / "empty.txt",
+              "device-input": Path("/dev/null")}  # fmt: skip
     out = tmp_path / ("taken" if case == "out-taken" else "out")
     before = sorted(p.name for p in tmp_path.iterdir())
     shard_tokens = "0" if case == "zero-shard" else "100"

@@ -60,8 +60,10 @@ def variant(**changes: object) -> dict:
         (variant(syncer="nowhere"), ["syncer:", "'nowhere' is not a region", "allowed: a, b"]),
         ({k: v for k, v in GOOD.items() if k != "syncer"}, ["syncer: required"]),
         (variant(regions__0__link={"up_mbps": -5, "down_mbps": 10}), ["regions[0].link.up_mbps", "must be > 0"]),
-        (variant(regions__0__link={"up_mbps": float("inf"), "down_mbps": 10}),  # it was blamed on synchronizer:
-         ["regions[0].link.up_mbps", "finite number", "allowed: a number > 0"]),  # fmt: skip
+        (
+            variant(regions__0__link={"up_mbps": float("inf"), "down_mbps": 10}),  # it was blamed on synchronizer:
+            ["regions[0].link.up_mbps", "finite number", "allowed: a number > 0"],
+        ),  # fmt: skip
         (variant(regions__1__lnik={"up_mbps": 5, "down_mbps": 5}), ["regions[1].lnik", "did you mean 'link'"]),
         (variant(training__quorom=2), ["training.quorom", "did you mean 'quorum'"]),
         (variant(regions__0__learners=0), ["regions[0].learners", "must be >= 1"]),

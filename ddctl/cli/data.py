@@ -39,7 +39,8 @@ def _tokenizer(path: Path) -> Any:
     from tokenizers import Tokenizer
 
     if not path.is_file():
-        raise DdctlError(f"tokenizer file {path} does not exist; give a tokenizers JSON file (tokenizer.json)")
+        what = "is not a file" if path.exists() else "does not exist"
+        raise DdctlError(f"tokenizer file {path} {what}; give a tokenizers JSON file (tokenizer.json)")
     try:
         return Tokenizer.from_file(str(path))
     except Exception as exc:  # noqa: BLE001 - the tokenizers library raises a bare Exception for a bad file
@@ -60,7 +61,8 @@ def _text_files(inputs: list[Path]) -> list[Path]:
                 found += [Path(folder, n) for n in sorted(names) if not n.startswith(".")]
             found.sort()
         else:
-            raise DdctlError(f"input {given} does not exist; give text files or folders of them")
+            what = "is neither a file nor a folder" if given.exists() else "does not exist"  # /dev/null, a socket
+            raise DdctlError(f"input {given} {what}; give text files or folders of them")
         for path in found:
             if path.resolve() not in seen:
                 seen.add(path.resolve())
