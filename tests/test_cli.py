@@ -63,7 +63,7 @@ def test_plain_output_has_no_colour_codes_when_not_a_terminal() -> None:
         (["--lr", "inf"], "lr must be a finite number > 0, got inf"),  # with --tape it wrote an empty tape, then crashed
         (["--latency-ms", "inf"], "latency_ms must be in [0, 60000], got inf"),  # it gave Infinity in --json
         (["--quorum", "3"], "quorum (3) must be at most the learners (2)"),  # it ran as K = M, silently
-        (["--learners", "1", "--quorum", "2"], "quorum: quorum (2) must be at most the learners (1)"),  # not the default 4
+        (["--learners", "1", "--quorum", "2"], "quorum (2) must be at most the learners (1)"),  # not the default 4
     ],
 )
 def test_bad_input_exits_2_with_a_message_naming_what_is_allowed(args: list[str], message: str) -> None:
