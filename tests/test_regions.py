@@ -117,6 +117,14 @@ regions:
     (tmp_path / "shared.yaml").write_text(shared)
     a, b = load_regions(tmp_path / "shared.yaml").regions  # an alias used as YAML users use them still loads
     assert a.link == b.link and b.link is not None and b.link.up_mbps == 100
+    (tmp_path / "twice.yaml").write_text("run: t1\nrun: t2\n" + shared.partition("\n")[2])  # the last one won, silently
+    with pytest.raises(RegionsError, match="twice.yaml: not valid YAML \\('run' is written twice in one mapping"):
+        load_regions(tmp_path / "twice.yaml")
+    merged = shared.replace("  - {name: b, provider: process, link: *fast}", "  - {<<: *base, name: b}").replace(
+        "  - {name: a,", "  - &base {name: a,"
+    )
+    (tmp_path / "merged.yaml").write_text(merged)  # a merge key's keys may be overridden: that is not a key twice
+    assert [r.name for r in load_regions(tmp_path / "merged.yaml").regions] == ["a", "b"]
 
 
 def test_training_values_the_job_refuses_are_reported_against_the_file_and_the_key(tmp_path: Path) -> None:

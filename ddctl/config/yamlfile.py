@@ -19,10 +19,31 @@ MAX_VALUES = 100_000
 """Values in a file with its aliases expanded: a regions file has a few hundred; an alias bomb, billions."""
 
 
+class _UniqueKeys(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML has no type hints here
+    """YAML's safe loader, refusing a key written twice in one mapping (it keeps the last, silently: a second
+    ``training:`` section would replace the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<: *base``: its keys may be overridden, once
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, str | int | float | bool):
+                continue
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"{key!r} is written twice in one mapping", key_node.start_mark
+                )
+            seen.add(key)
+        mapping: dict[Any, Any] = super().construct_mapping(node, deep=deep)
+        return mapping
+
+
 def read_yaml(path: Path, error: Callable[..., Exception], what: str) -> Any:
     """``path`` parsed; ``error(message, path=path)`` naming the file and the problem otherwise."""
     try:
-        raw = yaml.safe_load(path.read_bytes().decode("utf-8"))
+        raw = yaml.load(path.read_bytes().decode("utf-8"), Loader=_UniqueKeys)  # noqa: S506 - a SafeLoader
     except OSError as exc:
         raise error(f"{path}: cannot read ({exc.strerror})", path=path) from None
     except UnicodeDecodeError as exc:
