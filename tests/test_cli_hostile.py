@@ -175,3 +175,12 @@ def test_a_plan_checks_the_checkpoint_it_would_resume_from(tmp_path: Path, monke
     refused(["up", "--plan", "-f", str(tmp_path / "regions.yaml"), "--resume-from", str(tmp_path / "nope")],
             "no such directory; a checkpoint is a directory")  # fmt: skip
     assert not (tmp_path / "home" / "state.sqlite3").exists()  # a plan changes nothing
+
+
+def test_a_learners_token_only_for_a_learner_the_job_has(tmp_path: Path) -> None:
+    """``syncer token JOB L99`` minted a token for a learner a 3-learner job does not have (a typo passes silently)."""
+    assert runner.invoke(app, ["syncer", "init", str(tmp_path / "job"), "--learners", "3"]).exit_code == 0
+    for name in ("L2", "admin", "relay-east"):
+        done = runner.invoke(app, ["syncer", "token", str(tmp_path / "job"), name])
+        assert done.exit_code == 0 and done.stdout.startswith(f"{name}."), done.output
+    refused(["syncer", "token", str(tmp_path / "job"), "L3"], "L3: this job has learners L0..L2")

@@ -102,6 +102,18 @@ def init(
     run_guarded(body)
 
 
+def check_learner_name(directory: Path, identity: str) -> None:
+    """A learner's token only for a learner the job has (its job.json's learners): L7 of a 3-learner job is a typo."""
+    if not re.fullmatch(r"L\d{1,6}", identity):
+        return
+    try:
+        learners = int(json.loads((directory / "job.json").read_text())["job"]["budget"]["learners"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # the token's own reading of the job directory says what is wrong with it
+    if int(identity[1:]) >= learners:
+        raise DdctlError(f"{identity}: this job has learners L0..L{learners - 1}")
+
+
 def check_init_names(run: str, hosts: list[str]) -> None:
     """The run's name (as a regions file allows it) and the hosts its certificate names, checked before the job
     directory is written."""
@@ -146,6 +158,7 @@ def token(
             return "\n".join(str(path) for path in relay_tls(directory, relay))
         if not identity:
             raise DdctlError("name the identity: a learner (L0, L1, ...), admin, or relay-REGION for a relay")
+        check_learner_name(directory, identity)
         return relay_token_for(directory, relay, identity) if relay else token_for(directory, identity)
 
     run_guarded(lambda: typer.echo(answer()))
