@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -158,3 +159,5 @@ def test_json_output_is_strict_json_where_a_figure_is_not_a_number() -> None:
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout, parse_constant=lambda name: pytest.fail(f"{name} in --json output"))
     assert all(system["goodput_ci95"] is None for system in data["systems"].values())
+    table = runner.invoke(app, SIM)
+    assert table.exit_code == 0 and re.search(r"\d\.\d ± - ", table.stdout) and "nan" not in table.stdout, table.output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
@@ -171,9 +172,14 @@ def _print_cell(result: dict[str, Any]) -> None:
         table.add_column(col, justify="right" if col != "system" else "left")
     for name, s in result["systems"].items():
         lost = [f"{s['lost'][k]:.2f}" for k in ("reconfiguring", "repair", "straggler", "blocked")]
-        table.add_row(name, f"{s['goodput']:.1f} ± {s['goodput_ci95']:.1f}", f"{s['uptime']:.1f} ± {s['uptime_ci95']:.1f}", *lost)
+        table.add_row(name, _with_interval(s["goodput"], s["goodput_ci95"]), _with_interval(s["uptime"], s["uptime_ci95"]), *lost)
     stdout().print(table)
     _print_extras(result)
+
+
+def _with_interval(value: float, ci95: float) -> str:
+    """``value ± ci95``; one seed has no interval (NaN), shown as a dash, not "nan"."""
+    return f"{value:.1f} ± {ci95:.1f}" if math.isfinite(ci95) else f"{value:.1f} ± -"
 
 
 def _print_grid(result: dict[str, Any]) -> None:
