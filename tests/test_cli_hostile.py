@@ -52,6 +52,7 @@ def test_a_state_database_that_is_not_one_is_named_with_what_to_do(
         path.mkdir()
     for command in (["ls"], ["status"]):
         refused(command, f"cannot open ddctl's state database {path}")
+        refused(command, "it is not a SQLite file: move it aside and ddctl starts a new one")
     assert path.is_dir() or path.read_bytes() == bytes(range(256)) * 16  # nothing overwritten
 
 

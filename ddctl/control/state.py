@@ -99,8 +99,9 @@ class State:
         except sqlite3.DatabaseError as exc:
             if db is not None:
                 db.close()
-            raise DdctlError(f"cannot open ddctl's state database {self.path} ({exc}); if it is not a SQLite file, move it "
-                             "aside and ddctl starts a new one (or set DDCTL_HOME to another folder)") from None  # fmt: skip
+            broken = self.path.is_dir() or "not a database" in str(exc)  # not "locked": that one passes
+            hint = "; it is not a SQLite file: move it aside and ddctl starts a new one (or set DDCTL_HOME)" if broken else ""
+            raise DdctlError(f"cannot open ddctl's state database {self.path} ({exc}){hint}") from None
 
     def close(self) -> None:
         self.db.close()
