@@ -185,3 +185,21 @@ def test_a_learners_token_only_for_a_learner_the_job_has(tmp_path: Path) -> None
         done = runner.invoke(app, ["syncer", "token", str(tmp_path / "job"), name])
         assert done.exit_code == 0 and done.stdout.startswith(f"{name}."), done.output
     refused(["syncer", "token", str(tmp_path / "job"), "L3"], "L3: this job has learners L0..L2")
+
+
+@pytest.mark.parametrize("rate", [float("inf"), float("nan"), 0.0, -1.0, 100_001.0])
+def test_a_link_rate_tc_cannot_shape_is_refused_before_any_namespace(rate: float) -> None:
+    """``bench link --rate inf`` ended in OverflowError (tbf's burst from an infinite rate)."""
+    from ddctl.bench.wannet import wan
+    from ddctl.errors import DdctlError
+    from ddctl.providers.linkshape import check_rates, create_link
+
+    message = r"link rates must be in \(0, 100000\] Mbit/s, got "
+    with pytest.raises(DdctlError, match=message):
+        check_rates(10.0, rate)
+    with pytest.raises(DdctlError, match=message):
+        create_link("ddbad0", rate)
+    with pytest.raises(DdctlError, match=message), wan("ddbad", {"a": (10.0, 10.0), "b": (rate, 10.0)}):
+        pass
+    check_rates(0.5, 100_000.0, None)  # a rate not given is not checked
+    refused(["bench", "link", "--rate", str(rate)], "link rates must be in (0, 100000] Mbit/s")

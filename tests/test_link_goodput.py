@@ -17,7 +17,7 @@ from ddctl.providers.linkshape import available, shaped_link, tbf_args
 
 
 def test_rates_are_validated_before_anything_is_created() -> None:
-    with pytest.raises(DdctlError, match="must be > 0"), shaped_link("ddctl-never", -5):
+    with pytest.raises(DdctlError, match=r"link rates must be in \(0, 100000\] Mbit/s, got -5"), shaped_link("ddctl-never", -5):
         pass
 
 

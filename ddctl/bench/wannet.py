@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ddctl.errors import DdctlError
-from ddctl.providers.linkshape import available, tbf_args
+from ddctl.providers.linkshape import available, check_rates, tbf_args
 
 MAX_REGIONS = 32
 
@@ -61,8 +61,7 @@ class Wan:
 
 def reshape(wan: Wan, region: str, up_mbit: float, down_mbit: float) -> None:
     """Change a region's link rates mid-run (``tc qdisc change``: the queue and its counters stay)."""
-    if not (up_mbit > 0 and down_mbit > 0):
-        raise DdctlError(f"link rates must be > 0 Mbit/s, got {up_mbit}, {down_mbit}")
+    check_rates(up_mbit, down_mbit)
     r = wan.regions[region]
     _run(*r.command("tc", "qdisc", "change", "dev", r.uplink, "root", *tbf_args(up_mbit)))
     _run("ip", "netns", "exec", wan.router, "tc", "qdisc", "change", "dev", r.downlink, "root", *tbf_args(down_mbit))
@@ -90,8 +89,7 @@ def create_wan(prefix: str, links: Mapping[str, tuple[float, float]]) -> Wan:
     """Namespaces ``{prefix}-r`` (the router) and ``{prefix}-0``.. (one per region of ``links``: (up, down) Mbit/s)."""
     if not 1 <= len(links) <= MAX_REGIONS:
         raise DdctlError(f"a WAN has 1..{MAX_REGIONS} regions, got {len(links)}")
-    if any(not (up > 0 and down > 0) for up, down in links.values()):
-        raise DdctlError(f"link rates must be > 0 Mbit/s, got {dict(links)}")
+    check_rates(*(rate for pair in links.values() for rate in pair))
     why = available()
     if why:
         raise DdctlError(why)

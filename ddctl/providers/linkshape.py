@@ -71,10 +71,20 @@ def tbf_args(rate_mbit: float) -> list[str]:
     return ["tbf", "rate", f"{rate_mbit}mbit", "burst", str(burst), "latency", "50ms"]
 
 
+MAX_MBIT = 100_000.0
+"""The fastest link tc is asked to shape (100 Gbit/s); an infinite rate has no token bucket."""
+
+
+def check_rates(*rates: float | None) -> None:
+    """Each given rate (None: not given) a number of Mbit/s tbf can shape; a DdctlError naming them otherwise."""
+    if not all(rate is None or 0 < rate <= MAX_MBIT for rate in rates):  # NaN fails too
+        given = ", ".join(str(rate) for rate in rates if rate is not None)
+        raise DdctlError(f"link rates must be in (0, {MAX_MBIT:g}] Mbit/s, got {given}")
+
+
 def create_link(name: str, up_mbit: float, down_mbit: float | None = None) -> ShapedLink:
     """Create namespace ``name`` linked to the host through a shaped veth pair; ``destroy_link`` removes it."""
-    if not up_mbit > 0 or (down_mbit is not None and not down_mbit > 0):
-        raise DdctlError(f"link rates must be > 0 Mbit/s, got up={up_mbit} down={down_mbit}")
+    check_rates(up_mbit, down_mbit)
     why = available()
     if why:
         raise DdctlError(why)
