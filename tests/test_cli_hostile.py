@@ -109,6 +109,26 @@ def test_replan_checks_its_shards_urls_at_start(tmp_path: Path) -> None:
     refused(replan_args(tmp_path, "notaurl"), "--syncer: a synchronizer URL is https://HOST:PORT")
 
 
+@pytest.mark.parametrize(
+    ("command", "url", "message"),
+    [
+        (["status"], "notaurl", "a synchronizer URL is https://HOST:PORT"),
+        (["move", "--fragment", "0", "--to", "S1"], "http://[::1", "a synchronizer's host"),
+        (["checkpoint", "--out", "OUT", "--no-evaluate"], "ftp://a:1", "a synchronizer URL is https://HOST:PORT"),
+    ],
+)
+def test_the_shard_commands_check_every_shards_url_before_dialling_one(
+    command: list[str], url: str, message: str, tmp_path: Path
+) -> None:
+    """``syncer move --syncer http://[::1`` ended in httpx's InvalidURL traceback; status and checkpoint said "syncer
+    URL must start with https://" without naming the option. A good first URL does not hide a bad second one."""
+    assert runner.invoke(app, ["syncer", "init", str(tmp_path / "job"), "--shards", "2"]).exit_code == 0
+    args = [str(tmp_path / "out") if a == "OUT" else a for a in command]
+    job = str(tmp_path / "job")
+    refused(["syncer", *args, job, "--syncer", "https://127.0.0.1:1", "--syncer", url], f"--syncer: {message}")
+    assert not (tmp_path / "out").exists()
+
+
 def test_replan_that_never_reached_a_shard_exits_unreachable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import ddctl.control.replanning as replanning
 

@@ -253,10 +253,8 @@ def replan(
     import time
 
     from ddctl.config.regions import load_regions
-    from ddctl.control.credentials import token_for
     from ddctl.control.replanning import for_job, parse_sites, watch
-    from ddctl_agents.agent.client import SyncerClient
-    from ddctl_agents.agent.routes import syncer_url
+    from ddctl.control.syncer_admin import admin_connector, checked_urls
     from ddctl_agents.service.server import load_job_dir
 
     looks = {"answered": 0, "failed": 0}
@@ -277,14 +275,9 @@ def replan(
             typer.echo(f"re-plan: {moves}: {r['cause']}")
 
     def body() -> int:
-        for url in syncer:
-            try:
-                syncer_url(url)
-            except ValueError as exc:
-                raise DdctlError(f"--syncer: {exc}") from None
-        token, ca = token_for(job_dir, "admin"), job_dir / "tls" / "ca.pem"
-        connect = lambda url: SyncerClient(url, token, ca if url.startswith("https://") else None)  # noqa: E731
-        loop = for_job(load_regions(regions), load_job_dir(job_dir).job, syncer, connect, parse_sites(site))
+        urls = checked_urls(syncer, "--syncer")
+        connect = admin_connector(job_dir)
+        loop = for_job(load_regions(regions), load_job_dir(job_dir).job, urls, connect, parse_sites(site))
         deadline = time.monotonic() + for_s if for_s else float("inf")
         return watch(loop, every, until=lambda: time.monotonic() >= deadline, on_event=show)
 
@@ -370,11 +363,9 @@ def learner_run(ctx: typer.Context) -> None:
 def shard_clients(
     job_dir: Path | None, syncer: list[str] | None, run: str
 ) -> tuple[Path, list[str], Callable[[str], SyncerClient]]:
-    """The job directory, every shard's URL, and how to reach one with the admin token: given, or a run's."""
-    from ddctl.control.credentials import token_for
+    """The job directory, every shard's URL (checked), and how to reach one with the admin token: given, or a run's."""
     from ddctl.control.rundir import RunDir
-    from ddctl.errors import DdctlError
-    from ddctl_agents.agent.client import SyncerClient
+    from ddctl.control.syncer_admin import admin_connector, checked_urls
 
     if run and (job_dir is not None or syncer):
         raise typer.BadParameter("give JOB_DIR with every shard's --syncer, or --run RUN, not both")
@@ -385,5 +376,5 @@ def shard_clients(
         job_dir, syncer = rundir.job, rundir.urls()
     if job_dir is None or not syncer:
         raise typer.BadParameter("give the job directory and every shard's --syncer URL, or --run RUN")
-    token, ca = token_for(job_dir, "admin"), job_dir / "tls" / "ca.pem"
-    return job_dir, syncer, lambda url: SyncerClient(url, token, ca if url.startswith("https://") else None)
+    urls = checked_urls(syncer, "--syncer")
+    return job_dir, urls, admin_connector(job_dir)

@@ -1,7 +1,9 @@
-"""Operator actions on a running syncer with the admin identity: ``ddctl syncer readmit``."""
+"""Operator actions on a running syncer with the admin identity: ``ddctl syncer readmit``, and how every ``ddctl
+syncer`` command reaches a job's shards as admin."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +27,30 @@ def readmit(learner: str, *, run: str = "", url: str = "", job_dir: Path | None 
         client.close()
 
 
+def checked_urls(urls: Iterable[str], option: str) -> list[str]:
+    """Every address normalised, checked before any is dialled: a bad one is named with ``option`` and what an
+    address may be, not met at the first request as a traceback or "unreachable"."""
+    checked = []
+    for url in urls:
+        try:
+            checked.append(syncer_url(url))
+        except ValueError as exc:
+            raise DdctlError(f"{option}: {exc}") from None
+    return checked
+
+
+def admin_connector(job_dir: Path) -> Callable[[str], SyncerClient]:
+    """How to reach any shard of the job in ``job_dir`` as admin: the job's admin token, and its CA for https."""
+    token, ca = token_for(job_dir, "admin"), job_dir / "tls" / "ca.pem"
+    return lambda url: SyncerClient(url, token, ca if url.startswith("https://") else None)
+
+
 def _client(run: str, url: str, job_dir: Path | None) -> SyncerClient:
     if bool(url) != (job_dir is not None):
         raise DdctlError("give --url and --job-dir together (a syncer ddctl up did not start), or neither (a run's syncer)")
     if job_dir is not None:
-        try:
-            url = syncer_url(url)
-        except ValueError as exc:
-            raise DdctlError(f"--url: {exc}") from None
-        ca = job_dir / "tls" / "ca.pem"
-        return SyncerClient(url, token_for(job_dir, "admin"), ca if url.startswith("https://") else None)
+        (url,) = checked_urls([url], "--url")
+        return admin_connector(job_dir)(url)
     with State() as state:
         chosen = choose_run(state, run)
     try:
