@@ -205,6 +205,8 @@ def test_a_learners_token_only_for_a_learner_the_job_has(tmp_path: Path) -> None
         done = runner.invoke(app, ["syncer", "token", str(tmp_path / "job"), name])
         assert done.exit_code == 0 and done.stdout.startswith(f"{name}."), done.output
     refused(["syncer", "token", str(tmp_path / "job"), "L3"], "L3: this job has learners L0..L2")
+    (tmp_path / "job" / "job.json").write_text("{")
+    refused(["syncer", "token", str(tmp_path / "job"), "L1"], f"{tmp_path / 'job' / 'job.json'}: not JSON")
 
 
 @pytest.mark.parametrize("rate", [float("inf"), float("nan"), 0.0, -1.0, 100_001.0])

@@ -104,12 +104,11 @@ def init(
 
 def check_learner_name(directory: Path, identity: str) -> None:
     """A learner's token only for a learner the job has (its job.json's learners): L7 of a 3-learner job is a typo."""
+    from ddctl_agents.service.server import load_job_dir
+
     if not re.fullmatch(r"L\d{1,6}", identity):
         return
-    try:
-        learners = int(json.loads((directory / "job.json").read_text())["job"]["budget"]["learners"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return  # the token's own reading of the job directory says what is wrong with it
+    learners = load_job_dir(directory).job.budget.learners  # a job directory it cannot read: says which file and why
     if int(identity[1:]) >= learners:
         raise DdctlError(f"{identity}: this job has learners L0..L{learners - 1}")
 
