@@ -90,8 +90,8 @@ def read_tape(path: Path) -> Iterator[dict[str, Any]]:
             if not isinstance(record, dict) or record.get("type") not in RECORD_TYPES:
                 raise TapeError(f"{path}:{number}: record must be an object with a type in {', '.join(RECORD_TYPES)}")
             for field, kind in FIELDS.items():
-                value = record.get(field, kind() if isinstance(kind, type) else 0)
-                if isinstance(value, bool) or not isinstance(value, kind):
+                value = record.get(field)
+                if field in record and (isinstance(value, bool) or not isinstance(value, kind)):
                     raise TapeError(f"{path}:{number}: {record['type']} record's {field} must be {_named(kind)}, "
                                     f"got {value!r:.40}")  # fmt: skip
             if number == 1 and (record["type"] != "config" or record.get("format") != TAPE_FORMAT):
