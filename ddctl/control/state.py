@@ -99,7 +99,7 @@ class State:
         except sqlite3.DatabaseError as exc:
             if db is not None:
                 db.close()
-            broken = self.path.is_dir() or "not a database" in str(exc)  # not "locked": that one passes
+            broken = self.path.is_dir() or exc.sqlite_errorcode == sqlite3.SQLITE_NOTADB  # not "locked": that one passes
             hint = "; it is not a SQLite file: move it aside and ddctl starts a new one (or set DDCTL_HOME)" if broken else ""
             raise DdctlError(f"cannot open ddctl's state database {self.path} ({exc}){hint}") from None
 
