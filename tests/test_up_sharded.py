@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -15,6 +16,8 @@ from typer.testing import CliRunner
 from ddctl import providers
 from ddctl.cli.app import app
 from ddctl.control.rundir import RunDir
+from ddctl.control.state import State
+from ddctl.providers.base import InstanceSpec
 from ddctl.providers.docker.engine import engine_unavailable
 from ddctl.providers.process import ProcessProvider
 from ddctl_agents.train.checkpoint import MANIFEST, read_manifest
@@ -64,6 +67,15 @@ def test_up_runs_each_shard_where_the_plan_puts_it_and_ends_with_one_model(
         running = [*providers.get(kind).list_run(run), *(ProcessProvider().list_run(run) if kind != "process" else [])]
         names = sorted(i.name for i in running if i.name != "metadata")  # Docker regions' metadata endpoint beside them
         assert names == ["L0", "L1", "controller", "syncer", "syncer-s1"]
+        if kind == "docker":  # each learner is told S0 at its region network's .250 and S1 at .249 (and reaches them)
+            with State() as state:
+                learners = [r for r in state.instances(run) if r.role == "learner"]
+                assert sorted(r.name for r in learners) == ["L0", "L1"]
+                for record in learners:
+                    argv = InstanceSpec.from_json(record.detail["spec"]).argv
+                    hosts = [str(urlsplit(argv[i + 1]).hostname) for i, arg in enumerate(argv) if arg == "--syncer"]
+                    assert [h.rpartition(".")[2] for h in hosts] == ["250", "249"], (record.name, hosts)
+                    assert len({h.rpartition(".")[0] for h in hosts}) == 1, (record.name, hosts)
         assert len(RunDir(run).urls()) == 2 and made["shards"] == RunDir(run).urls() and made["url"] == made["shards"][0]
         shards = wait_until(lambda: (s := status())["shards"] and all(r["reachable"] for r in s["shards"]) and s,
                             timeout_s=60, what="both shards answering")  # fmt: skip
