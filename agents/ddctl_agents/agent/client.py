@@ -30,6 +30,10 @@ KEEPALIVE_S = 60.0
 """How long an idle connection is kept (httpx's default is 5 s; the syncer keeps them 120 s). An uploader often
 waits longer than 5 s for its next update, and a new connection per upload cost a TLS handshake each time."""
 STREAM_RECORD = struct.Struct("<Q")
+MOST_FRAME_BYTES = 20 + (1 << 20) + (1 << 31) + 4
+"""The largest frame a learner or relay decodes (``core/wire.py``: prefix, header and payload at ``DEFAULT_LIMITS``,
+CRC): a stream record that declares more is refused before it is buffered (kept equal by a test; wire imports torch,
+this module must not)."""
 
 
 def retry(call: Callable[[], T], *, stop: Callable[[], bool] = lambda: False, give_up_after_s: float = float("inf")) -> T:
@@ -203,6 +207,9 @@ class SyncerClient:
                     buffer += chunk
                     while len(buffer) >= STREAM_RECORD.size:
                         (size,) = STREAM_RECORD.unpack_from(buffer)
+                        if size > MOST_FRAME_BYTES:
+                            raise Unavailable(f"fragment stream from {self.url} declared a frame of {size} bytes, "
+                                              f"past the {MOST_FRAME_BYTES} any frame may have: dropped it")  # fmt: skip
                         total = STREAM_RECORD.size + size
                         if len(buffer) < total:
                             break
@@ -218,9 +225,13 @@ class SyncerClient:
 
     # -- plumbing -------------------------------------------------------------------------------
     def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        body = self._request(method, path, **kwargs).json()
+        response = self._request(method, path, **kwargs)
+        try:
+            body = response.json()
+        except ValueError:  # not JSON, or not UTF-8: something else answers at this address (a proxy's page)
+            raise Unavailable(f"{method} {path} on {self.url}: the answer is not JSON ({response.content[:60]!r})") from None
         if not isinstance(body, dict):
-            raise Unavailable(f"{method} {path}: expected a JSON object")
+            raise Unavailable(f"{method} {path} on {self.url}: expected a JSON object, got {type(body).__name__}")
         return body
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
@@ -239,7 +250,9 @@ def _raise_for(response: httpx.Response, content: bytes) -> None:
         return
     try:
         body = httpx.Response(status, content=content).json()
-        code, reason = str(body.get("error", "")), str(body.get("reason", ""))
+        if not isinstance(body, dict):
+            raise ValueError("not an error object")
+        code, reason = str(body.get("error", ""))[:200], str(body.get("reason", ""))[:500]
     except ValueError:
         code, reason = "", content[:200].decode("utf-8", "replace")
     if status >= 500:

@@ -1,0 +1,82 @@
+"""What a learner's or relay's client takes from the other end is checked: an answer that is not ours (a proxy's
+page, a list where an object belongs, a stream record declaring more than any frame) is a clean Unavailable or
+Refused that the loops retry, never a ValueError or AttributeError that ends a thread, nor a buffer without end."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from ddctl_agents.agent.client import MOST_FRAME_BYTES, STREAM_RECORD, SyncerClient
+from ddctl_agents.errors import Refused, Unavailable
+
+ANSWERS: dict[str, tuple[int, str, bytes]] = {
+    "/v1/status": (200, "text/html", b"<html>502 Bad Gateway</html>"),
+    "/v1/shards": (200, "application/json", b"[1, 2, 3]"),
+    "/v1/relay": (200, "application/json", b"\xff\xfe not utf-8"),
+    "/v1/admin/stop": (409, "application/json", b'["a", "list"]'),
+    "/v1/heartbeat": (403, "application/json", b'{"error": "x", "reason": "' + b"r" * 5000 + b'"}'),
+    "/v1/fragments": (200, "application/octet-stream", STREAM_RECORD.pack(1 << 40) + b"\0" * 4096),
+}
+
+
+class Hostile(BaseHTTPRequestHandler):
+    """Answers every path with what ``ANSWERS`` says, whatever was asked."""
+
+    def _answer(self) -> None:
+        status, kind, body = ANSWERS[self.path.split("?")[0]]
+        self.send_response(status)
+        self.send_header("content-type", kind)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def client() -> Iterator[SyncerClient]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hostile)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    made = SyncerClient(f"http://127.0.0.1:{server.server_address[1]}", "token", http2=False, timeout_s=10)
+    yield made
+    made.close()
+    server.shutdown()
+    server.server_close()
+
+
+def test_an_answer_that_is_not_a_json_object_is_unavailable(client: SyncerClient) -> None:
+    with pytest.raises(Unavailable, match=r"GET /v1/status on http://127\.0\.0\.1:\d+: the answer is not JSON"):
+        client.status()
+    with pytest.raises(Unavailable, match="expected a JSON object, got list"):
+        client.shards()
+    with pytest.raises(Unavailable, match="the answer is not JSON"):
+        client.relay_address()  # bytes that are not UTF-8
+
+
+def test_an_error_body_of_the_wrong_shape_or_size_is_still_a_refusal(client: SyncerClient) -> None:
+    with pytest.raises(Refused) as refused:
+        client.stop_job("why")
+    assert refused.value.status == 409 and '["a", "list"]' in str(refused.value)
+    with pytest.raises(Refused) as long:
+        client.heartbeat({})
+    assert long.value.status == 403 and len(str(long.value)) < 800  # a peer's reason is cut before it is logged
+
+
+def test_a_stream_record_past_any_frame_is_refused_before_it_is_buffered(client: SyncerClient) -> None:
+    with pytest.raises(Unavailable, match=f"declared a frame of {1 << 40} bytes, past the {MOST_FRAME_BYTES}"):
+        next(client.fragments([0]))
+
+
+def test_the_clients_frame_bound_is_the_wire_formats() -> None:
+    from ddctl_agents.core import wire
+
+    limits = wire.DEFAULT_LIMITS
+    assert wire._PREFIX.size + limits.max_header + limits.max_payload + wire._CRC.size == MOST_FRAME_BYTES
