@@ -51,6 +51,10 @@ def test_a_line_that_is_not_utf8_or_a_field_of_the_wrong_type_is_a_tape_error_na
     path.write_bytes(header.encode() + b'{"type":"join","learner":"L\xff"}\n')
     with pytest.raises(TapeError, match=r"tape.jsonl:2: not UTF-8 text \(byte 27 of the line\); a tape is JSON lines"):
         list(read_tape(path))
+    for line, says in ((b'{"type":"join","t":' + b"9" * 5000 + b"}", "Exceeds the limit"), (b"[" * 200_000, "recursion")):
+        path.write_bytes(header.encode() + line + b"\n")
+        with pytest.raises(TapeError, match=rf"tape.jsonl:2: not a JSON record \(.*{says}"):
+            list(read_tape(path))
     path.write_text(header + json.dumps(join) + "\n")
     assert [r["type"] for r in read_tape(path)] == ["config", "join"]  # the well-typed record passes
     for field, bad, says in (

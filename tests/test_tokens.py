@@ -118,6 +118,14 @@ def test_a_bad_sidecar_is_refused_with_what_is_allowed(tmp_path: Path, fields: d
         find_shards([str(tmp_path)])
 
 
+def test_a_sidecar_json_cannot_parse_is_refused_naming_it(tmp_path: Path) -> None:
+    """An integer past Python's 4300 digits raised a bare ValueError (a sidecar may come from object storage)."""
+    write_shards(tmp_path, np.arange(10), vocab_size=256, shard_tokens=100)
+    (tmp_path / "tokens_000000.json").write_bytes(b'{"count": ' + b"9" * 5000 + b"}")
+    with pytest.raises(ConfigError, match=r"tokens_000000\.json: not a JSON sidecar \(Exceeds the limit"):
+        find_shards([str(tmp_path)])
+
+
 def test_a_shard_whose_sha256_differs_is_refused(tmp_path: Path) -> None:
     write_shards(tmp_path, np.arange(100), vocab_size=256, shard_tokens=100)
     path = tmp_path / "tokens_000000.bin"

@@ -119,6 +119,19 @@ def test_inconsistent_headers_are_rejected_with_a_reason(mutate, message: str) -
         unpack(rebuild(header, payload))
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [b'{"kind":"update","meta":{"step":' + b"9" * 5000 + b"}}", b"[" * 200_000 + b"]" * 200_000],
+    ids=["a 5000-digit integer", "nesting past the stack"],
+)
+def test_a_header_json_cannot_parse_is_a_wire_error(raw: bytes) -> None:
+    """An integer past Python's 4300 digits raised ValueError out of the header parser: a 500 at the syncer, and the
+    end of a relay's feed thread (found by a hostile-input audit)."""
+    body = struct.pack("<4sHHIQ", MAGIC, FORMAT_VERSION, 0, len(raw), 0) + raw
+    with pytest.raises(WireError, match="header is not valid UTF-8 JSON"):
+        unpack(body + struct.pack("<I", zlib.crc32(body)), WireLimits(max_header=1 << 20))
+
+
 def test_payload_longer_than_the_table_is_rejected() -> None:
     header, payload = split(frame())
     with pytest.raises(WireError, match="covers"):

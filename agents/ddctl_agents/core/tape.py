@@ -87,6 +87,8 @@ def read_tape(path: Path) -> Iterator[dict[str, Any]]:
                 raise TapeError(f"{path}:{number}: not UTF-8 text (byte {exc.start} of the line); a tape is JSON lines") from None
             except json.JSONDecodeError as exc:
                 raise TapeError(f"{path}:{number}: not a JSON record ({exc.msg})") from None
+            except (ValueError, RecursionError) as exc:  # an integer past Python's 4300 digits, nesting past the stack
+                raise TapeError(f"{path}:{number}: not a JSON record ({str(exc)[:80]})") from None
             if not isinstance(record, dict) or record.get("type") not in RECORD_TYPES:
                 raise TapeError(f"{path}:{number}: record must be an object with a type in {', '.join(RECORD_TYPES)}")
             for field, kind in FIELDS.items():

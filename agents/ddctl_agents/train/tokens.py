@@ -94,7 +94,7 @@ def parse_sidecar(raw: bytes, *, name: str, location: str) -> ShardMeta:
     where = sidecar_of(location)
     try:
         data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, an integer past 4300 digits
         raise ConfigError(f"{where}: not a JSON sidecar ({exc})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: a sidecar is a JSON object with dtype, vocab_size, count and sha256")
