@@ -9,10 +9,12 @@ import asyncio
 import contextlib
 import json
 import logging
+import struct
 import subprocess
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -85,7 +87,13 @@ class FakeShard:
 def test_the_feed_publishes_whole_versions_and_drops_what_does_not_decode_or_is_not_the_jobs() -> None:
     good, delta_like = version_frame(1, 3), bytearray(version_frame(0, 2))
     delta_like[-1] ^= 0xFF  # a corrupted checksum
-    shard = FakeShard([b"", good, bytes(delta_like), version_frame(7, 1), b"garbage", version_frame(0, 1)], breaks=True)
+    # a header no JSON parser takes (an integer past Python's 4300 digits) ended the feed's thread for good
+    poison = b'{"kind":"fragment","meta":{"fragment":0,"version":' + b"9" * 5000 + b'},"codec":"fp32","block":64,"tensors":[]}'
+    body = struct.pack("<4sHHIQ", b"DDLW", 1, 0, len(poison), 0) + poison
+    unreadable = body + struct.pack("<I", zlib.crc32(body))
+    shard = FakeShard(
+        [b"", good, bytes(delta_like), version_frame(7, 1), b"garbage", unreadable, version_frame(0, 1)], breaks=True
+    )
 
     async def run() -> tuple[list[int], Feed]:
         publisher = Publisher(2)
@@ -99,8 +107,9 @@ def test_the_feed_publishes_whole_versions_and_drops_what_does_not_decode_or_is_
 
     versions, feed = asyncio.run(run())
     assert versions == [1, 3]
-    assert feed.counts.refused == 3 and feed.counts.frames == 2
-    assert feed.counts.bytes_in == sum(map(len, (good, delta_like, version_frame(7, 1), b"garbage", version_frame(0, 1))))
+    assert feed.counts.refused == 4 and feed.counts.frames == 2
+    sent = (good, delta_like, version_frame(7, 1), b"garbage", unreadable, version_frame(0, 1))
+    assert feed.counts.bytes_in == sum(map(len, sent))
     assert shard.asked[1] == [1, 3]  # after the break it asks only for what it does not hold
     assert feed.heard["https://s0"] is not None
 
