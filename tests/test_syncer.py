@@ -167,3 +167,17 @@ def test_late_updates_left_behind_by_departed_learners_are_merged() -> None:
     rounds = [e.entry for e in effects if isinstance(e, Record) and e.entry["type"] == "round"]
     assert [r["cause"] for r in rounds] == ["final_drain"]
     assert s.ledger.pending == 0 and s.ledger.balanced() and s.versions[0] == 2
+
+
+def test_a_learner_moves_only_its_own_and_other_known_learners_entries_of_the_syncers_clock() -> None:
+    """A learner's update set the syncer's own entry to 2**70 (a hostile-input audit): it went out with every
+    version and into every tape record. A learner cannot know more of the syncer's events than the syncer."""
+    import dataclasses
+
+    s = joined()
+    ack, _ = s.receive(1.0, dataclasses.replace(update_for(s, "L1", 1), vclock={"L1": 2}))
+    own = s.clock["syncer"]
+    told = {"syncer": 10**6, "L0": 7, "L1": 5, "made-up": 3, "cut": 9}
+    again, _ = s.receive(1.0, dataclasses.replace(update_for(s, "L0", 0), vclock=told))
+    assert ack.status == again.status == "accepted"
+    assert s.clock == {"L0": 7, "L1": 5, "syncer": own + 1}  # L1's, as L0 learned it through the syncer's versions

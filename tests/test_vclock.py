@@ -25,7 +25,11 @@ def test_merge_is_elementwise_max_and_pure() -> None:
     assert a == {"x": 1, "y": 5}
 
 
-@pytest.mark.parametrize("bad", [[1, 2], {"": 1}, {"a": -1}, {"a": 1.5}, {"a": True}])
+@pytest.mark.parametrize("bad", [[1, 2], {"": 1}, {"a": -1}, {"a": 1.5}, {"a": True}, {"a": 2**53}, {"a": 10**4000}])
 def test_untrusted_clocks_are_validated(bad: object) -> None:
     with pytest.raises(ValueError, match="vector clock"):
         vclock.validate(bad)
+
+
+def test_the_largest_count_a_json_reader_holds_exactly_is_taken() -> None:
+    assert vclock.validate({"a": 2**53 - 1}) == {"a": 2**53 - 1}

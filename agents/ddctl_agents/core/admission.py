@@ -28,6 +28,7 @@ from ddctl_agents.core.config import TrustConfig
 from ddctl_agents.core.merge import Contribution
 from ddctl_agents.core.messages import Update
 from ddctl_agents.core.packed import absmax_of, shape_of
+from ddctl_agents.core.text import clip
 
 ADAM_STEP_BOUND = 3.0
 """[ours] Largest |AdamW step| / lr per element that the drift bound allows for (see the module docstring)."""
@@ -49,10 +50,14 @@ class UpdateLimits:
 
 @dataclass(frozen=True, slots=True)
 class Rejection:
-    """Why an update or a contribution is refused; ``code`` is one of errors.REJECTIONS."""
+    """Why an update or a contribution is refused; ``code`` is one of errors.REJECTIONS. The reason may quote what the
+    update carried (its tensor names), so it is bounded (``text.clip``): its log record must always take it."""
 
     code: str
     reason: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "reason", clip(self.reason))
 
 
 def derive_limits(

@@ -8,7 +8,6 @@ field; a bad field raises ``WireError`` naming it.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -164,10 +163,14 @@ def _count(m: Mapping[str, Any], key: str) -> int:
     return v
 
 
+MOST_SECONDS = 86_400.0
+"""A step takes at most a day: the bound a heartbeat's step time has (``service/requests.Seconds``)."""
+
+
 def _seconds(m: Mapping[str, Any], key: str) -> float:
     v = m.get(key, 0.0)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-        raise WireError(f"meta field {key!r} must be a finite non-negative number, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= MOST_SECONDS:  # NaN fails it too
+        raise WireError(f"meta field {key!r} must be a number of seconds in [0, {MOST_SECONDS:g}], got {v!r:.40}")
     return float(v)
 
 

@@ -35,6 +35,7 @@ from ddctl_agents.core.outer import outer_step
 from ddctl_agents.core.quarantine import Quarantine
 from ddctl_agents.core.quorum import RoundDecision, RoundView, Timing, decide_round
 from ddctl_agents.core.rounds import RecentIds, Round, accumulate
+from ddctl_agents.core.text import clip
 from ddctl_agents.errors import BadUpdate, ImpossibleVersion, Suspended, UnknownLearner
 
 
@@ -163,8 +164,10 @@ class Synchronizer:
         if update.update_id in recent:
             return Ack(status="duplicate", reason="update id already applied", version=current), []
         recent.add(update.update_id)
-        # no made-up processes, and the checkpoint epoch moves only at a cut (``cut``): a learner cannot move it
-        known = {k: v for k, v in update.vclock.items() if k in self.clock and k != vclock.CUT or k == update.learner}
+        # no made-up processes, the checkpoint epoch moves only at a cut (``cut``), and no learner knows more of this
+        # process's events than it does: a learner can move none of these
+        own = (vclock.CUT, self.process)
+        known = {k: v for k, v in update.vclock.items() if k in self.clock and k not in own or k == update.learner}
         self.clock = vclock.receive(self.clock, known, self.process)
         self.heartbeat(now, update.learner, update.step, update.step_time)
         units = update.c_tokens
@@ -212,7 +215,7 @@ class Synchronizer:
             try:
                 effects += self._poll_fragment(now, p)
             except Exception as exc:  # noqa: BLE001 - a bug costs one round of one fragment, never the loop
-                reason = f"round of fragment {p} failed: {type(exc).__name__}: {exc}"
+                reason = clip(f"round of fragment {p} failed: {type(exc).__name__}: {exc}")  # its log record's bound
                 effects += [*self.discard_round(now, p, reason), Fault(fragment=p, reason=reason, error=exc)]
         return effects
 

@@ -14,6 +14,9 @@ CUT = "cut"
 """Not a process: the checkpoint epoch (Chandy-Lamport colouring) a sharded synchronizer's messages carry. Merged by
 maximum like every entry, which is exactly the colouring rule: whoever has seen epoch e passes e on."""
 VectorClock = dict[str, int]
+MOST_COUNT = 2**53 - 1
+"""The largest entry an untrusted clock may hold: a count any JSON reader holds exactly (a clock goes into every
+published version and tape record)."""
 
 
 def tick(clock: Mapping[str, int], process: str) -> VectorClock:
@@ -54,7 +57,7 @@ def validate(clock: object, *, max_entries: int = 4096) -> VectorClock:
     for k, v in clock.items():
         if not isinstance(k, str) or not 0 < len(k) <= 128:
             raise ValueError(f"vector clock key must be a string of 1-128 characters, got {k!r}")
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ValueError(f"vector clock entry {k!r} must be a non-negative integer, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MOST_COUNT:
+            raise ValueError(f"vector clock entry {k!r} must be an integer in [0, 2**53), got {str(v)[:40]}")
         out[k] = v
     return out

@@ -192,7 +192,7 @@ class SyncerApp:
                 self.rt.inflight(who, frag, received, None if done else expected)
 
         body = await read_body(receive, limit, on_chunk)
-        update, ack = await self.rt.push(who, body)
+        update, ack = await self.rt.push(who, body, frag)
         if ack.status == "rejected":
             raise REJECTIONS[ack.code](ack.reason)
         await json_response(

@@ -182,8 +182,8 @@ class SyncerRuntime:
         await self._on_core(self._heartbeat, report)
         return {"versions": self.publisher.versions(), "stop": self.ending.phase != "training"}
 
-    async def push(self, identity: str, body: bytes) -> tuple[Update, Ack]:
-        """Decode (off the loop), check identity, hand to the core, wait for durability.
+    async def push(self, identity: str, body: bytes, fragment: int | None = None) -> tuple[Update, Ack]:
+        """Decode (off the loop), check identity and ``fragment`` (its header's), hand to the core, wait for durability.
 
         A rejected update is answered only once its rejection is durable: the count
         that may suspend its sender survives a crash like everything acknowledged."""
@@ -191,10 +191,13 @@ class SyncerRuntime:
         update, _ = await loop.run_in_executor(self._work, lambda: decode_update(body, self.limits, measure=True))
         if update.learner != identity:
             raise Forbidden(f"token is for {identity!r} but the update claims learner {update.learner!r}")
+        if fragment is not None and update.fragment != fragment:
+            raise BadRequest(f"header x-ddctl-fragment says {fragment}, the update is of fragment {update.fragment}")
         ack, position = await self._on_core(self._receive, update, body)
         await self.commit_to(position)
         self._kick.set()
-        if self.holds.pushed(update.learner, update.fragment, ack, self.publisher.versions()[update.fragment]):
+        versions = self.publisher.versions()  # a rejected update's fragment may be none of the job's
+        if ack.status != "rejected" and self.holds.pushed(update.learner, update.fragment, ack, versions[update.fragment]):
             await self.publisher.nudge()
         return update, ack
 
