@@ -4,6 +4,7 @@ each retry one more rejection counted against it): each is now a 4xx, durable wh
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 
 import pytest
@@ -66,3 +67,12 @@ def test_an_update_of_no_fragment_of_the_job_or_another_than_its_header_is_a_400
     assert err.status == 400 and "header x-ddctl-fragment says 1, the update is of fragment 0" in err.reason
     assert clients["L2"].push(body, 0)["status"] == "accepted"  # the same update, told rightly: nothing was taken
     still_merges(job, clients["L0"], assembly, "L0", fragment=1)
+
+
+def test_a_reason_cannot_pass_for_more_fields_of_its_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    """A leave reason ``left learner=L9 region=x`` read as two more fields of the roster's ``key=value`` line."""
+    from ddctl_agents.service.roster import Roster
+
+    with caplog.at_level(logging.INFO, logger="ddctl_agents.service.roster"):
+        Roster().event(1.0, "leave", learner="L0", reason='left learner=L9 region="x"', tokens=5, note="")
+    assert caplog.messages == ['leave learner=L0 reason="left learner=L9 region=\\"x\\"" tokens=5 note=""']

@@ -9,6 +9,7 @@ capped, the logs are rings.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -74,7 +75,7 @@ class Roster:
         self.events.append({"t": round(now, 3), "event": kind, **fields})
         if kind not in LOGGED_ELSEWHERE:
             level = logging.WARNING if kind == "set-aside" else logging.INFO
-            log.log(level, "%s %s", kind, " ".join(f"{k}={v}" for k, v in fields.items()))
+            log.log(level, "%s %s", kind, " ".join(f"{k}={_shown(v)}" for k, v in fields.items()))
 
     def _round_closed(self, now: float, record: dict[str, Any]) -> None:
         """Count the round; every ``ROUNDS_LOG_EVERY_S`` log how many closed since the last line, and why."""
@@ -162,3 +163,9 @@ class Roster:
             self.event(now, "suspended", learner=record["learner"], reason=record["reason"])
             self.set_state(record["learner"], "suspended")
             log.error("learner %s suspended: %s", record["learner"], record["reason"])
+
+
+def _shown(value: Any) -> Any:
+    """A field's value in a ``key=value`` log line, quoted where it has a space, ``=`` or ``"`` (a learner's leave
+    reason ``left learner=L9`` read as two more fields)."""
+    return json.dumps(value) if isinstance(value, str) and (not value or any(c in value for c in ' ="')) else value
