@@ -268,3 +268,41 @@ def test_a_learner_that_finished_and_left_no_listing_is_not_started_again(
     assert [(a.kind, a.name) for a in actions] == [("create", "L1")]  # L1 was stopped before its share: replaced
     assert {r.name: r.state for r in state.instances(RUN)}["L0"] == "finished"
     assert controller.once(now=1.0) == []  # and never again
+
+
+def test_no_answer_ends_the_watch_and_a_forged_line_is_escaped(
+    world: tuple[State, FakeProvider, Controller], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The loop caught only DdctlError: one DescribeInstances answer without ``State`` (a KeyError), a throttling
+    ClientError or an engine answer of another shape ended the controller, and no lost learner was replaced again
+    (found by a hostile-input audit of the cloud answers)."""
+    import logging
+    import threading
+
+    from ddctl.control.controller import watch
+    from ddctl.errors import DdctlError
+
+    state, _, controller = world
+    forged = AttributeError("'str' object has no attribute 'get'\n2026-05-01T00:00:00Z INFO the job finished\x1b[2J")
+    script: list[BaseException | None] = [KeyError("State"), forged, DdctlError("engine restarting"), None, forged, None]
+    calls: list[BaseException | None] = []
+    stop = threading.Event()
+
+    def once() -> None:
+        calls.append(step := script[len(calls)])
+        if len(calls) == len(script):
+            state.set_run_state(RUN, "finished")  # the run leaves training: the watch ends on its own
+        if step is not None:
+            raise step
+
+    monkeypatch.setattr(controller, "once", once)
+    with caplog.at_level(logging.ERROR, logger="ddctl.control.controller"):
+        watch(controller, 0.001, stop)
+    assert calls == script  # every pass ran: none of the errors ended the loop
+    escaped = "AttributeError: 'str' object has no attribute 'get'\\n2026-05-01T00:00:00Z INFO the job finished\\x1b[2J"
+    errors = [e["message"] for e in state.events(RUN) if e["kind"] == "error"]
+    assert errors == ["KeyError: 'State'", escaped, "engine restarting", escaped]
+    lines = [line for message in caplog.messages for line in message.splitlines()]
+    assert not any(line.startswith("2026-05-01") or "\x1b" in line for line in lines)  # no forged line, no escape code
+    traced = [m for m in caplog.messages if escaped in m and 'File "' in m]
+    assert len(traced) == 1 and "in once" in traced[0]  # the traceback once per message, its frames only

@@ -26,6 +26,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
@@ -42,6 +43,7 @@ from ddctl.errors import DdctlError, ProvisionError
 from ddctl.providers.base import Instance, InstanceSpec, Provider
 from ddctl_agents.agent.client import Unavailable
 from ddctl_agents.core.ending import FINISHED, STOPPED
+from ddctl_agents.core.text import printable
 from ddctl_agents.entrypoint import add_label_option, configure_logging
 
 log = logging.getLogger(__name__)
@@ -211,9 +213,9 @@ class Controller:
             self.memory = remember(self.memory, replace(action, name=r.detail.get("learner") or r.name), error, now)
             self.state.event(
                 self.run, "provision-failed", instance=r.name, region=r.region, error=error.kind, code=error.code,
-                reason=f"{action.reason}: {error}",
+                reason=printable(f"{action.reason}: {error}"),
             )  # fmt: skip
-            log.error("%s could not start at %s: %s (%s)", r.name, action.placement, error, error.kind)
+            log.error("%s could not start at %s: %s (%s)", r.name, action.placement, printable(str(error)), error.kind)
             return
         self.memory = remember(self.memory, action, None, now)
         if "learner" in r.detail and int(r.detail.get("node", 0)) == 0:
@@ -278,17 +280,38 @@ def main(argv: list[str] | None = None) -> int:
         controller = Controller(args.run, state)
         run_replanning.start(args.run, args.state, stop)  # a sharded run's re-planner, on its own thread
         run_checkpoints.start(args.run, args.state, stop)  # and its checkpoints, on another
-        while not stop.wait(args.every):
-            record = state.run(args.run)
-            if record is None or record.state != "training":
-                log.info("run %s is %s: the controller stops", args.run, record.state if record else "gone")
-                break
-            try:
-                controller.once()
-            except DdctlError as exc:  # a provider hiccup (the engine restarting, a VM slow to boot): try again
-                log.error("reconcile failed: %s", exc)
-                state.event(args.run, "error", where="controller", message=str(exc))
+        watch(controller, args.every, stop)
     return 0
+
+
+def watch(controller: Controller, every_s: float, stop: threading.Event) -> None:
+    """Reconcile every ``every_s`` until the run leaves training or ``stop`` is set; no error ends it. A provider's
+    refusal or hiccup (a DdctlError: the engine restarting, a VM slow to boot) is tried again at the next pass.
+    Anything else (a cloud API's or the engine's answer of a shape its checks missed, an SDK error not classified)
+    is logged with its traceback once per message, recorded, and tried again after a pause that doubles up to a
+    minute: the loop that replaces lost learners must outlive one bad answer."""
+    state, run, failing, traced = controller.state, controller.run, 0, set[str]()
+
+    def pause() -> float:
+        return min(every_s * 2.0**failing, max(60.0, every_s))
+
+    while not stop.wait(pause()):
+        record = state.run(run)
+        if record is None or record.state != "training":
+            log.info("run %s is %s: the controller stops", run, record.state if record else "gone")
+            return
+        try:
+            controller.once()
+            failing = 0
+        except DdctlError as exc:
+            log.error("reconcile failed: %s", printable(str(exc)))
+            state.event(run, "error", where="controller", message=printable(str(exc)))
+        except Exception as exc:  # noqa: BLE001 - the last resort: one malformed answer must not end the loop
+            failing, message = min(failing + 1, 6), printable(f"{type(exc).__name__}: {exc}")
+            frames = "" if message in traced else "\n" + "".join(traceback.format_tb(exc.__traceback__)).rstrip()
+            traced = traced | {message} if len(traced) < 100 else {message}
+            log.error("reconcile failed unexpectedly (next try in %.0f s): %s%s", pause(), message, frames)
+            state.event(run, "error", where="controller", message=message)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ddctl.errors import ProvisionError
+from ddctl.errors import DdctlError, ProvisionError
 
 if TYPE_CHECKING:
     from ddctl.config.regions import Region
@@ -154,6 +154,15 @@ class InstanceSpec:
                 "link": None if link is None else (float(link[0]), float(link[1])),
             }
         )
+
+
+def answered_ipv4(value: object, what: str) -> str:
+    """``value`` as ``ipv4`` reads it, or a DdctlError saying which answer was not an address (an address with an
+    ``@`` or a newline became another host in every learner's URL and a name in the run's certificate)."""
+    address = ipv4(value)
+    if address is None:
+        raise DdctlError(f"{what} is not an IPv4 address: {str(value)[:60]!r}")
+    return address
 
 
 def ipv4(value: object) -> str | None:

@@ -10,12 +10,17 @@ runs as root.
 
 from __future__ import annotations
 
+import logging
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ddctl.providers.base import NAME_LABEL, RUN_LABEL, InstanceSpec, ipv4
 from ddctl.providers.firstboot import DEFAULT_PYTHON
+
+INSTANCE_ID = re.compile(r"i-[0-9a-f]{8,17}")
+"""What EC2 names an instance: checked before an answered id goes into the state or the footprint's files."""
 
 if TYPE_CHECKING:
     from ddctl.config.regions import Region
@@ -116,3 +121,19 @@ def private_address(raw: dict[str, Any]) -> str:
     """The instance's private IPv4 address as EC2 described it ("" if it is none): where its region's peers reach it
     (a learner's nodes meet at its first node's, torchrun's c10d)."""
     return ipv4(raw.get("PrivateIpAddress")) or ""
+
+
+def described(raw: object) -> bool:
+    """Whether an instance EC2 described has the shape the provider reads (an id, a state, a placement): one that
+    has not is logged and skipped, not a KeyError out of the controller's loop."""
+    ok = (
+        isinstance(raw, dict)
+        and isinstance(raw.get("InstanceId"), str)
+        and INSTANCE_ID.fullmatch(raw["InstanceId"]) is not None
+        and isinstance(raw.get("State"), dict)
+        and isinstance(raw["State"].get("Name"), str)
+        and isinstance(raw.get("Placement", {}), dict)
+    )
+    if not ok:
+        logging.getLogger(__name__).warning("EC2 described an instance of another shape: skipped (%.200r)", raw)
+    return ok

@@ -21,7 +21,7 @@ from typing import Any
 
 from ddctl.errors import ProvisionError
 from ddctl.providers.aws.machines import tag_map
-from ddctl.providers.base import NAME_LABEL, RUN_LABEL
+from ddctl.providers.base import NAME_LABEL, RUN_LABEL, answered_ipv4
 
 DUPLICATES = ("InvalidPermission.Duplicate", "InvalidKeyPair.Duplicate", "InvalidGroup.Duplicate")
 GONE = ("InvalidPermission.NotFound", "InvalidGroup.NotFound", "InvalidKeyPair.NotFound", "InvalidAllocationID.NotFound")
@@ -184,9 +184,9 @@ def ensure_address(ec2: Any, run: str, name: str = "syncer") -> tuple[str, str]:
     ``syncer-s1``, ...), tagged with it: (allocation id, public address)."""
     for address in ec2.describe_addresses(Filters=run_filter(run))["Addresses"]:
         if tag_map(address).get(NAME_LABEL, "syncer") == name:  # untagged: the syncer's (an older ddctl's)
-            return str(address["AllocationId"]), str(address["PublicIp"])
+            return str(address["AllocationId"]), answered_ipv4(address.get("PublicIp"), f"EC2's Elastic IP of {name}")
     made = ec2.allocate_address(Domain="vpc", TagSpecifications=tagged("elastic-ip", run, **{NAME_LABEL: name}))
-    return str(made["AllocationId"]), str(made["PublicIp"])
+    return str(made["AllocationId"]), answered_ipv4(made.get("PublicIp"), f"EC2's new Elastic IP of {name}")
 
 
 def remove_network(ec2: Any, run: str, wait_s: float = 120.0) -> list[tuple[str, str]]:

@@ -28,10 +28,12 @@ from ddctl.providers.aws.errors import CAPACITY, classify
 from ddctl.providers.aws.machines import (
     DEFAULT_IMAGE_PARAMETER,
     HOST_KEY_TAG,
+    INSTANCE_ID,
     LIVE_STATES,
     REGION_TAG,
     ROLE_TAG,
     Machine,
+    described,
     launch_request,
     machine_settings,
     private_address,
@@ -182,11 +184,15 @@ class AwsProvider:
                 key_name=net.key_name, user_data=script, tags=labels,
             )  # fmt: skip
             try:
-                return str(ec2.run_instances(**request)["Instances"][0]["InstanceId"])
+                answered = ec2.run_instances(**request)["Instances"][0]["InstanceId"]
             except Exception as exc:
                 refusal = self.classify(exc, region=net.region, zone=zone)
                 if refusal.code not in CAPACITY:
                     raise refusal from None
+                continue
+            if not (isinstance(answered, str) and INSTANCE_ID.fullmatch(answered)):  # it goes into the state, a file
+                raise DdctlError(f"EC2 answered an instance id that is none: {str(answered)[:60]!r}")
+            return answered
         raise refusal or ProvisionError(
             f"aws {net.region}: no instance type to try", kind="config", scope="region", provider=self.kind, region=net.region
         )
@@ -221,7 +227,7 @@ class AwsProvider:
         filters = network.run_filter(run) if run else []
         kwargs: dict[str, Any] = {"InstanceIds": ids} if ids else {"Filters": filters}
         pages = self.ec2(region).get_paginator("describe_instances").paginate(**kwargs)
-        return [i for page in pages for reservation in page["Reservations"] for i in reservation["Instances"]]
+        return [i for page in pages for r in page.get("Reservations") or [] for i in r.get("Instances") or [] if described(i)]
 
     def _state(self, region: str, ident: str) -> str:
         found = self.describe(region, [ident])

@@ -14,13 +14,15 @@ import socket
 import tarfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
 from ddctl.errors import EngineError
 
 DEFAULT_SOCKET = "/var/run/docker.sock"
+
+T = TypeVar("T", dict[str, Any], list[Any])
 
 
 def socket_path() -> str:
@@ -87,11 +89,17 @@ class Engine:
             raise EngineError(f"docker {method} {url}: {exc}") from None
         if response.status_code not in ok:
             try:
-                message = response.json().get("message", response.text)
+                said = response.json()
             except ValueError:
-                message = response.text
-            raise EngineError(f"docker {method} {url}: {response.status_code} {message}", response.status_code)
+                said = None
+            message = said.get("message", response.text) if isinstance(said, dict) else response.text
+            raise EngineError(f"docker {method} {url}: {response.status_code} {str(message)[:300]!r}", response.status_code)
         return response
+
+    def _answer(self, method: str, url: str, kind: type[T], **kwargs: Any) -> T:
+        """``_call``'s JSON body, of ``kind`` (an object or a list) or an EngineError: an answer of another shape is
+        the engine's fault, and the controller's loop goes on past it."""
+        return _decoded(self._call(method, url, **kwargs), kind, f"docker {method} {url}")
 
     def ping(self) -> None:
         self._call("GET", "/_ping")
@@ -110,8 +118,12 @@ class Engine:
             headers={"Content-Type": "application/x-tar"},
         )
         for line in response.text.splitlines():  # progress messages; an error arrives as one of them
-            if line.strip() and "error" in (message := json.loads(line)):
-                raise EngineError(f"docker import {repo}:{tag}: {message['error']}")
+            try:
+                message = json.loads(line) if line.strip() else {}
+            except ValueError:
+                message = {"error": f"an answer that is not JSON: {line[:80]!r}"}
+            if isinstance(message, dict) and "error" in message:
+                raise EngineError(f"docker import {repo}:{tag}: {str(message['error'])[:300]!r}")
 
     # networks
     def create_network(self, name: str, subnet: str, gateway: str, labels: dict[str, str], ip_range: str = "") -> str:
@@ -123,13 +135,14 @@ class Engine:
             "Labels": labels,
             "IPAM": {"Config": [pool]},
         }
-        return str(self._call("POST", "/networks/create", json=body).json()["Id"])
+        return _ident(self._answer("POST", "/networks/create", dict, json=body))
 
     def networks(self, labels: dict[str, str]) -> list[dict[str, Any]]:
-        return list(self._call("GET", "/networks", params=_filters(labels)).json())
+        return _objects(self._answer("GET", "/networks", list, params=_filters(labels)))
 
     def all_subnets(self) -> set[str]:
-        return {c["Subnet"] for n in self._call("GET", "/networks").json() for c in (n.get("IPAM") or {}).get("Config") or []}
+        pools = [c for n in _objects(self._answer("GET", "/networks", list)) for c in (n.get("IPAM") or {}).get("Config") or []]
+        return {str(c["Subnet"]) for c in pools if isinstance(c, dict) and "Subnet" in c}
 
     def remove_network(self, ident: str) -> None:
         self._call("DELETE", f"/networks/{ident}", ok=(204, 404))
@@ -151,7 +164,7 @@ class Engine:
         return None
 
     def create_container(self, name: str, config: dict[str, Any]) -> str:
-        return str(self._call("POST", "/containers/create", params={"name": name}, json=config).json()["Id"])
+        return _ident(self._answer("POST", "/containers/create", dict, params={"name": name}, json=config))
 
     def put_archive(self, container: str, tar: bytes, path: str = "/") -> None:
         self._call("PUT", f"/containers/{container}/archive", params={"path": path}, content=tar)
@@ -161,10 +174,15 @@ class Engine:
         response = self._call("GET", f"/containers/{container}/archive", params={"path": path}, ok=(200, 404))
         if response.status_code == 404:
             return None
-        with tarfile.open(fileobj=io.BytesIO(response.content)) as tar:
-            member = tar.next()
-            extracted = tar.extractfile(member) if member is not None else None
-            return extracted.read() if extracted is not None else None
+        try:
+            with tarfile.open(fileobj=io.BytesIO(response.content)) as tar:
+                member = tar.next()
+                extracted = tar.extractfile(member) if member is not None else None
+                return extracted.read() if extracted is not None else None
+        except tarfile.TarError as exc:
+            raise EngineError(
+                f"docker GET {path} of {container}: the answer is not a tar archive ({type(exc).__name__})"
+            ) from None
 
     def start(self, container: str) -> None:
         self._call("POST", f"/containers/{container}/start", ok=(204, 304))
@@ -177,13 +195,35 @@ class Engine:
 
     def inspect(self, container: str) -> dict[str, Any] | None:
         response = self._call("GET", f"/containers/{container}/json", ok=(200, 404))
-        return None if response.status_code == 404 else dict(response.json())
+        return None if response.status_code == 404 else _decoded(response, dict, f"docker inspect {container}")
 
     def containers(self, labels: dict[str, str]) -> list[dict[str, Any]]:
         """Every container with these labels, stopped ones too."""
-        return list(self._call("GET", "/containers/json", params={"all": "true", **_filters(labels)}).json())
+        return _objects(self._answer("GET", "/containers/json", list, params={"all": "true", **_filters(labels)}))
 
     def exec_detached(self, container: str, argv: list[str]) -> None:
         """Run ``argv`` inside a running container without waiting for it."""
-        ident = self._call("POST", f"/containers/{container}/exec", json={"Cmd": argv}).json()["Id"]
+        ident = _ident(self._answer("POST", f"/containers/{container}/exec", dict, json={"Cmd": argv}))
         self._call("POST", f"/exec/{ident}/start", json={"Detach": True})
+
+
+def _decoded(response: httpx.Response, kind: type[T], what: str) -> T:
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, kind):
+        raise EngineError(f"{what}: the answer is not a JSON {kind.__name__}: {response.text[:80]!r}")
+    return body
+
+
+def _objects(items: list[Any]) -> list[dict[str, Any]]:
+    """The objects of a list the engine answered; anything else in it is skipped."""
+    return [item for item in items if isinstance(item, dict)]
+
+
+def _ident(answer: dict[str, Any]) -> str:
+    ident = answer.get("Id")
+    if not isinstance(ident, str) or not ident.isalnum() or len(ident) > 128:
+        raise EngineError(f"the engine answered no id: {str(ident)[:80]!r}")
+    return ident

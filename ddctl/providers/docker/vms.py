@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import logging
 import socket
 from collections.abc import Mapping
 from pathlib import Path
@@ -47,6 +48,7 @@ from ddctl_agents.waiting import wait_until
 if TYPE_CHECKING:
     from ddctl.config.regions import Region
 
+log = logging.getLogger(__name__)
 REGION_LABEL = "ddctl-region"
 ROLE_LABEL = "ddctl-role"
 HOST_KEY_LABEL = "ddctl-host-key"
@@ -198,7 +200,7 @@ class DockerProvider:
                         self.engine.connect(network_name(spec.run, region), ident, _syncer_address(subnet, spec.name))
             self.engine.start(ident)
             info = self.engine.inspect(ident) or {}
-            address = info["NetworkSettings"]["Networks"][network]["IPAddress"]
+            address = _address_on(info, network)
             if spec.link is not None and linkshape.available() is None:
                 linkshape.shape_netns_of(int(info["State"]["Pid"]), *spec.link)
             with rundir.known_hosts.open("a") as pinned:
@@ -218,9 +220,13 @@ class DockerProvider:
     def list_run(self, run: str) -> list[Instance]:
         found = []
         for c in self.engine.containers({RUN_LABEL: run}):
-            home = network_name(run, c["Labels"].get(REGION_LABEL, ""))  # its region's, not the syncer's other ones
+            labels = c.get("Labels")
+            if not isinstance(labels, dict) or not isinstance(c.get("Id"), str):
+                log.warning("the engine listed a container of run %s without its labels or id: skipped", run)
+                continue
+            home = network_name(run, str(labels.get(REGION_LABEL, "")))  # its region's, not the syncer's other ones
             address = ipv4(((c.get("NetworkSettings") or {}).get("Networks") or {}).get(home, {}).get("IPAddress")) or ""
-            name, alive = c["Labels"].get(NAME_LABEL, "?"), c["State"] == "running"
+            name, alive = str(labels.get(NAME_LABEL, "?")), c.get("State") == "running"
             found.append(Instance(name=name, provider_id=c["Id"], run=run, alive=alive, address=address, private_address=address))
         return sorted(found, key=lambda i: i.name)
 
@@ -230,8 +236,7 @@ class DockerProvider:
         if info is None or not info["State"]["Running"]:
             raise DdctlError(f"{instance.name} is not running")
         labels = info["Config"]["Labels"]
-        network = network_name(instance.run, labels[REGION_LABEL])
-        address = info["NetworkSettings"]["Networks"][network]["IPAddress"]
+        address = _address_on(info, network_name(instance.run, labels[REGION_LABEL]))
         return deploy.Target(address, labels[HOST_KEY_LABEL], RunDir(instance.run).ssh_key)
 
     def _wait_stopped(self, instance: Instance, timeout_s: float) -> bool:
@@ -344,3 +349,13 @@ def _answers(host: str, port: int) -> bool:
 
 
 __all__ = ["SYNCER_PORT", "DockerProvider", "container_name", "network_name"]
+
+
+def _address_on(info: dict[str, Any], network: str) -> str:
+    """A container's address on ``network`` as the engine inspects it, checked: it becomes a pinned ``known_hosts``
+    line, an SSH host and a rendezvous (an answer with a newline would add a pin of its own)."""
+    answered = ((info.get("NetworkSettings") or {}).get("Networks") or {}).get(network, {}).get("IPAddress")
+    address = ipv4(answered)
+    if address is None:
+        raise EngineError(f"the engine answered no IPv4 address for the container on {network}: {str(answered)[:60]!r}")
+    return address

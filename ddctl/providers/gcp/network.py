@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ddctl.control.rundir import RunDir
-from ddctl.providers.base import syncer_name
+from ddctl.providers.base import answered_ipv4, syncer_name
 from ddctl.providers.gcp.clients import CALL_TIMEOUT_S, Clients
 from ddctl.providers.gcp.errors import http_status
 from ddctl.providers.gcp.machines import label, resource_name, run_tag, syncer_tag
@@ -145,15 +145,16 @@ def ensure_address(clients: Clients, project: str, region: str, run: str, syncer
 
     addresses = clients.client("AddressesClient")
     name = address_name(run, syncer)
+    what = f"GCE's reserved address {name}"
     try:
-        return str(addresses.get(project=project, region=region, address=name, **clients.read).address)
+        return answered_ipv4(addresses.get(project=project, region=region, address=name, **clients.read).address, what)
     except Exception as exc:
         if not http_status(exc) == 404:
             raise
     body = compute_v1.Address(name=name, address_type="EXTERNAL", description=f"the syncer of ddctl run {label(run)}")
     op = addresses.insert_unary(project=project, region=region, address_resource=body, timeout=CALL_TIMEOUT_S)
     clients.wait(op, project, region=region)
-    return str(addresses.get(project=project, region=region, address=name, **clients.read).address)
+    return answered_ipv4(addresses.get(project=project, region=region, address=name, **clients.read).address, what)
 
 
 def remove_network(clients: Clients, project: str, run: str, regions: Iterable[str]) -> list[tuple[str, str]]:
