@@ -179,3 +179,44 @@ def test_a_rebalance_recommendation_is_noted_and_training_goes_on() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.parametrize("odd", ["token-é", "tok en", "x" * 2000, ""])
+def test_an_odd_token_answer_does_not_blind_the_watcher(odd: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A token that is not printable ASCII ended the watcher's thread (httpx's header encoding), one with a space or
+    newline was kept six hours and made every poll fail: the notice was never seen (a hostile-input audit). The
+    notice's body is logged with its control characters escaped."""
+    from http.server import BaseHTTPRequestHandler
+
+    tokens = [odd, odd, "token-2"]
+
+    class Imds(BaseHTTPRequestHandler):
+        def do_PUT(self) -> None:  # noqa: N802 (the stdlib's name)
+            self._send(200, tokens.pop(0) if len(tokens) > 1 else tokens[0])
+
+        def do_GET(self) -> None:  # noqa: N802
+            good = self.headers.get("X-aws-ec2-metadata-token") == "token-2"
+            self._send(200, "terminate\n2026-05-01T00:00:00Z INFO forged\x1b[2J") if good else self._send(404, "")
+
+        def _send(self, status: int, body: str) -> None:
+            data = body.encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Imds)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        stop = Stop()
+        watch(f"http://127.0.0.1:{server.server_address[1]}{NOTICE_PATH}", stop, every_s=0.05)
+        assert stop.wait(10) and stop.reason == "preemption_notice"
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert any("the metadata service's token is not one" in m for m in caplog.messages)
+    said = [m for m in caplog.messages if m.startswith("spot interruption notice")]
+    assert said == ["spot interruption notice: terminate\\n2026-05-01T00:00:00Z INFO forged\\x1b[2J"]

@@ -30,6 +30,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from ddctl_agents.core.text import printable
+
 log = logging.getLogger(__name__)
 TOKEN_PATH = "/latest/api/token"
 REBALANCE_PATH = "/latest/meta-data/events/recommendations/rebalance"
@@ -101,7 +103,11 @@ class NoticeClient:
             got = self.http.put(self.token_url, headers={"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL_S)})
             if got.status_code != 200:
                 return {}  # IMDSv1 only (no token service): ask without one
-            self.token, self.token_until = got.text.strip(), now + TOKEN_TTL_S - 60
+            token = got.text.strip()
+            if not (0 < len(token) <= 1024 and token.isascii() and token.isprintable() and " " not in token):
+                log.warning("the metadata service's token is not one (%.60r): asking without it", token)
+                return {}  # kept, it would make every poll fail for six hours: asked for again at the next poll
+            self.token, self.token_until = token, now + TOKEN_TTL_S - 60
         return {"X-aws-ec2-metadata-token": self.token}
 
 
@@ -110,31 +116,29 @@ def watch(url: str, stop: Stop, every_s: float = 1.0) -> threading.Thread:
 
     def loop() -> None:
         with httpx.Client(timeout=2.0) as http:
-            client = NoticeClient(url, http)
+            client, said = NoticeClient(url, http), ""
             while not stop.wait(every_s):
                 try:
-                    response = client.poll()
+                    look(client)
                 except httpx.HTTPError:
                     continue  # the endpoint being away is not a notice
-                if is_notice(response.status_code, response.text):
-                    log.warning("spot interruption notice: %s", response.text.strip()[:200])
-                    stop.trigger("preemption_notice")
-                elif is_gcp(url):
-                    try:
-                        event = client.maintenance()
-                    except httpx.HTTPError:
-                        continue
-                    if event is not None:
-                        log.warning("host maintenance ends this VM: %s", event[:200])
-                        stop.trigger("preemption_notice")
-                elif not stop.rebalance_recommended:
-                    try:
-                        recommended = client.rebalance()
-                    except httpx.HTTPError:
-                        continue
-                    if recommended:
-                        stop.rebalance_recommended = True
-                        log.warning("rebalance recommendation: this instance is at elevated risk of interruption")
+                except Exception as exc:  # noqa: BLE001 - an answer of another shape must not end the watch
+                    if (why := printable(f"{type(exc).__name__}: {exc}", 200)) != said:
+                        log.warning("the metadata service's answer could not be read (%s): still watching", why)
+                    said = why
+
+    def look(client: NoticeClient) -> None:
+        response = client.poll()
+        if is_notice(response.status_code, response.text):
+            log.warning("spot interruption notice: %s", printable(response.text.strip(), 200))
+            stop.trigger("preemption_notice")
+        elif is_gcp(url):
+            if (event := client.maintenance()) is not None:
+                log.warning("host maintenance ends this VM: %s", printable(event, 200))
+                stop.trigger("preemption_notice")
+        elif not stop.rebalance_recommended and client.rebalance():
+            stop.rebalance_recommended = True
+            log.warning("rebalance recommendation: this instance is at elevated risk of interruption")
 
     thread = threading.Thread(target=loop, name="notice-watch", daemon=True)
     thread.start()
