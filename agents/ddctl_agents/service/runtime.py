@@ -1,10 +1,9 @@
 """The synchronizer's imperative shell: one core thread, a real clock, durability.
 
-Every call into the sans-I/O core runs on a single thread, in order, so the core
-needs no locks and the write-ahead log sees events in the order the core did.
-The event loop only moves bytes and waits; decoding and fsyncs run on their own
-threads. An acknowledgement or a new fragment version leaves the process only
-after the log records that produced it are on disk (group commit).
+Every call into the sans-I/O core runs on a single thread, in order, so the core needs no locks and the
+write-ahead log sees events in the order the core did. The event loop only moves bytes and waits; decoding and
+fsyncs run on their own threads. An acknowledgement or a new fragment version leaves the process only after the
+log records that produced it are on disk (group commit).
 """
 
 from __future__ import annotations
@@ -183,10 +182,8 @@ class SyncerRuntime:
         return {"versions": self.publisher.versions(), "stop": self.ending.phase != "training"}
 
     async def push(self, identity: str, body: bytes, fragment: int | None = None) -> tuple[Update, Ack]:
-        """Decode (off the loop), check identity and ``fragment`` (its header's), hand to the core, wait for durability.
-
-        A rejected update is answered only once its rejection is durable: the count
-        that may suspend its sender survives a crash like everything acknowledged."""
+        """Decode (off the loop), check identity and ``fragment`` (its header's), hand to the core, wait for durability:
+        a rejection too is answered once durable, so the count that may suspend its sender survives a crash."""
         loop = asyncio.get_running_loop()
         update, _ = await loop.run_in_executor(self._work, lambda: decode_update(body, self.limits, measure=True))
         if update.learner != identity:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from ddctl.errors import DdctlError
 from ddctl.providers.base import NAME_LABEL, RUN_LABEL, InstanceSpec, ipv4
 from ddctl.providers.firstboot import DEFAULT_PYTHON
 
@@ -137,3 +138,10 @@ def described(raw: object) -> bool:
     if not ok:
         logging.getLogger(__name__).warning("EC2 described an instance of another shape: skipped (%.200r)", raw)
     return ok
+
+
+def instance_id(answered: object) -> str:
+    """The id ``run_instances`` answered, if it looks like one: it goes into the state and the footprint's files."""
+    if not (isinstance(answered, str) and INSTANCE_ID.fullmatch(answered)):
+        raise DdctlError(f"EC2 answered an instance id that is none: {str(answered)[:60]!r}")
+    return answered

@@ -28,12 +28,12 @@ from ddctl.providers.aws.errors import CAPACITY, classify
 from ddctl.providers.aws.machines import (
     DEFAULT_IMAGE_PARAMETER,
     HOST_KEY_TAG,
-    INSTANCE_ID,
     LIVE_STATES,
     REGION_TAG,
     ROLE_TAG,
     Machine,
     described,
+    instance_id,
     launch_request,
     machine_settings,
     private_address,
@@ -190,9 +190,7 @@ class AwsProvider:
                 if refusal.code not in CAPACITY:
                     raise refusal from None
                 continue
-            if not (isinstance(answered, str) and INSTANCE_ID.fullmatch(answered)):  # it goes into the state, a file
-                raise DdctlError(f"EC2 answered an instance id that is none: {str(answered)[:60]!r}")
-            return answered
+            return instance_id(answered)
         raise refusal or ProvisionError(
             f"aws {net.region}: no instance type to try", kind="config", scope="region", provider=self.kind, region=net.region
         )
