@@ -180,9 +180,14 @@ def test_a_learner_colours_at_most_one_cut_past_the_last_marker_and_a_cut_surviv
         learner.register("L0", 1, "region-L0")
         assert learner.push(update_frame(assembly, 0, 1, {"L0": 1, "cut": 7}), 0)["status"] == "accepted"
         assert status(shards[0])["clock"]["cut"] == 0  # epoch 7 was never announced: no cut, no part written
-        with pytest.raises(Refused, match="shard S0 does not own fragment 1") as info:
+        with pytest.raises(Refused, match="header x-ddctl-fragment says 0, the update is of fragment 1") as info:
             learner.push(update_frame(assembly, 1, 2, {"L0": 2}), 0)  # the header says 0; the frame is fragment 1
-        assert info.value.code == "not_owner"
+        assert info.value.code == "bad_request"
+        headless = learner.http.post(  # without the header, the frame's own fragment is checked for its owner
+            f"{shards[0].url}/v1/updates", content=update_frame(assembly, 1, 2, {"L0": 2}),
+            headers={"content-type": "application/x-ddctl-frame"},
+        )  # fmt: skip
+        assert headless.status_code == 409 and "shard S0 does not own fragment 1" in headless.json()["reason"]
         learner.push(update_frame(assembly, 2, 3, {"L0": 3, "cut": 1}), 2)
         assert status(shards[0])["clock"]["cut"] == 1  # one past the last marker (none yet): cut before it is received
         learner.push(update_frame(assembly, 2, 4, {"L0": 4, "cut": 2}), 2)
