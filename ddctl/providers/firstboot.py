@@ -8,11 +8,13 @@ The operator's address (``ssh_cidr``) is what every cloud opens SSH to.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shlex
 
 from ddctl.errors import DdctlError, DeployError
 from ddctl.providers import deploy
+from ddctl.providers.base import ipv4
 from ddctl.providers.console import power_off_hook
 from ddctl.providers.deploy import REMOTE_ROOT
 
@@ -69,13 +71,24 @@ def ssh_cidr() -> str:
     """Where SSH may come from: ``DDCTL_SSH_FROM``, else this machine's public address as a /32."""
     chosen = os.environ.get(SSH_FROM_ENV)
     if chosen:
-        return chosen if "/" in chosen else f"{chosen}/32"
+        try:
+            return str(ipaddress.IPv4Network(chosen.strip(), strict=False))
+        except ValueError:
+            raise DdctlError(
+                f"{SSH_FROM_ENV}={chosen[:60]!r} is not an IPv4 address or CIDR (e.g. 203.0.113.7 or 203.0.113.0/24)"
+            ) from None
     import httpx
 
     try:
-        address = httpx.get("https://checkip.amazonaws.com", timeout=5.0).text.strip()
+        answered = httpx.get("https://checkip.amazonaws.com", timeout=5.0).text.strip()
     except httpx.HTTPError as exc:
         raise DdctlError(f"cannot learn this machine's public address ({exc}); set {SSH_FROM_ENV}=CIDR") from None
+    # the answer becomes the firewall rule SSH and the syncer's admin port are opened to: never a wider range
+    address = ipv4(answered)
+    if address is None:
+        raise DdctlError(
+            f"checkip.amazonaws.com answered {answered[:60]!r}, not this machine's IPv4 address; set {SSH_FROM_ENV}=CIDR"
+        )
     return f"{address}/32"
 
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ddctl.errors import DdctlError
+from ddctl.providers.aws.answers import paged, records
 from ddctl.providers.base import NAME_LABEL, RUN_LABEL, InstanceSpec, ipv4
 from ddctl.providers.firstboot import DEFAULT_PYTHON
 
@@ -138,6 +140,13 @@ def described(raw: object) -> bool:
     if not ok:
         logging.getLogger(__name__).warning("EC2 described an instance of another shape: skipped (%.200r)", raw)
     return ok
+
+
+def instances_of(pages: Iterable[object]) -> list[dict[str, Any]]:
+    """The instances over ``describe_instances``' pages that have the shape read here (one without a state or an
+    id is logged and left alone: never guessed at, never deleted)."""
+    reservations = paged(pages, "Reservations", "DescribeInstances")
+    return [i for r in reservations for i in records(r, "Instances", "DescribeInstances") if described(i)]
 
 
 def instance_id(answered: object) -> str:

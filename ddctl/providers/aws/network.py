@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddctl.errors import ProvisionError
+from ddctl.providers.aws.answers import named, records
 from ddctl.providers.aws.machines import tag_map
-from ddctl.providers.base import NAME_LABEL, RUN_LABEL, answered_ipv4
+from ddctl.providers.base import NAME_LABEL, RUN_LABEL, answered_ipv4, ipv4
 
 DUPLICATES = ("InvalidPermission.Duplicate", "InvalidKeyPair.Duplicate", "InvalidGroup.Duplicate")
 GONE = ("InvalidPermission.NotFound", "InvalidGroup.NotFound", "InvalidKeyPair.NotFound", "InvalidAllocationID.NotFound")
@@ -65,29 +66,36 @@ class Network:
 def find_vpc(ec2: Any, region: str, vpc: str) -> str:
     """The VPC the file names (an id or a Name tag), or the region's default VPC."""
     if vpc.startswith("vpc-"):
-        found = ec2.describe_vpcs(VpcIds=[vpc])["Vpcs"]
+        answer = ec2.describe_vpcs(VpcIds=[vpc])
     elif vpc:
-        found = ec2.describe_vpcs(Filters=[{"Name": "tag:Name", "Values": [vpc]}])["Vpcs"]
+        answer = ec2.describe_vpcs(Filters=[{"Name": "tag:Name", "Values": [vpc]}])
     else:
-        found = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"]
+        answer = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])
+    found = records(answer, "Vpcs", "DescribeVpcs")
     if not found:
         what = f"no VPC named {vpc!r}" if vpc else "no default VPC"
         raise ProvisionError(
             f"aws {region}: {what}; name one with `vpc:` (an id or its Name tag)", kind="config", scope="region", region=region,
             provider="aws", code="NoVpc",
         )  # fmt: skip
-    return str(found[0]["VpcId"])
+    return named(found[0], "VpcId", "DescribeVpcs")
 
 
 def zone_subnets(ec2: Any, vpc: str) -> dict[str, str]:
     """One subnet per zone, preferring those that give public addresses (the learners reach the syncer's)."""
-    subnets = ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["Subnets"]
-    ranked = sorted(
-        subnets, key=lambda s: (not s.get("MapPublicIpOnLaunch", False), not s.get("DefaultForAz", False), s["SubnetId"])
-    )
+    call = "DescribeSubnets"
+    subnets = [
+        (
+            named(s, "AvailabilityZone", call),
+            named(s, "SubnetId", call),
+            s.get("MapPublicIpOnLaunch") is True,
+            s.get("DefaultForAz") is True,
+        )
+        for s in records(ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc]}]), "Subnets", call)
+    ]
     chosen: dict[str, str] = {}
-    for subnet in ranked:
-        chosen.setdefault(str(subnet["AvailabilityZone"]), str(subnet["SubnetId"]))
+    for zone, subnet, _, _ in sorted(subnets, key=lambda s: (not s[2], not s[3], s[1])):
+        chosen.setdefault(zone, subnet)
     return dict(sorted(chosen.items()))
 
 
@@ -96,18 +104,18 @@ def ensure_security_group(ec2: Any, run: str, vpc: str, ssh_from: str, syncer_po
     every TCP port to the group's own members."""
     found = ec2.describe_security_groups(
         Filters=[{"Name": "group-name", "Values": [run_name(run)]}, {"Name": "vpc-id", "Values": [vpc]}]
-    )["SecurityGroups"]
-    if found:
-        group = str(found[0]["GroupId"])
+    )
+    groups = [named(g, "GroupId", "DescribeSecurityGroups") for g in records(found, "SecurityGroups", "DescribeSecurityGroups")]
+    if groups:
+        group = groups[0]
     else:
-        group = str(
-            ec2.create_security_group(
-                GroupName=run_name(run),
-                Description=f"ddctl run {run}: SSH from the operator, the syncer port from the run's learners",
-                VpcId=vpc,
-                TagSpecifications=tagged("security-group", run),
-            )["GroupId"]
+        made = ec2.create_security_group(
+            GroupName=run_name(run),
+            Description=f"ddctl run {run}: SSH from the operator, the syncer port from the run's learners",
+            VpcId=vpc,
+            TagSpecifications=tagged("security-group", run),
         )
+        group = named(made if isinstance(made, dict) else {}, "GroupId", "CreateSecurityGroup")
     allow(ec2, group, 22, ssh_from, "ssh from the operator")
     allow(ec2, group, syncer_port, ssh_from, "status and admin from the operator")
     allow_members(ec2, group)
@@ -147,14 +155,16 @@ def revoke(ec2: Any, group: str, port: int, cidr: str) -> None:
 
 def opened(ec2: Any, group: str, port: int) -> set[str]:
     """The CIDRs ``port`` is open to."""
-    groups = ec2.describe_security_groups(GroupIds=[group])["SecurityGroups"]
-    return {
-        r["CidrIp"]
-        for g in groups
-        for p in g.get("IpPermissions", [])
-        if p.get("FromPort") == port
-        for r in p.get("IpRanges", [])
-    }
+    call = "DescribeSecurityGroups"
+    groups = records(ec2.describe_security_groups(GroupIds=[group]), "SecurityGroups", call)
+    rules = [p for g in groups for p in records(g, "IpPermissions", call) if p.get("FromPort") == port]
+    return {named(r, "CidrIp", call) for p in rules for r in records(p, "IpRanges", call)}
+
+
+def run_groups(ec2: Any, run: str) -> list[str]:
+    """The ids of the run's security groups in ``ec2``'s region."""
+    found = ec2.describe_security_groups(Filters=run_filter(run))
+    return [named(g, "GroupId", "DescribeSecurityGroups") for g in records(found, "SecurityGroups", "DescribeSecurityGroups")]
 
 
 def admit(ec2: Any, group: str, port: int, wanted: set[str], keep: set[str]) -> None:
@@ -182,36 +192,41 @@ def ensure_key_pair(ec2: Any, run: str, public_line: str) -> str:
 def ensure_address(ec2: Any, run: str, name: str = "syncer") -> tuple[str, str]:
     """The run's Elastic IP in this region for the synchronizer instance ``name`` (``syncer``, or a shard's
     ``syncer-s1``, ...), tagged with it: (allocation id, public address)."""
-    for address in ec2.describe_addresses(Filters=run_filter(run))["Addresses"]:
+    for address in records(ec2.describe_addresses(Filters=run_filter(run)), "Addresses", "DescribeAddresses"):
         if tag_map(address).get(NAME_LABEL, "syncer") == name:  # untagged: the syncer's (an older ddctl's)
-            return str(address["AllocationId"]), answered_ipv4(address.get("PublicIp"), f"EC2's Elastic IP of {name}")
+            ip = answered_ipv4(address.get("PublicIp"), f"EC2's Elastic IP of {name}")
+            return named(address, "AllocationId", "DescribeAddresses"), ip
     made = ec2.allocate_address(Domain="vpc", TagSpecifications=tagged("elastic-ip", run, **{NAME_LABEL: name}))
-    return str(made["AllocationId"]), answered_ipv4(made.get("PublicIp"), f"EC2's new Elastic IP of {name}")
+    made = made if isinstance(made, dict) else {}
+    ip = answered_ipv4(made.get("PublicIp"), f"EC2's new Elastic IP of {name}")
+    return named(made, "AllocationId", "AllocateAddress"), ip
 
 
 def remove_network(ec2: Any, run: str, wait_s: float = 120.0) -> list[tuple[str, str]]:
     """Release the run's address, delete its key pair and security group (once its instances are gone)."""
     removed: list[tuple[str, str]] = []
-    for address in ec2.describe_addresses(Filters=run_filter(run))["Addresses"]:
+    for address in records(ec2.describe_addresses(Filters=run_filter(run)), "Addresses", "DescribeAddresses"):
+        allocation = named(address, "AllocationId", "DescribeAddresses")
         with contextlib.suppress(Exception):
             if address.get("AssociationId"):
-                ec2.disassociate_address(AssociationId=address["AssociationId"])
-        ec2.release_address(AllocationId=address["AllocationId"])
-        removed.append(("elastic ip", f"{ec2.meta.region_name}/{address['PublicIp']}"))
+                ec2.disassociate_address(AssociationId=named(address, "AssociationId", "DescribeAddresses"))
+        ec2.release_address(AllocationId=allocation)
+        shown = ipv4(address.get("PublicIp")) or allocation
+        removed.append(("elastic ip", f"{ec2.meta.region_name}/{shown}"))
     try:
-        pairs = ec2.describe_key_pairs(KeyNames=[run_name(run)])["KeyPairs"]
+        pairs = records(ec2.describe_key_pairs(KeyNames=[run_name(run)]), "KeyPairs", "DescribeKeyPairs")
     except Exception as exc:
         if code_of(exc) not in GONE:
             raise
         pairs = []
-    for pair in pairs:
-        ec2.delete_key_pair(KeyName=pair["KeyName"])
-        removed.append(("key pair", f"{ec2.meta.region_name}/{pair['KeyName']}"))
-    for group in ec2.describe_security_groups(Filters=run_filter(run))["SecurityGroups"]:
+    for key in [named(pair, "KeyName", "DescribeKeyPairs") for pair in pairs]:
+        ec2.delete_key_pair(KeyName=key)
+        removed.append(("key pair", f"{ec2.meta.region_name}/{key}"))
+    for group in run_groups(ec2, run):
         deadline = time.monotonic() + wait_s
         while True:  # a group is in use until the instances in it have terminated
             try:
-                ec2.delete_security_group(GroupId=group["GroupId"])
+                ec2.delete_security_group(GroupId=group)
                 break
             except Exception as exc:
                 if code_of(exc) in GONE:
@@ -219,5 +234,5 @@ def remove_network(ec2: Any, run: str, wait_s: float = 120.0) -> list[tuple[str,
                 if code_of(exc) != "DependencyViolation" or time.monotonic() > deadline:
                     raise
                 time.sleep(2.0)
-        removed.append(("security group", f"{ec2.meta.region_name}/{group['GroupId']}"))
+        removed.append(("security group", f"{ec2.meta.region_name}/{group}"))
     return removed

@@ -15,7 +15,8 @@ from datetime import datetime
 from typing import Any
 
 from ddctl.providers.aws import network
-from ddctl.providers.aws.machines import EXPIRES_TAG, tag_map
+from ddctl.providers.aws.answers import records
+from ddctl.providers.aws.machines import EXPIRES_TAG, instances_of, tag_map
 from ddctl.providers.base import RUN_LABEL
 
 TAGGED = [{"Name": "tag-key", "Values": [RUN_LABEL]}]
@@ -47,20 +48,19 @@ def training(ec2: Any) -> set[str]:
         {"Name": "instance-state-name", "Values": ["pending", "running"]},
     ]
     pages = ec2.get_paginator("describe_instances").paginate(Filters=filters)
-    return {tag_map(i).get(RUN_LABEL, "") for page in pages for r in page["Reservations"] for i in r["Instances"]} - {""}
+    return {tag_map(i).get(RUN_LABEL, "") for i in instances_of(pages)} - {""}
 
 
 def sweep(ec2: Any, live: set[str], now: float, terminate: Any) -> list[tuple[str, str]]:
     """Terminate ``ec2``'s region's orphan instances (with ``terminate(ids)``, which waits), then dead runs' networks."""
-    pages = ec2.get_paginator("describe_instances").paginate(Filters=TAGGED)
-    instances = [i for page in pages for reservation in page["Reservations"] for i in reservation["Instances"]]
+    instances = instances_of(ec2.get_paginator("describe_instances").paginate(Filters=TAGGED))
     doomed = orphaned(instances, live, now)
     removed = [("instance", f"{ec2.meta.region_name}/{tag_map(raw).get(RUN_LABEL)}/{raw['InstanceId']}") for raw in doomed]
     if doomed:
         terminate([raw["InstanceId"] for raw in doomed])
     running = {tag_map(raw).get(RUN_LABEL) for raw in instances if raw not in doomed and raw["State"]["Name"] != "terminated"}
-    groups = ec2.describe_security_groups(Filters=TAGGED)["SecurityGroups"]
-    addresses = ec2.describe_addresses(Filters=TAGGED)["Addresses"]
+    groups = records(ec2.describe_security_groups(Filters=TAGGED), "SecurityGroups", "DescribeSecurityGroups")
+    addresses = records(ec2.describe_addresses(Filters=TAGGED), "Addresses", "DescribeAddresses")
     runs = {tag_map(g).get(RUN_LABEL, "") for g in [*groups, *addresses]} - {""}
     for run in sorted(runs - live - running):
         removed += network.remove_network(ec2, run)

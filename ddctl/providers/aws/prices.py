@@ -25,6 +25,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ddctl.control.quotes import GB, RegionQuote
+from ddctl.errors import DdctlError
+from ddctl.providers.aws.answers import paged
 from ddctl.providers.aws.clients import Clients
 from ddctl.providers.base import own_or_attached_gpus
 
@@ -163,7 +165,7 @@ def spot_prices(ec2: Any, instance_types: Sequence[str], zones: Sequence[str], n
     if zones:
         query["Filters"] = [{"Name": "availability-zone", "Values": list(zones)}]
     pages = ec2.get_paginator("describe_spot_price_history").paginate(**query)
-    return latest_prices((item for page in pages for item in page["SpotPriceHistory"]), instance_types, zones)
+    return latest_prices(paged(pages, "SpotPriceHistory", "DescribeSpotPriceHistory"), instance_types, zones)
 
 
 def spot_quote(ec2: Any, instance_types: Sequence[str], zones: Sequence[str], now: datetime | None = None) -> SpotQuote | None:
@@ -175,8 +177,9 @@ def vcpus(ec2: Any, instance_types: Sequence[str]) -> dict[str, int]:
     """vCPUs per instance type, as EC2 describes it (quotas count vCPUs, not instances)."""
     pages = ec2.get_paginator("describe_instance_types").paginate(InstanceTypes=list(instance_types))
     out = {}
-    for t in (t for page in pages for t in page["InstanceTypes"]):
-        count = checked((t.get("VCpuInfo") or {}).get("DefaultVCpus"), 1, MAX_VCPUS)
+    for t in paged(pages, "InstanceTypes", "DescribeInstanceTypes"):
+        info = t.get("VCpuInfo")
+        count = checked(info.get("DefaultVCpus"), 1, MAX_VCPUS) if isinstance(info, dict) else None
         if count is not None and count == int(count):  # a broken answer leaves the type's vCPUs unknown
             out[str(t.get("InstanceType", ""))] = int(count)
     return out
@@ -246,12 +249,14 @@ def quota_warnings(service_quotas: Any, region: str, needs: Mapping[Quota, int],
     out = []
     for quota, needed in sorted(needs.items(), key=lambda kv: kv[0].code):
         try:
-            answer = service_quotas.get_service_quota(ServiceCode="ec2", QuotaCode=quota.code).get("Quota") or {}
+            answered = service_quotas.get_service_quota(ServiceCode="ec2", QuotaCode=quota.code)
         except (BotoCoreError, ClientError) as exc:
-            answer, why = {}, str(classify(exc, region=region, credentials=credentials))
+            raw, why = None, str(classify(exc, region=region, credentials=credentials))
         else:
-            why = f"Service Quotas answered {str(answer.get('Value'))[:40]!r}, not a number of vCPUs"
-        value = checked(answer.get("Value"), 0.0, MAX_QUOTA_VCPUS)
+            found = answered.get("Quota") if isinstance(answered, dict) else None
+            raw = found.get("Value") if isinstance(found, dict) else None
+            why = f"Service Quotas answered {str(raw)[:40]!r}, not a number of vCPUs"
+        value = checked(raw, 0.0, MAX_QUOTA_VCPUS)
         if value is None:
             out.append(f"{region}: could not check quota {quota.code} ({quota.name}; the plan needs {needed} vCPUs): {why}")
             continue
@@ -307,6 +312,10 @@ def _quote_one(
     from ddctl.providers.aws.errors import classify
 
     where, types, warnings = region.cloud_region, tuple(region.types), []
+
+    def told(exc: Exception) -> str:
+        return str(exc) if isinstance(exc, DdctlError) else str(classify(exc, region=where, credentials=clients.described))
+
     ec2, spot, cpus = clients.client("ec2", where), None, None
     try:
         offers = spot_prices(ec2, types, region.zones)
@@ -319,8 +328,8 @@ def _quote_one(
                 f"{where}: up tries {types[0]} in {region.zones[0]} first (${first:.4f}/h); the cheapest is "
                 f"{spot.instance_type} in {spot.zone}: list it first in instance_types and zones to pay that"
             )
-    except (BotoCoreError, ClientError) as exc:
-        warnings.append(f"could not read spot prices: {classify(exc, region=where, credentials=clients.described)}")
+    except (BotoCoreError, ClientError, DdctlError) as exc:  # DdctlError: an answer of another shape
+        warnings.append(f"could not read spot prices: {told(exc)}")
     chosen = spot.instance_type if spot else (types[0] if types else "")
     if spot and region.spot and region.price_cap is not None and spot.price > region.price_cap:
         warnings.append(
@@ -328,8 +337,8 @@ def _quote_one(
         )
     try:
         cpus = vcpus(ec2, [chosen]).get(chosen) if chosen else None
-    except (BotoCoreError, ClientError) as exc:
-        warnings.append(f"could not read the vCPUs of {chosen}: {classify(exc, region=where, credentials=clients.described)}")
+    except (BotoCoreError, ClientError, DdctlError) as exc:
+        warnings.append(f"could not read the vCPUs of {chosen}: {told(exc)}")
     quota = quota_for(chosen, spot=region.spot) if chosen else None
     if not chosen:
         warnings.append(f"{region.name}: no instance type given; nothing to price or check")

@@ -32,8 +32,8 @@ from ddctl.providers.aws.machines import (
     REGION_TAG,
     ROLE_TAG,
     Machine,
-    described,
     instance_id,
+    instances_of,
     launch_request,
     machine_settings,
     private_address,
@@ -224,8 +224,7 @@ class AwsProvider:
     def describe(self, region: str, ids: list[str] | None = None, run: str = "") -> list[dict[str, Any]]:
         filters = network.run_filter(run) if run else []
         kwargs: dict[str, Any] = {"InstanceIds": ids} if ids else {"Filters": filters}
-        pages = self.ec2(region).get_paginator("describe_instances").paginate(**kwargs)
-        return [i for page in pages for r in page.get("Reservations") or [] for i in r.get("Instances") or [] if described(i)]
+        return instances_of(self.ec2(region).get_paginator("describe_instances").paginate(**kwargs))
 
     def _state(self, region: str, ident: str) -> str:
         found = self.describe(region, [ident])
@@ -326,8 +325,8 @@ class AwsProvider:
         if address is None or tag_map(raw).get(ROLE_TAG) != "learner":
             return
         for region in footprint.regions(run):
-            for group in self.ec2(region).describe_security_groups(Filters=network.run_filter(run))["SecurityGroups"]:
-                network.revoke(self.ec2(region), group["GroupId"], SYNCER_PORT, f"{address}/32")
+            for group in network.run_groups(self.ec2(region), run):
+                network.revoke(self.ec2(region), group, SYNCER_PORT, f"{address}/32")
 
     def cleanup(self, run: str) -> list[tuple[str, str]]:
         """The run's Elastic IP, key pairs, security groups and FIS leftovers, in every region it used."""
@@ -390,8 +389,7 @@ class AwsProvider:
         for region in footprint.regions(run):
             raws = self.describe(region, run=run)
             if any(tag_map(raw).get(ROLE_TAG) == "syncer" and raw["State"]["Name"] == "running" for raw in raws):
-                groups = self.ec2(region).describe_security_groups(Filters=network.run_filter(run))["SecurityGroups"]
-                found.append((region, str(groups[0]["GroupId"])))
+                found += [(region, group) for group in network.run_groups(self.ec2(region), run)[:1]]
         if required and not found:
             raise DdctlError(f"run {run} has no running syncer on aws")
         return found
