@@ -19,6 +19,8 @@ ANSWERS: dict[str, tuple[int, str, bytes]] = {
     "/v1/relay": (200, "application/json", b"\xff\xfe not utf-8"),
     "/v1/admin/stop": (409, "application/json", b'["a", "list"]'),
     "/v1/heartbeat": (403, "application/json", b'{"error": "x", "reason": "' + b"r" * 5000 + b'"}'),
+    "/v1/leave": (403, "application/json", b'{"error": "no\\n", "reason": "x\\n2026-01-01 INFO forged \\u001b[2J"}'),
+    "/v1/admin/readmit": (502, "text/html", b"<html>\r\nBad Gateway\x1b[31m</html>"),
     "/v1/fragments": (200, "application/octet-stream", STREAM_RECORD.pack(1 << 40) + b"\0" * 4096),
 }
 
@@ -80,3 +82,14 @@ def test_the_clients_frame_bound_is_the_wire_formats() -> None:
 
     limits = wire.DEFAULT_LIMITS
     assert wire._PREFIX.size + limits.max_header + limits.max_payload + wire._CRC.size == MOST_FRAME_BYTES
+
+
+def test_a_peers_reason_keeps_to_one_line_of_the_learners_log(client: SyncerClient) -> None:
+    """A reason with a newline or an escape sequence read as a forged log line or cleared the operator's terminal."""
+    with pytest.raises(Refused) as refused:
+        client.leave("L0", "done")
+    assert refused.value.code == "no\\n" and "x\\n2026-01-01 INFO forged \\x1b[2J" in str(refused.value)
+    with pytest.raises(Unavailable) as unavailable:
+        client.readmit("L1")
+    assert "<html>\\r\\nBad Gateway\\x1b[31m</html>" in str(unavailable.value)
+    assert not any(c in str(refused.value) + str(unavailable.value) for c in "\n\r\x1b")

@@ -21,6 +21,7 @@ import httpx
 
 from ddctl_agents import relay, tcpinfo, waiting
 from ddctl_agents.core.links import SendCounters
+from ddctl_agents.core.text import printable
 from ddctl_agents.errors import ConfigError, Refused, Unavailable
 
 T = TypeVar("T")
@@ -252,9 +253,9 @@ def _raise_for(response: httpx.Response, content: bytes) -> None:
         body = httpx.Response(status, content=content).json()
         if not isinstance(body, dict):
             raise ValueError("not an error object")
-        code, reason = str(body.get("error", ""))[:200], str(body.get("reason", ""))[:500]
-    except ValueError:
-        code, reason = "", content[:200].decode("utf-8", "replace")
+        code, reason = printable(str(body.get("error", "")), 200), printable(str(body.get("reason", "")))
+    except ValueError:  # a peer's words go into the learner's log: cut, and no line of their own
+        code, reason = "", printable(content[:200].decode("utf-8", "replace"))
     if status >= 500:
         raise Unavailable(f"syncer error {status} {code}: {reason}")
     raise Refused(status, code, reason)
