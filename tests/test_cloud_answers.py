@@ -16,7 +16,7 @@ from ddctl.errors import DdctlError
 from ddctl.providers.aws import network, orphans
 from ddctl.providers.aws.prices import quote_regions
 from ddctl.providers.aws.provider import AwsProvider
-from ddctl.providers.base import answered_ipv4
+from ddctl.providers.base import Instance, answered_ipv4
 from ddctl.providers.firstboot import SSH_FROM_ENV, ssh_cidr
 
 GOOD = {"InstanceId": "i-0123456789abcdef0", "State": {"Name": "running"}, "Placement": {"AvailabilityZone": "us-east-1a"}}
@@ -256,3 +256,17 @@ def test_what_checkip_answers_must_be_one_address(answered: str, monkeypatch: py
         ssh_cidr()
     monkeypatch.setattr(httpx, "get", lambda *_, **__: SimpleNamespace(text=" 203.0.113.7\n"))
     assert ssh_cidr() == "203.0.113.7/32"
+
+
+def test_an_instances_host_key_tag_is_pinned_only_as_one_ed25519_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tag that began with ``ssh-ed25519 `` was pinned whole: a newline in it added a ``known_hosts`` line of its own."""
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAknQxho8mOTK2n+7SZXAhF2rWcVg9Rmmf1ZVihJcoId"
+    instance = Instance(name="L0", provider_id="us-east-1/i-0123456789abcdef0", run="r", alive=True, address="203.0.113.5")
+    for tag, pinned in ((key, True), (f"{key}\n* ssh-ed25519 AAAAC3Nzattacker", False), ("ssh-ed25519 x", False)):
+        raw = {**GOOD, "PublicIpAddress": "203.0.113.5", "Tags": [{"Key": "ddctl-host-key", "Value": tag}]}
+        provider = provider_of(Ec2([{"Reservations": [{"Instances": [raw]}]}]), monkeypatch)
+        if pinned:
+            assert provider.ssh_target(instance).host_key == key
+            continue
+        with pytest.raises(DdctlError, match="L0 carries no ddctl-host-key tag ddctl could pin; not connecting"):
+            provider.ssh_target(instance)

@@ -5,6 +5,7 @@ ended the controller, and a container's address is an IPv4 address before it bec
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from collections.abc import Callable
 from typing import Any
@@ -12,7 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from ddctl.errors import EngineError
+from ddctl.errors import DdctlError, EngineError
+from ddctl.providers.base import Instance
 from ddctl.providers.docker.engine import Engine
 from ddctl.providers.docker.vms import DockerProvider, _address_on
 
@@ -75,3 +77,61 @@ def test_a_containers_address_must_be_ipv4_before_it_is_pinned_or_dialled(answer
     with pytest.raises(EngineError, match="the engine answered no IPv4 address for the container on net"):
         _address_on(info, "net")
     assert _address_on({"NetworkSettings": {"Networks": {"net": {"IPAddress": "10.213.0.5"}}}}, "net") == "10.213.0.5"
+
+
+@pytest.mark.parametrize(
+    "info",
+    [
+        {"NetworkSettings": {"Networks": {"net": ["10.213.0.5"]}}},
+        {"NetworkSettings": ["net"]},
+        {"NetworkSettings": {"Networks": "net"}},
+        {},
+    ],
+)
+def test_a_containers_networks_of_another_shape_are_no_address(info: dict[str, Any]) -> None:
+    """A level of another shape was an AttributeError out of the provider (and the controller's pass)."""
+    with pytest.raises(EngineError, match="the engine answered no IPv4 address for the container on net: 'None'"):
+        _address_on(info, "net")
+
+
+def provider_answering(body: object) -> DockerProvider:
+    provider = DockerProvider.__new__(DockerProvider)
+    provider.engine = engine_answering(200, json.dumps(body).encode())
+    return provider
+
+
+HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAknQxho8mOTK2n+7SZXAhF2rWcVg9Rmmf1ZVihJcoId"
+RUNNING = {
+    "State": {"Running": True, "Pid": 42},
+    "Config": {"Labels": {"ddctl-region": "east", "ddctl-host-key": HOST_KEY}},
+    "NetworkSettings": {"Networks": {"ddctl-r-east": {"IPAddress": "10.213.0.5"}}},
+}
+
+
+def test_the_ssh_target_pins_only_an_ed25519_line_the_engine_answers() -> None:
+    instance = Instance(name="L0", provider_id="abc", run="r", alive=True, address="10.213.0.5")
+    target = provider_answering(RUNNING).ssh_target(instance)
+    assert (target.host, target.host_key) == ("10.213.0.5", HOST_KEY)
+    forged = f"{HOST_KEY}\n* ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAttacker"
+    for labels in ({"ddctl-region": "east", "ddctl-host-key": forged}, {"ddctl-region": "east"}, ["east"], None):
+        with pytest.raises(EngineError, match="the engine answered L0 without its region or a host key to pin"):
+            provider_answering({**RUNNING, "Config": {"Labels": labels}}).ssh_target(instance)
+    for state in ({"Running": "yes"}, "running", None):
+        with pytest.raises(DdctlError, match="L0 is not running"):
+            provider_answering({**RUNNING, "State": state}).ssh_target(instance)
+
+
+def test_networks_and_containers_of_another_shape_are_skipped(caplog: pytest.LogCaptureFixture) -> None:
+    good = {"Labels": {"ddctl-region": "east"}, "IPAM": {"Config": [{"Subnet": "10.213.4.0/24"}]}}
+    odd = [
+        {"Labels": {"ddctl-region": "west"}, "IPAM": {"Config": {"Subnet": "10.213.5.0/24"}}},
+        {"Labels": ["west"], "IPAM": {"Config": [{"Subnet": "10.213.5.0/24"}]}},
+        {"Labels": {"ddctl-region": "west"}, "IPAM": {"Config": [{"Subnet": "10.213.5.300/24"}]}},
+        {"Labels": {"ddctl-region": "west"}, "IPAM": {"Config": ["10.213.5.0/24"]}},
+    ]
+    assert provider_answering([good, *odd]).subnets("r") == {"east": ipaddress.IPv4Network("10.213.4.0/24")}
+    assert sum("the engine listed a network of run r without its region or subnet" in m for m in caplog.messages) == 4
+    containers = [{"Id": "abc", "NetworkSettings": {"Networks": ["x"]}}, {"Id": "def", "NetworkSettings": {"Networks": {"n": 5}}}]
+    assert provider_answering(containers).engine.container_at({"ddctl-run": "r"}, "10.213.0.5") is None
+    held = [*containers, {"NetworkSettings": {"Networks": {"n": {"IPAddress": "10.213.0.9"}}}}]
+    assert provider_answering(held)._held("r", "n") == ["10.213.0.9"]

@@ -156,6 +156,16 @@ class InstanceSpec:
         )
 
 
+def dug(answer: object, *path: str) -> object:
+    """``answer[path[0]][path[1]]...`` where each level is a JSON object, else None: a field deep in an API's
+    answer, read without a KeyError or an AttributeError when a level has another shape."""
+    for key in path:
+        if not isinstance(answer, dict):
+            return None
+        answer = answer.get(key)
+    return answer
+
+
 def answered_ipv4(value: object, what: str) -> str:
     """``value`` as ``ipv4`` reads it, or a DdctlError saying which answer was not an address (an address with an
     ``@`` or a newline became another host in every learner's URL and a name in the run's certificate)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import re
 import shlex
 import tarfile
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -42,6 +43,12 @@ class Target:
     client_key: Path
     port: int = 22
     user: str = "root"
+
+
+def pinnable(key: object) -> str | None:
+    """``key`` if it is one ed25519 public key line, the only kind ddctl makes: a host key a cloud or the engine
+    hands back becomes a ``known_hosts`` line, and one with a newline would pin a key of its own."""
+    return key if isinstance(key, str) and re.fullmatch(r"ssh-ed25519 [A-Za-z0-9+/=]{40,200}( \S*)?", key) else None
 
 
 def new_keypair() -> tuple[bytes, str]:

@@ -258,8 +258,8 @@ class AwsProvider:
         address = public_address(found[0]) if found and found[0]["State"]["Name"] == "running" else None
         if address is None:
             raise DdctlError(f"{instance.name} is not running (or has no public address)")
-        host_key = tag_map(found[0]).get(HOST_KEY_TAG, "")
-        if not host_key.startswith("ssh-ed25519 "):  # the pin ddctl tagged it with; without it nothing is trusted
+        host_key = deploy.pinnable(tag_map(found[0]).get(HOST_KEY_TAG))
+        if host_key is None:  # the pin ddctl tagged it with; without it nothing is trusted
             raise DdctlError(f"{instance.name} carries no {HOST_KEY_TAG} tag ddctl could pin; not connecting")
         return deploy.Target(address, host_key, RunDir(instance.run).ssh_key)
 

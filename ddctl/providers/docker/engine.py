@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import httpx
 
 from ddctl.errors import EngineError
+from ddctl.providers.base import dug
 
 DEFAULT_SOCKET = "/var/run/docker.sock"
 
@@ -158,9 +159,9 @@ class Engine:
     def container_at(self, labels: dict[str, str], address: str) -> str | None:
         """The id of the labelled container that owns ``address`` (how the metadata endpoint knows its caller)."""
         for c in self.containers(labels):
-            for net in (c.get("NetworkSettings") or {}).get("Networks", {}).values():
-                if net.get("IPAddress") == address:
-                    return str(c["Id"])
+            networks = dug(c, "NetworkSettings", "Networks")
+            if isinstance(networks, dict) and any(dug(net, "IPAddress") == address for net in networks.values()):
+                return str(c.get("Id"))
         return None
 
     def create_container(self, name: str, config: dict[str, Any]) -> str:

@@ -36,6 +36,7 @@ from ddctl.providers.base import (
     InstanceSpec,
     PreemptionNotice,
     RegionInfo,
+    dug,
     ipv4,
     syncer_index,
 )
@@ -110,10 +111,18 @@ class DockerProvider:
         }
 
     def subnets(self, run: str) -> dict[str, ipaddress.IPv4Network]:
-        return {
-            n["Labels"][REGION_LABEL]: ipaddress.IPv4Network(n["IPAM"]["Config"][0]["Subnet"])
-            for n in self.engine.networks({RUN_LABEL: run})
-        }
+        """Each region network of ``run`` and its subnet (a network listed without them is logged and skipped)."""
+        found = {}
+        for n in self.engine.networks({RUN_LABEL: run}):
+            region, configs = dug(n, "Labels", REGION_LABEL), dug(n, "IPAM", "Config")
+            subnet = dug(configs[0], "Subnet") if isinstance(configs, list) and configs else None
+            try:
+                if not isinstance(region, str) or not isinstance(subnet, str):
+                    raise ValueError(subnet)
+                found[region] = ipaddress.IPv4Network(subnet)
+            except ValueError:
+                log.warning("the engine listed a network of run %s without its region or subnet: skipped (%.200r)", run, n)
+        return found
 
     def _create_networks(self, run: str, regions: list[str]) -> dict[str, ipaddress.IPv4Network]:
         """One labelled bridge network per region, on a free /24 of 10.213.0.0/16."""
@@ -202,7 +211,10 @@ class DockerProvider:
             info = self.engine.inspect(ident) or {}
             address = _address_on(info, network)
             if spec.link is not None and linkshape.available() is None:
-                linkshape.shape_netns_of(int(info["State"]["Pid"]), *spec.link)
+                pid = dug(info, "State", "Pid")
+                if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+                    raise EngineError(f"the engine answered no process id for {spec.name}: {str(pid)[:40]!r}")
+                linkshape.shape_netns_of(pid, *spec.link)
             with rundir.known_hosts.open("a") as pinned:
                 pinned.write(deploy.known_hosts_line(deploy.Target(address, host_public, rundir.ssh_key)) + "\n")
             wait_until(lambda: _answers(address, 22), timeout_s=30, every_s=0.05, what=f"sshd of {spec.name}")
@@ -214,8 +226,8 @@ class DockerProvider:
     def _held(self, run: str, network: str) -> list[str]:
         """The addresses ``run``'s containers hold on ``network`` now."""
         containers = self.engine.containers({RUN_LABEL: run})
-        held = (((c.get("NetworkSettings") or {}).get("Networks") or {}).get(network, {}) for c in containers)
-        return [address for n in held if (address := ipv4(n.get("IPAddress")))]
+        held = (dug(c, "NetworkSettings", "Networks", network, "IPAddress") for c in containers)
+        return [address for answered in held if (address := ipv4(answered))]
 
     def list_run(self, run: str) -> list[Instance]:
         found = []
@@ -225,7 +237,7 @@ class DockerProvider:
                 log.warning("the engine listed a container of run %s without its labels or id: skipped", run)
                 continue
             home = network_name(run, str(labels.get(REGION_LABEL, "")))  # its region's, not the syncer's other ones
-            address = ipv4(((c.get("NetworkSettings") or {}).get("Networks") or {}).get(home, {}).get("IPAddress")) or ""
+            address = ipv4(dug(c, "NetworkSettings", "Networks", home, "IPAddress")) or ""
             name, alive = str(labels.get(NAME_LABEL, "?")), c.get("State") == "running"
             found.append(Instance(name=name, provider_id=c["Id"], run=run, alive=alive, address=address, private_address=address))
         return sorted(found, key=lambda i: i.name)
@@ -233,16 +245,21 @@ class DockerProvider:
     def ssh_target(self, instance: Instance) -> deploy.Target:
         """How to reach a running instance over SSH (its address and pinned host key come from Docker)."""
         info = self.engine.inspect(instance.provider_id)
-        if info is None or not info["State"]["Running"]:
+        if info is None or dug(info, "State", "Running") is not True:
             raise DdctlError(f"{instance.name} is not running")
-        labels = info["Config"]["Labels"]
-        address = _address_on(info, network_name(instance.run, labels[REGION_LABEL]))
-        return deploy.Target(address, labels[HOST_KEY_LABEL], RunDir(instance.run).ssh_key)
+        region, host_key = (
+            dug(info, "Config", "Labels", REGION_LABEL),
+            deploy.pinnable(dug(info, "Config", "Labels", HOST_KEY_LABEL)),
+        )
+        if not isinstance(region, str) or host_key is None:
+            raise EngineError(f"the engine answered {instance.name} without its region or a host key to pin")
+        address = _address_on(info, network_name(instance.run, region))
+        return deploy.Target(address, host_key, RunDir(instance.run).ssh_key)
 
     def _wait_stopped(self, instance: Instance, timeout_s: float) -> bool:
         def stopped() -> bool:
             info = self.engine.inspect(instance.provider_id)
-            return info is None or not info["State"]["Running"]
+            return dug(info, "State", "Running") is not True
 
         try:
             return wait_until(stopped, timeout_s=timeout_s, what=f"{instance.name} to stop")
@@ -331,7 +348,7 @@ class DockerProvider:
         return ProvisionError(str(error), kind="transient", scope="cloud", code=code, provider=self.kind)
 
     def _syncers(self, run: str) -> list[dict[str, Any]]:
-        running = [c for c in self.engine.containers({RUN_LABEL: run, ROLE_LABEL: "syncer"}) if c["State"] == "running"]
+        running = [c for c in self.engine.containers({RUN_LABEL: run, ROLE_LABEL: "syncer"}) if c.get("State") == "running"]
         if not running:
             raise DdctlError(f"run {run} has no running syncer container")
         return running
@@ -354,7 +371,7 @@ __all__ = ["SYNCER_PORT", "DockerProvider", "container_name", "network_name"]
 def _address_on(info: dict[str, Any], network: str) -> str:
     """A container's address on ``network`` as the engine inspects it, checked: it becomes a pinned ``known_hosts``
     line, an SSH host and a rendezvous (an answer with a newline would add a pin of its own)."""
-    answered = ((info.get("NetworkSettings") or {}).get("Networks") or {}).get(network, {}).get("IPAddress")
+    answered = dug(info, "NetworkSettings", "Networks", network, "IPAddress")
     address = ipv4(answered)
     if address is None:
         raise EngineError(f"the engine answered no IPv4 address for the container on {network}: {str(answered)[:60]!r}")
