@@ -90,8 +90,10 @@ def _raised_error(error: Exception) -> tuple[str, int, str]:
     return _cloudwide(reason, message), status, message
 
 
-def classify(error: Exception, *, region: str = "", zone: str = "", credentials: str = "") -> ProvisionError:
-    """``error`` (a failed Operation, an API exception, a credential or network failure) as a ProvisionError."""
+def classify(error: Exception, *, region: str = "", zone: str = "", credentials: str = "", doing: str = "") -> ProvisionError:
+    """``error`` (a failed Operation, an API exception, a credential or network failure) as a ProvisionError.
+
+    ``doing`` says what was asked (e.g. "listing the instances of run r1 in project p"): a refused read names it."""
     if isinstance(error, ProvisionError):
         return error
     name = type(error).__name__
@@ -111,6 +113,7 @@ def classify(error: Exception, *, region: str = "", zone: str = "", credentials:
     else:
         code, message, (kind, scope) = name, str(error), ("transient", "region")
     where = f" in {zone or region}" if (zone or region) else ""
+    where += f": {doing}" if doing else ""
     if kind == "credentials" and credentials:
         message = f"{message} (credentials: {credentials})"
     return ProvisionError(

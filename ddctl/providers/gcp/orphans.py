@@ -12,15 +12,18 @@ from __future__ import annotations
 from typing import Any
 
 from ddctl.providers.base import RUN_LABEL
-from ddctl.providers.gcp import network
+from ddctl.providers.gcp import listing, network
 from ddctl.providers.gcp.clients import CALL_TIMEOUT_S, Clients
+from ddctl.providers.gcp.errors import http_status
 from ddctl.providers.gcp.machines import EXPIRES_LABEL, LIVE_STATES, ROLE_LABEL, items, label, region_of, zone_of
 
 
 def expired(labels: dict[str, str], now: float) -> bool:
-    """True when ``ddctl-expires-at`` has passed (an unreadable one is not: never guess to delete)."""
+    """True when ``ddctl-expires-at`` has passed (an unreadable one is not: never guess to delete).
+
+    ASCII digits only: a label value may be any lowercase Unicode, and ``"²".isdigit()`` is true where ``int`` fails."""
     value = labels.get(EXPIRES_LABEL, "")
-    return value.isdigit() and int(value) < now
+    return value.isascii() and value.isdigit() and int(value) < now
 
 
 def orphaned(instances: list[Any], live: set[str], now: float) -> list[Any]:
@@ -39,20 +42,22 @@ def training(instances: list[Any]) -> set[str]:
 
 def sweep(clients: Clients, project: str, regions: list[str], live: set[str], now: float) -> list[tuple[str, str]]:
     """Delete ``project``'s orphan instances in ``regions``, then the firewalls and addresses of runs left with none."""
-    from google.cloud import compute_v1
-
-    request = compute_v1.AggregatedListInstancesRequest(project=project, filter=f"labels.{RUN_LABEL}:*")
-    pages = clients.client("InstancesClient").aggregated_list(request=request, **clients.read)
-    tagged = [raw for _, scoped in pages for raw in scoped.instances if RUN_LABEL in dict(raw.labels)]
+    found = listing.aggregated(clients, project, f"labels.{RUN_LABEL}:*", "listing ddctl's instances")
+    tagged = [raw for raw in found if RUN_LABEL in dict(raw.labels)]
     here = [raw for raw in tagged if region_of(zone_of(raw)) in regions]
     doomed = orphaned(here, live | training(tagged), now)
     spared = {label(run) for run in live} | {label(items(raw).get(RUN_LABEL, "")) for raw in tagged if raw not in doomed}
     removed = []
     for raw in doomed:
-        op = clients.client("InstancesClient").delete_unary(
-            project=project, zone=zone_of(raw), instance=raw.name, timeout=CALL_TIMEOUT_S
-        )
-        clients.wait(op, project, zone=zone_of(raw))
+        try:
+            op = clients.client("InstancesClient").delete_unary(
+                project=project, zone=zone_of(raw), instance=raw.name, timeout=CALL_TIMEOUT_S
+            )
+            clients.wait(op, project, zone=zone_of(raw))
+        except Exception as exc:
+            if http_status(exc) != 404:  # gone since the listing (a SPOT VM deletes itself when preempted): fine
+                raise listing.refused(clients, exc, f"deleting orphan {raw.name}", project=project, zone=zone_of(raw)) from None
+            continue
         removed.append(("instance", f"{zone_of(raw)}/{items(raw).get(RUN_LABEL)}/{raw.name}"))
     rules = clients.client("FirewallsClient").list(project=project, **clients.read)
     named = ((_run_of(str(rule.description)), str(rule.name)) for rule in rules)

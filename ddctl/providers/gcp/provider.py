@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 from ddctl.control.rundir import RunDir
 from ddctl.errors import DdctlError, ProvisionError
 from ddctl.providers import console, deploy
-from ddctl.providers.base import NAME_LABEL, RUN_LABEL, Instance, InstanceSpec, PreemptionNotice, RegionInfo, syncer_name
+from ddctl.providers.base import NAME_LABEL, Instance, InstanceSpec, PreemptionNotice, RegionInfo, syncer_name
 from ddctl.providers.firstboot import BOOT_TIMEOUT_S, DEFAULT_PYTHON, LIFETIME_S, POWER_OFF, first_boot, ssh_cidr
 from ddctl.providers.firstboot import ready as _ready
-from ddctl.providers.gcp import network
+from ddctl.providers.gcp import listing, network
 from ddctl.providers.gcp.clients import CALL_TIMEOUT_S, Clients
 from ddctl.providers.gcp.errors import CAPACITY, classify, http_status
 from ddctl.providers.gcp.machines import (
@@ -37,7 +37,6 @@ from ddctl.providers.gcp.machines import (
     insert_body,
     instance_name,
     items,
-    label,
     machine_settings,
     metadata_items,
     private_address,
@@ -197,12 +196,8 @@ class GcpProvider:
         )
 
     def _get(self, project: str, zone: str, name: str) -> Any | None:
-        try:
-            return self.instances.get(project=project, zone=zone, instance=name, **self.clients.read)
-        except Exception as exc:
-            if http_status(exc) == 404:
-                return None
-            raise
+        """The instance now (None once gone); a refused read is a ProvisionError naming it (``listing.get``)."""
+        return listing.get(self.clients, project, zone, name)
 
     def _running_addresses(self, project: str, zone: str, name: str) -> tuple[str, str] | None:
         """(external, internal) addresses once the VM runs with an external one ("" for an internal one that is none)."""
@@ -215,13 +210,7 @@ class GcpProvider:
     def listed(self, run: str) -> list[Any]:
         """Every instance of ``run`` (found by label, kept when its metadata names the run exactly)."""
         project = network.project_of(run)
-        if not project:
-            return []
-        from google.cloud import compute_v1
-
-        request = compute_v1.AggregatedListInstancesRequest(project=project, filter=f'labels.{RUN_LABEL} = "{label(run)}"')
-        pages = self.instances.aggregated_list(request=request, **self.clients.read)
-        return [raw for _, scoped in pages for raw in scoped.instances if items(raw).get(RUN_LABEL) == run]
+        return listing.of_run(self.clients, project, run) if project else []
 
     def list_run(self, run: str) -> list[Instance]:
         """Every instance of the run; a stopped one (its agent ended) until it is retired."""
@@ -321,7 +310,11 @@ class GcpProvider:
         known = network.footprint(run)
         if not known:
             return []
-        removed = network.remove_network(self.clients, str(known["project"]), run, known.get("regions", []))
+        project = str(known["project"])
+        try:
+            removed = network.remove_network(self.clients, project, run, known.get("regions", []))
+        except Exception as exc:
+            raise self.classify(exc, doing=f"removing the network of run {run} in project {project}") from None
         network.forget(run)
         return removed
 
@@ -331,7 +324,13 @@ class GcpProvider:
 
         projects = sorted({self.clients.project(r.project) for r in regions})
         clouds = sorted({c for r in regions for c in (r.cloud_region, *r.fallback_regions) if c})
-        return [entry for project in projects for entry in orphans.sweep(self.clients, project, clouds, live, now)]
+        removed: list[tuple[str, str]] = []
+        for project in projects:
+            try:
+                removed += orphans.sweep(self.clients, project, clouds, live, now)
+            except Exception as exc:
+                raise self.classify(exc, doing=f"sweeping orphans in project {project}") from None
+        return removed
 
     # -- the syncer's port --------------------------------------------------------------------
     def admit(self, run: str, learners: Mapping[str, str]) -> None:
@@ -339,13 +338,20 @@ class GcpProvider:
         project = network.project_of(run)
         if not project:
             return
-        current = network.admitted(self.clients, project, run)
+        doing = f"admitting learners to the syncer of run {run} in project {project}"
+        try:
+            current = network.admitted(self.clients, project, run)
+        except Exception as exc:
+            raise self.classify(exc, doing=doing) from None
         if current is None:
             return
-        operator = {r for r in current if not r.endswith("/32")} | {ssh_cidr()}
+        operator = {r for r in current if not r.endswith("/32")} | {ssh_cidr()}  # its DdctlError is the operator's to fix
         wanted = operator | {f"{address}/32" for address in learners.values()}
         if wanted != current:
-            network.set_sources(self.clients, project, run, wanted)
+            try:
+                network.set_sources(self.clients, project, run, wanted)
+            except Exception as exc:
+                raise self.classify(exc, doing=doing) from None
 
     def cut_link(self, run: str, region: str) -> None:
         """Nothing to do here: the control plane's admission leaves a partitioned region's learners out of ``admit``."""
@@ -353,5 +359,6 @@ class GcpProvider:
     def heal_link(self, run: str, region: str) -> None:
         """As ``cut_link``: admission lets the region back in."""
 
-    def classify(self, error: Exception, *, region: str = "", zone: str = "") -> ProvisionError:
-        return classify(error, region=region, zone=zone, credentials=self.clients.described)
+    def classify(self, error: Exception, *, region: str = "", zone: str = "", doing: str = "") -> ProvisionError:
+        """``error`` as failover reads it; ``doing``, what was asked, for the message."""
+        return classify(error, region=region, zone=zone, credentials=self.clients.described, doing=doing)
