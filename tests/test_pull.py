@@ -92,7 +92,8 @@ def test_a_damaged_checkpoint_or_a_used_directory_is_refused_and_nothing_is_writ
     model = copy / "ckpt-000003" / MODEL
     model.write_bytes(model.read_bytes()[:-8])  # a partial copy
     code, output = pull("--from", str(copy), "--out", str(tmp_path / "out"))
-    assert code == 2 and "model.safetensors: its size or sha256 does not match the manifest's" in output, output
+    assert code == 3 and "model.safetensors: its size or sha256 does not match the manifest's" in output, output
+    assert f"{copy}/ckpt-000003" in output  # names the file: bad input data (3), not bad usage (2)
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
     used = tmp_path / "used"
     used.mkdir()
@@ -103,6 +104,30 @@ def test_a_damaged_checkpoint_or_a_used_directory_is_refused_and_nothing_is_writ
     assert code == 2 and "no such directory" in output
     code, output = pull("--from", "s3://", "--out", str(tmp_path / "x"))
     assert code == 2 and "s3://BUCKET/KEY" in output
+
+
+def test_a_corrupt_manifest_is_bad_input_data_naming_the_file(folder: Path, tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    (copy / "ckpt-000003" / MANIFEST).write_bytes(b"{not json")
+    for source in (copy, copy / "ckpt-000003"):  # through the folder's index, and the checkpoint alone
+        code, output = pull("--from", str(source), "--out", str(tmp_path / "out"))
+        said = "".join(output.split())  # the message names the checkpoint, the file and what is wrong with it
+        assert code == 3 and f"{copy / 'ckpt-000003'}:{MANIFEST}:thedocument:InvalidJSON" in said, output
+        assert not (tmp_path / "out").exists()
+
+
+def test_resuming_with_another_model_is_a_settings_error_naming_what_differs(folder: Path) -> None:
+    from ddctl.control.pull import resume_point
+    from ddctl.errors import DdctlError
+    from ddctl_agents.train.checkpoint import CheckpointError
+    from ddctl_agents.train.config import InnerConfig
+
+    with pytest.raises(DdctlError, match="its model differs from this job.s in d_model, n_head, n_layer") as caught:
+        resume_point(str(folder), InnerConfig(preset="micro"))
+    assert not isinstance(caught.value, CheckpointError)
 
 
 def test_pull_hf_also_writes_a_directory_transformers_loads(folder: Path, tmp_path: Path) -> None:
@@ -174,5 +199,5 @@ def test_a_hostile_index_is_refused_naming_the_field_and_nothing_is_read_by_its_
     (copy / "index.json").write_text(json.dumps({"checkpoints": [entry]}))
     for args in (["--list"], ["--out", str(tmp_path / "out")]):
         code, output = pull("--from", str(copy), *args)
-        assert code == 2 and "not a checkpoint index" in output and words in output, output
+        assert code == 3 and "not a checkpoint index" in output and words in output, output
     assert not (tmp_path / "out").exists()

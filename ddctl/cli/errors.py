@@ -1,7 +1,7 @@
 """The one place where errors become exit codes and one-line messages.
 
 Exit codes: 0 success; 1 unexpected internal error; 2 bad usage or settings;
-3 bad input data (corpus, tape, payload); 4 a replay that diverged from its
+3 bad input data (corpus, tape, payload, checkpoint); 4 a replay that diverged from its
 tape; 5 a data-parallel worker failed; 6 a machine, the Docker engine or
 a syncer could not be reached; 7 a provider could not provision (capacity,
 quota, credentials: the message says which); 130 interrupted (Ctrl-C). The
@@ -19,6 +19,7 @@ import typer
 
 from ddctl.errors import DdctlError, ProvisionError, ReplayDivergence, UnreachableError, WorkerError
 from ddctl_agents.errors import AgentError, TapeError, Unavailable, WireError
+from ddctl_agents.train.checkpoint_errors import CheckpointError
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_DATA, EXIT_DIVERGED, EXIT_WORKER, EXIT_UNREACHABLE, EXIT_PROVISION = range(8)
 EXIT_INTERRUPTED = 130
@@ -28,6 +29,7 @@ EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (ReplayDivergence, EXIT_DIVERGED),
     (TapeError, EXIT_DATA),
     (WireError, EXIT_DATA),
+    (CheckpointError, EXIT_DATA),
     (Unavailable, EXIT_UNREACHABLE),
     (AgentError, EXIT_USAGE),
     (FileExistsError, EXIT_USAGE),

@@ -32,7 +32,8 @@ def train(
         typer.Option(help=f"H: inner steps between two sends of the same fragment [default: {default('inner_steps')}]."),
     ] = None,
     overlap: Annotated[
-        int | None, typer.Option(help=f"tau: steps trained while a fragment is in flight [default: {default('overlap')}].")
+        int | None,
+        typer.Option(help=f"tau: steps trained while a fragment is in flight, 0..H [default: {default('overlap')}]."),
     ] = None,
     quorum: Annotated[
         int | None, typer.Option(help=f"K: updates a round needs (K=M is synchronous) [default: {default('quorum')}].")

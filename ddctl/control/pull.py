@@ -108,21 +108,27 @@ def listing(source: Source) -> list[dict[str, Any]]:
     try:
         raw = source.read(INDEX, MAX_INDEX_BYTES)
     except (storage.StorageError, FileNotFoundError):
-        manifest = read_manifest(source.read(MANIFEST, 1 << 20))  # not a folder: one checkpoint, or neither (raises)
+        try:
+            manifest = read_manifest(source.read(MANIFEST, 1 << 20))  # not a folder: one checkpoint, or neither (raises)
+        except CheckpointError as exc:
+            raise CheckpointError(f"{source.label}: {exc}") from None
         return [{"name": "", "rounds": manifest.rounds, "merged": manifest.tokens.get("merged", 0), "val_bpb": manifest.val_bpb}]
     try:
         return [entry.model_dump() for entry in Index.model_validate_json(raw).checkpoints]
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(str(part) for part in error["loc"]) or "the document"
-        raise DdctlError(f"{source.label}/{INDEX}: not a checkpoint index ({where}: {error['msg']})") from None
+        raise CheckpointError(f"{source.label}/{INDEX}: not a checkpoint index ({where}: {error['msg']})") from None
 
 
 def fetch(
-    source: Source, name: str = "", expect: Mapping[str, tuple[int, ...]] | None = None
+    source: Source, name: str = "", expect: Mapping[str, tuple[int, ...]] | None = None, model: Mapping[str, Any] | None = None
 ) -> tuple[Checkpoint, dict[str, bytes], str]:
     """The chosen checkpoint (default: the newest), checked whole against ``expect`` (the parameters it must hold;
-    default: the built-in model's for its config, or its own for a model of yours); its files' bytes, and its name."""
+    default: the built-in model's for its config, or its own for a model of yours); its files' bytes, and its name.
+
+    A checkpoint that is damaged or inconsistent raises CheckpointError naming it (bad input data); one whose model
+    config is not ``model`` (the caller's job's) raises DdctlError naming the keys that differ (a settings mismatch)."""
     entries = listing(source)
     names = [e["name"] for e in entries]
     if not names:
@@ -139,11 +145,19 @@ def fetch(
 
     try:
         manifest = read_manifest(read(MANIFEST, 1 << 20))
+        if model is not None and manifest.model != model:
+            differ = sorted(k for k in model if manifest.model.get(k) != model[k])
+            raise DdctlError(
+                f"{source.label}/{chosen or '.'}: its model differs from this job's in {', '.join(differ) or 'its keys'}; "
+                "resume with the training knobs (preset) it was trained with"
+            )
         inner = manifest.job.get("inner")
         custom = isinstance(inner, dict) and bool(inner.get("model"))  # yours: its source is the job's, not here
         builtin = None if custom else builtin_shapes(from_json(ModelConfig, manifest.model))
         checkpoint = load(read, expect if expect is not None else builtin)
-    except (ConfigError, storage.StorageError) as exc:  # a checkpoint's problem, or a model config no model has
+    except ConfigError as exc:  # the checkpoint is damaged, or its manifest names a model config no model has: bad data
+        raise CheckpointError(f"{source.label}/{chosen or '.'}: {exc}") from None
+    except storage.StorageError as exc:  # it could not be read
         raise DdctlError(f"{source.label}/{chosen or '.'}: {exc}") from None
     except FileNotFoundError as exc:  # the syncer pruned it while we read it: a newer one is there
         raise DdctlError(
@@ -186,14 +200,7 @@ def write_out(
 
 def resume_point(where: str, inner: InnerConfig) -> tuple[dict[str, bytes], dict[str, Any]]:
     """``up --resume-from``: the checkpoint's files, checked whole and against the new job's model, and what it is."""
-    checkpoint, files, name = fetch(open_source(where), expect=model_shapes(inner))
-    ours = to_json(model_config(inner))
-    if checkpoint.manifest.model != ours:
-        differ = sorted(k for k in ours if checkpoint.manifest.model.get(k) != ours[k])
-        raise DdctlError(
-            f"--resume-from {where}: its model differs from this job's in {', '.join(differ)}; "
-            "resume with the training knobs (preset) it was trained with"
-        )
+    checkpoint, files, name = fetch(open_source(where), expect=model_shapes(inner), model=to_json(model_config(inner)))
     m = checkpoint.manifest
     info = {
         "from": where,

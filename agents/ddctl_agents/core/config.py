@@ -67,7 +67,7 @@ class SyncerConfig:
     outer: OuterConfig = field(default_factory=OuterConfig)
     merge: str = "rda"
     inner_steps: int = 24
-    """H, needed to forecast when an absent learner's update is due."""
+    """H, needed to forecast when an absent learner's update is due; overlap (tau) may not exceed it."""
     max_behind: int = 1
     """[ours] Late updates at most this many versions behind fold into the next round."""
     trust: TrustConfig = field(default_factory=TrustConfig)
@@ -78,3 +78,8 @@ class SyncerConfig:
             raise ConfigError(f"merge must be one of {', '.join(MERGES)}, got {self.merge!r}")
         if self.max_behind < 0:
             raise ConfigError(f"max_behind must be >= 0, got {self.max_behind}")
+        if self.quorum.overlap > self.inner_steps:  # ALGORITHM.md §3: an answer lands before its fragment is due again
+            raise ConfigError(
+                f"overlap (tau) must be in 0..{self.inner_steps} (at most inner_steps, H), got {self.quorum.overlap}: "
+                "a fragment is sent every H steps, so its answer must land within H steps"
+            )

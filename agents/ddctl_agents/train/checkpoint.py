@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
-from ddctl_agents.errors import ConfigError
+from ddctl_agents.train.checkpoint_errors import CheckpointError
 
 FORMAT = "ddctl-checkpoint/1"
 MANIFEST = "manifest.json"
@@ -40,10 +40,6 @@ OUTER = "outer.safetensors"
 MAX_MANIFEST_BYTES = 1 << 20
 MAX_FILE_BYTES = 1 << 40
 """What a checkpoint's files may claim to be (1 TiB), before any is fetched."""
-
-
-class CheckpointError(ConfigError):
-    """A checkpoint that cannot be used, and why: never a half-loaded model."""
 
 
 class _Strict(BaseModel):
