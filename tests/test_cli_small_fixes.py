@@ -102,7 +102,9 @@ def test_down_of_a_name_with_no_record_still_removes_its_labelled_machines(
 
 
 def test_a_checkpoint_error_is_bad_input_data() -> None:
-    from ddctl_agents.train.checkpoint_errors import CheckpointError
+    from ddctl_agents import entrypoint
+    from ddctl_agents.errors import CheckpointError
 
-    assert exit_code_for(CheckpointError("x/model.safetensors: its size or sha256 does not match")) == EXIT_DATA
+    damaged = CheckpointError("x/model.safetensors: its size or sha256 does not match")
+    assert exit_code_for(damaged) == EXIT_DATA == entrypoint.exit_code_for(damaged)  # the agents' table agrees
     assert exit_code_for(ConfigError("overlap")) == EXIT_USAGE

@@ -20,12 +20,13 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ddctl_agents.errors import AgentError, TapeError, Unavailable, WireError
+from ddctl_agents.errors import AgentError, CheckpointError, TapeError, Unavailable, WireError
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_DATA, EXIT_UNREACHABLE = 0, 1, 2, 3, 6
 EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (TapeError, EXIT_DATA),
     (WireError, EXIT_DATA),
+    (CheckpointError, EXIT_DATA),
     (Unavailable, EXIT_UNREACHABLE),
     (AgentError, EXIT_USAGE),
     (ConnectionError, EXIT_UNREACHABLE),

@@ -2,7 +2,8 @@
 
     AgentError                       bad input from a user, a file or a peer (never a bug: not a ValueError)
     ├── ConfigError                  a setting outside its allowed range
-    │   └── ContractError            a model that breaks the model contract (train/contract.py); ``rule`` names which
+    │   ├── ContractError            a model that breaks the model contract (train/contract.py); ``rule`` names which
+    │   └── CheckpointError          a checkpoint that cannot be used: damaged, partial, out of range (bad data)
     ├── CodecError                   unknown codec, bad block, wrong payload size, NaN/Inf
     ├── WireError                    malformed, truncated, oversized or corrupted frame
     ├── FragmentationError           impossible fragment layout
@@ -65,6 +66,11 @@ class ContractError(ConfigError):
     def __init__(self, message: str, rule: str = "contract") -> None:
         super().__init__(f"model contract, rule {rule!r}: {message}")
         self.rule = rule
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint that cannot be used, and why: a damaged or partial file, a manifest out of type or range, tensors
+    that are not the model's. Never a half-loaded model; the shells report it as bad input data (exit 3)."""
 
 
 class CodecError(AgentError):

@@ -18,8 +18,7 @@ from typing import TypeVar
 import typer
 
 from ddctl.errors import DdctlError, ProvisionError, ReplayDivergence, UnreachableError, WorkerError
-from ddctl_agents.errors import AgentError, TapeError, Unavailable, WireError
-from ddctl_agents.train.checkpoint_errors import CheckpointError
+from ddctl_agents.errors import AgentError, CheckpointError, TapeError, Unavailable, WireError
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_DATA, EXIT_DIVERGED, EXIT_WORKER, EXIT_UNREACHABLE, EXIT_PROVISION = range(8)
 EXIT_INTERRUPTED = 130

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
-from ddctl_agents.train.checkpoint_errors import CheckpointError
+from ddctl_agents.errors import CheckpointError
 
 FORMAT = "ddctl-checkpoint/1"
 MANIFEST = "manifest.json"

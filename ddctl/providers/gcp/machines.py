@@ -18,6 +18,7 @@ import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ddctl.providers import deploy
 from ddctl.providers.base import NAME_LABEL, RUN_LABEL, InstanceSpec, ipv4
 from ddctl.providers.firstboot import DEFAULT_PYTHON
 
@@ -180,8 +181,7 @@ def private_address(raw: Any) -> str:
 
 def host_key(raw: Any) -> str | None:
     """The host key ddctl pinned in the metadata, if it is one."""
-    key = items(raw).get(HOST_KEY_ITEM, "")
-    return key if re.fullmatch(r"ssh-ed25519 [A-Za-z0-9+/=]{40,200}( \S*)?", key) else None
+    return deploy.pinnable(items(raw).get(HOST_KEY_ITEM))
 
 
 def zone_of(raw: Any) -> str:
