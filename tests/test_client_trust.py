@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from ddctl_agents.agent.client import MOST_FRAME_BYTES, STREAM_RECORD, SyncerClient
+from ddctl_agents.agent.client import MOST_ANSWER_BYTES, MOST_FRAME_BYTES, STREAM_RECORD, SyncerClient
 from ddctl_agents.errors import Refused, Unavailable
 
 ANSWERS: dict[str, tuple[int, str, bytes]] = {
@@ -21,6 +21,7 @@ ANSWERS: dict[str, tuple[int, str, bytes]] = {
     "/v1/heartbeat": (403, "application/json", b'{"error": "x", "reason": "' + b"r" * 5000 + b'"}'),
     "/v1/leave": (403, "application/json", b'{"error": "no\\n", "reason": "x\\n2026-01-01 INFO forged \\u001b[2J"}'),
     "/v1/admin/readmit": (502, "text/html", b"<html>\r\nBad Gateway\x1b[31m</html>"),
+    "/v1/register": (200, "application/json", b" " * MOST_ANSWER_BYTES + b"{}"),
     "/v1/fragments": (200, "application/octet-stream", STREAM_RECORD.pack(1 << 40) + b"\0" * 4096),
 }
 
@@ -93,3 +94,11 @@ def test_a_peers_reason_keeps_to_one_line_of_the_learners_log(client: SyncerClie
         client.readmit("L1")
     assert "<html>\\r\\nBad Gateway\\x1b[31m</html>" in str(unavailable.value)
     assert not any(c in str(refused.value) + str(unavailable.value) for c in "\n\r\x1b")
+
+
+def test_an_answer_past_any_answers_size_is_unavailable_and_the_client_goes_on(client: SyncerClient) -> None:
+    """A heartbeat answer of 400 MiB was buffered whole (804 MB more in the learner); past 32 MiB it is dropped."""
+    with pytest.raises(Unavailable, match=rf"POST /v1/register on .*: the answer passed the {MOST_ANSWER_BYTES} bytes"):
+        client.register("L0", 1, "east")
+    with pytest.raises(Unavailable, match="the answer is not JSON"):
+        client.status()  # the same client answers its next call

@@ -35,6 +35,9 @@ MOST_FRAME_BYTES = 20 + (1 << 20) + (1 << 31) + 4
 """The largest frame a learner or relay decodes (``core/wire.py``: prefix, header and payload at ``DEFAULT_LIMITS``,
 CRC): a stream record that declares more is refused before it is buffered (kept equal by a test; wire imports torch,
 this module must not)."""
+MOST_ANSWER_BYTES = 32 << 20
+"""What any answer but a fragment's handoff may be: a job with its model's source (at most 4 MiB) or a status of
+thousands of learners fits many times over."""
 
 
 def retry(call: Callable[[], T], *, stop: Callable[[], bool] = lambda: False, give_up_after_s: float = float("inf")) -> T:
@@ -143,7 +146,8 @@ class SyncerClient:
 
     def hand_out(self, fragment: int, to: str, epoch: int) -> bytes:
         """Admin only: this shard gives ``fragment`` to shard ``to`` at map epoch ``epoch``; the export."""
-        return self._request("POST", "/v1/admin/handoff/out", json={"fragment": fragment, "to": to, "epoch": epoch}).content
+        asked = {"fragment": fragment, "to": to, "epoch": epoch}
+        return self._request("POST", "/v1/admin/handoff/out", MOST_FRAME_BYTES, json=asked).content
 
     def hand_in(self, export: bytes) -> dict[str, Any]:
         """Admin only: this shard takes the fragment another exported."""
@@ -235,12 +239,24 @@ class SyncerClient:
             raise Unavailable(f"{method} {path} on {self.url}: expected a JSON object, got {type(body).__name__}")
         return body
 
-    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def _request(self, method: str, path: str, most: int = MOST_ANSWER_BYTES, **kwargs: Any) -> httpx.Response:
+        """The answer, read whole up to ``most`` bytes: past it the connection is dropped and the call is
+        Unavailable (a 400 MiB heartbeat answer was buffered whole, twice over in the learner's memory)."""
+        what = f"{method} {path} on {self.url}"
         try:
-            response = self.http.request(method, f"{self.url}{path}", extensions=self.extensions, **kwargs)
+            with self.http.stream(method, f"{self.url}{path}", extensions=self.extensions, **kwargs) as streamed:
+                self._stream = streamed.extensions.get("network_stream")
+                content = bytearray()
+                for chunk in streamed.iter_bytes():
+                    content += chunk
+                    if len(content) > most:
+                        self.http.close()  # the rest may still be coming: no later call waits behind it
+                        self.http = self._http()
+                        raise Unavailable(f"{what}: the answer passed the {most} bytes any such answer may have")
         except httpx.TransportError as exc:
-            raise Unavailable(f"{method} {path} on {self.url}: {exc!r}") from None
-        self._stream = response.extensions.get("network_stream")
+            raise Unavailable(f"{what}: {exc!r}") from None
+        response = httpx.Response(streamed.status_code, headers={"content-type": streamed.headers.get("content-type", "")},
+                                  content=bytes(content), request=streamed.request)  # fmt: skip
         _raise_for(response, response.content)
         return response
 

@@ -40,8 +40,10 @@ from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable, retry
 from ddctl_agents.agent.routes import Routes
 from ddctl_agents.agent.slots import UploadSlots
 from ddctl_agents.agent.subscription import RelayLink, Subscriber
+from ddctl_agents.core.effects import ACK_STATUSES
 from ddctl_agents.core.links import SoloTransfers, sent_between
 from ddctl_agents.core.messages import FragmentVersion, Update, absorb, encode_update
+from ddctl_agents.core.text import printable
 from ddctl_agents.errors import HTTP, AgentError, JobOver, NotOwner
 
 log = logging.getLogger(__name__)
@@ -79,6 +81,16 @@ class Identity:
     region: str
     cadence: int = 1
     """It sends each fragment every ``cadence`` periods (the syncer sends it only the versions it adopts)."""
+
+
+def acknowledged(push: Callable[[bytes, int], dict[str, Any]], frame: bytes, update: Update) -> dict[str, Any]:
+    """``push``'s answer if it says what became of the update; otherwise Unavailable, so the update is sent again
+    (the synchronizer knows its id: a copy that arrived is a duplicate) and no made-up status enters the ledger."""
+    ack = push(frame, update.fragment)
+    if ack.get("status") not in ACK_STATUSES:
+        shown = printable(repr(ack.get("status")), 60)
+        raise Unavailable(f"update {update.update_id} answered with status {shown}, not one of {', '.join(ACK_STATUSES)}")
+    return ack
 
 
 class Comms:
@@ -264,12 +276,12 @@ class Comms:
         except queue.Empty:
             return
         taken = time.monotonic()  # the link idles while this thread encodes, too: the pacer counts it in the gap
-        frame = encode_update(update, self.codec, self.block)
         try:
-            ack = retry(functools.partial(push, frame, update.fragment), stop=self.stopping.is_set)
+            frame = encode_update(update, self.codec, self.block)
+            ack = retry(functools.partial(acknowledged, push, frame, update), stop=self.stopping.is_set)
             timing, alone = self._timings.pop(threading.get_ident(), (None, False))
             self.slots.timed(timing, time.monotonic() - taken, alone)
-            status = str(ack["status"])
+            status = ack["status"]
             with self._lock:
                 self.ledger.acked[status] = self.ledger.acked.get(status, 0) + update.c_tokens
                 self.ledger.bytes_up += len(frame)
@@ -280,6 +292,10 @@ class Comms:
         except Unavailable:
             self.outbox.put(update)  # stopping: leave it queued, drain() reports it unsent
             return
+        except Exception:  # a bug or an answer no check foresaw: this thread, and the updates after it, go on
+            log.exception("update %s could not be sent: counted as refused", update.update_id)
+            with self._lock:
+                self.ledger.rejected += update.c_tokens
         with self._idle:
             self._busy -= 1
             self._idle.notify_all()

@@ -42,11 +42,15 @@ class Fault:
 Effect = Send | Record | Fault
 
 
+ACK_STATUSES = ("accepted", "late", "dropped", "duplicate", "rejected")
+"""What a synchronizer may say of an update: a learner counts its tokens by these and nothing else."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Ack:
     """What the learner is told about its update."""
 
-    status: str  # accepted | late | dropped | duplicate | rejected
+    status: str  # one of ACK_STATUSES
     reason: str
     version: int
     code: str = ""
