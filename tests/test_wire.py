@@ -178,3 +178,33 @@ def _nan_frame(meta: dict, tensors: dict) -> bytes:
     raw = json.dumps(header).encode()  # json allows NaN by default: the decoder must refuse it
     body = struct.pack("<4sHHIQ", MAGIC, FORMAT_VERSION, 0, len(raw), len(payload)) + raw + payload
     return body + struct.pack("<I", zlib.crc32(body))
+
+
+def _reframe(head: dict[str, object], payload: bytes = b"") -> bytes:
+    from ddctl_agents.core.crc import crc32
+
+    header = json.dumps(head).encode()
+    body = struct.pack("<4sHHIQ", MAGIC, FORMAT_VERSION, 0, len(header), len(payload)) + header + payload
+    return body + struct.pack("<I", crc32(body))
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"kind": "A" * 900_000},
+        {"codec": "A" * 900_000},
+        {"meta": {"fragment": 0, "version": "A" * 900_000}},
+        {"meta": {"fragment": 0, "version": 1, "base": "A" * 900_000}},
+        {"tensors": [{"name": "A" * 900_000, "shape": [1], "offset": 0, "nbytes": 9}]},
+    ],
+)
+def test_a_refusal_quotes_a_peers_value_cut(changes: dict[str, object]) -> None:
+    """Each quoted the whole value: a 900 KB log line per frame in the relay's log (which logs each it drops)."""
+    from ddctl_agents.core.messages import fragment_of
+
+    head = {"kind": "fragment", "meta": {"fragment": 0, "version": 1}, "codec": "fp32", "block": 128, "tensors": []}
+    frame = _reframe(head | changes)
+    for read in (decode_fragment, fragment_of):
+        with pytest.raises(WireError) as refused:
+            read(frame)
+        assert len(str(refused.value)) < 300, len(str(refused.value))

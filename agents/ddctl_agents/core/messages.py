@@ -129,7 +129,7 @@ def decode_fragment(data: bytes | bytearray | memoryview, limits: WireLimits = D
     """A whole version; a delta (``core/version_delta.py``) is refused: its values are not the fragment's."""
     frame = unpack(data, limits, expect="fragment")
     if "base" in frame.meta:
-        raise WireError(f"a delta from version {frame.meta['base']!r}, not a whole version (version_delta.receive reads it)")
+        raise WireError(f"a delta from version {frame.meta['base']!r:.60}, not a whole version (version_delta.receive reads it)")
     return fragment_version(frame), frame
 
 
@@ -138,7 +138,7 @@ def fragment_of(data: bytes | bytearray | memoryview, limits: WireLimits = DEFAU
     decoded: what a relay needs to forward it."""
     frame = unpack(data, limits, expect="fragment", tensors=False)
     if "base" in frame.meta:
-        raise WireError(f"a delta from version {frame.meta['base']!r}, not a whole version")
+        raise WireError(f"a delta from version {frame.meta['base']!r:.60}, not a whole version")
     return _count(frame.meta, "fragment"), _count(frame.meta, "version")
 
 
@@ -159,7 +159,7 @@ def _text(m: Mapping[str, Any], key: str, field: str = "") -> str:
 def _count(m: Mapping[str, Any], key: str) -> int:
     v = m.get(key)
     if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1 << 62:
-        raise WireError(f"meta field {key!r} must be a non-negative integer, got {v!r}")
+        raise WireError(f"meta field {key!r} must be a non-negative integer, got {v!r:.60}")
     return v
 
 
@@ -188,7 +188,7 @@ def _adoptions(m: Mapping[str, Any]) -> tuple[Adoption, ...]:
     out = []
     for item in raw:
         if not (isinstance(item, list) and len(item) == 3 and all(is_count(x) for x in item)):
-            raise WireError(f"meta field 'adoptions' has a bad entry {item!r}; expected [fragment, version, step]")
+            raise WireError(f"meta field 'adoptions' has a bad entry {item!r:.60}; expected [fragment, version, step]")
         out.append((item[0], item[1], item[2]))
     return tuple(out)
 

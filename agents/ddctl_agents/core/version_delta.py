@@ -173,7 +173,7 @@ def receive(
     if not is_count(base) or mine is None or mine.version != base or base >= message.version:
         holds = "nothing" if mine is None else f"version {mine.version}"
         raise WireError(
-            f"a delta of fragment {message.fragment} from version {base!r} to {message.version}; this learner holds {holds}"
+            f"a delta of fragment {message.fragment} from version {base!r:.60} to {message.version}; this learner holds {holds}"
         )
     if not _same_shapes(mine.values, frame.tensors):
         raise WireError(f"a delta of fragment {message.fragment} names other tensors or shapes than the version it steps from")

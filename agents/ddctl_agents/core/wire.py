@@ -103,7 +103,7 @@ def unpack(
     header, payload_len, body_end = _check_frame(view, limits)
     head = _parse_header(bytes(view[_PREFIX.size : _PREFIX.size + header]))
     if expect is not None and head["kind"] != expect:
-        raise WireError(f"expected a {expect!r} frame, got {head['kind']!r}")
+        raise WireError(f"expected a {expect!r} frame, got {head['kind']!r:.60}")
     payload = view[_PREFIX.size + header : body_end]
     entries = _check_table(head, payload_len, limits)
     decoded: Mapping[str, torch.Tensor]
@@ -161,7 +161,7 @@ def _parse_header(raw: bytes) -> dict[str, Any]:
         if not isinstance(head.get(key), typ) or isinstance(head.get(key), bool):
             raise WireError(f"header field {key!r} must be a {typ.__name__}")
     if head["codec"] not in codecs.CODECS:
-        raise WireError(f"unknown codec {head['codec']!r}; allowed: {', '.join(codecs.CODECS)}")
+        raise WireError(f"unknown codec {head['codec']!r:.60}; allowed: {', '.join(codecs.CODECS)}")
     return head
 
 
@@ -173,21 +173,21 @@ def _check_table(head: dict[str, Any], payload_len: int, limits: WireLimits) -> 
     for i, entry in enumerate(table):
         name, shape, off, nb = _entry_fields(entry, i, limits)
         if name in seen:
-            raise WireError(f"tensor {name!r} appears twice")
+            raise WireError(f"tensor {name!r:.80} appears twice")
         seen.add(name)
         numel = 1
         for d in shape:
             numel *= d
         if numel > limits.max_numel:
-            raise WireError(f"tensor {name!r} has {numel} elements, over the limit of {limits.max_numel}")
+            raise WireError(f"tensor {name!r:.80} has {numel} elements, over the limit of {limits.max_numel}")
         try:
             want = codecs.encoded_nbytes(head["codec"], numel, head["block"])
         except codecs.CodecError as exc:
-            raise WireError(f"tensor {name!r}: {exc}") from None
+            raise WireError(f"tensor {name!r:.80}: {exc}") from None
         if nb != want:
-            raise WireError(f"tensor {name!r}: {nb} bytes declared, {head['codec']} needs {want} for shape {shape}")
+            raise WireError(f"tensor {name!r:.80}: {nb} bytes declared, {head['codec']} needs {want} for shape {shape}")
         if off != cursor:
-            raise WireError(f"tensor {name!r} starts at {off}, expected {cursor}: entries must tile the payload")
+            raise WireError(f"tensor {name!r:.80} starts at {off}, expected {cursor}: entries must tile the payload")
         cursor += nb
         entries.append((name, shape, numel, off, nb))
     if cursor != payload_len:
@@ -202,9 +202,9 @@ def _entry_fields(entry: object, i: int, limits: WireLimits) -> tuple[str, list[
     if not isinstance(name, str) or not 0 < len(name) <= 256:
         raise WireError(f"tensor table entry {i}: name must be a string of 1-256 characters")
     if not isinstance(shape, list) or len(shape) > limits.max_rank or not all(is_count(d) for d in shape):
-        raise WireError(f"tensor {name!r}: shape must be a list of at most {limits.max_rank} non-negative integers")
+        raise WireError(f"tensor {name!r:.80}: shape must be a list of at most {limits.max_rank} non-negative integers")
     if not is_count(off) or not is_count(nb):
-        raise WireError(f"tensor {name!r}: offset and nbytes must be non-negative integers")
+        raise WireError(f"tensor {name!r:.80}: offset and nbytes must be non-negative integers")
     return name, shape, int(off), int(nb)  # type: ignore[arg-type]  # is_count checked both
 
 
