@@ -22,6 +22,7 @@ ANSWERS: dict[str, tuple[int, str, bytes]] = {
     "/v1/leave": (403, "application/json", b'{"error": "no\\n", "reason": "x\\n2026-01-01 INFO forged \\u001b[2J"}'),
     "/v1/admin/readmit": (502, "text/html", b"<html>\r\nBad Gateway\x1b[31m</html>"),
     "/v1/register": (200, "application/json", b" " * MOST_ANSWER_BYTES + b"{}"),
+    "/v1/job": (200, "application/json", b"[" * 100_000 + b"]" * 100_000),
     "/v1/fragments": (200, "application/octet-stream", STREAM_RECORD.pack(1 << 40) + b"\0" * 4096),
 }
 
@@ -62,6 +63,8 @@ def test_an_answer_that_is_not_a_json_object_is_unavailable(client: SyncerClient
         client.shards()
     with pytest.raises(Unavailable, match="the answer is not JSON"):
         client.relay_address()  # bytes that are not UTF-8
+    with pytest.raises(Unavailable, match="the answer is not JSON"):
+        client.job()  # nested past the stack: a RecursionError out of the learner's start
 
 
 def test_an_error_body_of_the_wrong_shape_or_size_is_still_a_refusal(client: SyncerClient) -> None:

@@ -233,7 +233,7 @@ class SyncerClient:
         response = self._request(method, path, **kwargs)
         try:
             body = response.json()
-        except ValueError:  # not JSON, or not UTF-8: something else answers at this address (a proxy's page)
+        except (ValueError, RecursionError):  # not JSON, not UTF-8 (a proxy's page), or nested past the stack
             raise Unavailable(f"{method} {path} on {self.url}: the answer is not JSON ({response.content[:60]!r})") from None
         if not isinstance(body, dict):
             raise Unavailable(f"{method} {path} on {self.url}: expected a JSON object, got {type(body).__name__}")

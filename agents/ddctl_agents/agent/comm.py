@@ -44,7 +44,8 @@ from ddctl_agents.core.effects import ACK_STATUSES
 from ddctl_agents.core.links import SoloTransfers, sent_between
 from ddctl_agents.core.messages import FragmentVersion, Update, absorb, encode_update
 from ddctl_agents.core.text import printable
-from ddctl_agents.errors import HTTP, AgentError, JobOver, NotOwner
+from ddctl_agents.core.wire import is_count
+from ddctl_agents.errors import HTTP, AgentError, ConfigError, JobOver, NotOwner
 
 log = logging.getLogger(__name__)
 JOB_OVER = HTTP[JobOver][1]
@@ -150,7 +151,11 @@ class Comms:
 
         The answer is the first shard's, resuming at the latest step any shard saw from this learner."""
         answers = [self._register(url) for url in self.routes.urls()]
-        self.register_answer = {**answers[0], "start_step": max(int(a["start_step"]) for a in answers)}
+        steps: list[Any] = [a.get("start_step") for a in answers]
+        if not all(is_count(step) for step in steps):  # a KeyError, TypeError or OverflowError ended the start
+            shown = ", ".join(type(step).__name__ for step in steps)  # not the values: an int's repr may raise
+            raise ConfigError(f"the synchronizer answered a start step that is none ({shown}): an integer in [0, 2**62) is")
+        self.register_answer = {**answers[0], "start_step": max(steps)}
         self.subscriber.versions = [-1] * fragments
         loops = self.subscriber.loops(self.routes.urls())
         loops += [("heartbeat", functools.partial(self._heartbeat_loop, url)) for url in self.routes.urls()]

@@ -102,7 +102,7 @@ def _register(opts: LearnerOptions) -> tuple[Assembly, Comms, dict[str, Any]]:
     finally:
         client.close()
     model_files = job_answer.get("model_files") or {}
-    assembly = _assemble(job_answer["job"], model_files)
+    assembly = _assemble(job_answer.get("job"), model_files)  # checked there: a job of another shape is a ConfigError
     job = assembly.config
     me = Identity(name=opts.name, incarnation=time.time_ns() // 1000, region=opts.region, cadence=opts.cadence)
 

@@ -6,6 +6,15 @@ CODECS: tuple[str, ...] = ("fp32", "bf16", "int8", "int4", "int2", "int1")
 """Outer-gradient codecs (their wire formats: ``core/codec.py``)."""
 DEFAULT_BLOCK = 128
 """Values per scale block of the blockwise codecs."""
+MIN_BLOCK, MAX_BLOCK = 8, 4096
+"""A block is a multiple of 8 in this range, so that blocks never share a byte (``core/codec.py``)."""
+
+
+def block_ok(block: object) -> bool:
+    """Whether ``block`` is one the codecs take (checked where a job is read, not first at an upload's encode)."""
+    return isinstance(block, int) and not isinstance(block, bool) and MIN_BLOCK <= block <= MAX_BLOCK and block % 8 == 0
+
+
 DELTA = "int8-delta"
 """The down codec that sends each version as an int8 step from the last (``core/version_delta.py``)."""
 DOWN_CODECS: tuple[str, ...] = ("bf16", "fp32", DELTA)

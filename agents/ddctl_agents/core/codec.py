@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from ddctl_agents.core import _codec_ref, _native
-from ddctl_agents.core.choices import CODECS, DEFAULT_BLOCK
+from ddctl_agents.core.choices import CODECS, DEFAULT_BLOCK, MAX_BLOCK, MIN_BLOCK, block_ok
 from ddctl_agents.errors import CodecError
 
 __all__ = [
@@ -58,8 +58,6 @@ __all__ = [
     "roundtrip",
 ]
 
-MIN_BLOCK = 8
-MAX_BLOCK = 4096
 _ELEMENT_BYTES = {"fp32": 4, "bf16": 2}
 
 
@@ -136,8 +134,7 @@ def _check_codec(codec: str) -> None:
 
 
 def _check_block(block: int) -> None:
-    ok = isinstance(block, int) and not isinstance(block, bool)
-    if not ok or not MIN_BLOCK <= block <= MAX_BLOCK or block % 8:
+    if not block_ok(block):
         raise CodecError(f"block must be a multiple of 8 in [{MIN_BLOCK}, {MAX_BLOCK}], got {block!r}")
 
 

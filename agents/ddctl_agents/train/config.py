@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddctl_agents.core import schedule
-from ddctl_agents.core.choices import CODECS, DEFAULT_BLOCK
+from ddctl_agents.core.choices import CODECS, DEFAULT_BLOCK, MAX_BLOCK, MIN_BLOCK, block_ok
 from ddctl_agents.errors import ConfigError
 
 
@@ -181,6 +181,7 @@ class SyncSettings:
         schedule.check_schedule(self.fragments, self.inner_steps)
         if self.codec not in CODECS:
             raise ConfigError(f"codec must be one of {', '.join(CODECS)}, got {self.codec!r}")
+        require(block_ok(self.block), f"block must be a multiple of 8 in [{MIN_BLOCK}, {MAX_BLOCK}], got {self.block!r}")
 
 
 def steps_per_learner(budget: RunBudget, inner: InnerConfig, seq_len: int) -> int:

@@ -14,6 +14,9 @@ from ddctl_agents.core.config import SyncerConfig
 from ddctl_agents.train.config import DataConfig, InnerConfig, RunBudget, SyncSettings, require
 from ddctl_agents.train.presets import get_preset
 
+MOST_THREADS = 1024
+"""More torch threads than any machine has cores: a job asking a million ended every learner in libgomp."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobConfig:
@@ -39,7 +42,7 @@ class JobConfig:
             f"down codec must be one of {', '.join(DOWN_CODECS)}, got {self.down_codec!r}",
         )
         require(self.sync.inner_steps == self.syncer.inner_steps, "sync.inner_steps and syncer.inner_steps must agree")
-        require(self.threads >= 1, f"threads must be >= 1, got {self.threads}")
+        require(1 <= self.threads <= MOST_THREADS, f"threads must be in [1, {MOST_THREADS}], got {self.threads}")
         require(
             self.syncer.quorum.quorum <= self.budget.learners,
             f"quorum ({self.syncer.quorum.quorum}) must be at most the learners ({self.budget.learners}): K of M learners' "

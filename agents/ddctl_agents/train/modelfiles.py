@@ -103,12 +103,25 @@ def digest(files: Mapping[str, str]) -> str:
     return hasher.hexdigest()
 
 
+def received(files: object) -> None:
+    """Files that came with a job are names to texts, at most ``MAX_SOURCE_BYTES`` in all (a list, a number or a NUL
+    in a name was a TypeError, AttributeError or ValueError out of the learner's start)."""
+    if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+        raise refusal("load", f"the job's model files must map names to source texts, got {type(files).__name__}")
+    if not all(name.isprintable() and "\0" not in text for name, text in files.items()):
+        raise refusal("load", "the job's model files hold a name that is not printable or a NUL byte")
+    size = sum(len(name.encode()) + len(text.encode("utf-8", "surrogatepass")) for name, text in files.items())
+    if size > MAX_SOURCE_BYTES:
+        raise refusal("load", f"the job's model files are {size} bytes; at most {MAX_SOURCE_BYTES} travel with a job")
+
+
 def unpack(files: Mapping[str, str], root: Path | None = None) -> Path | None:
     """Write ``pack``'s files under ``root`` (the temp dir) in a folder named by their digest; its path, or None.
 
     A folder already there is the same files (its name is their digest): ranks on one machine share it."""
     if not files:
         return None
+    received(files)
     for name in files:
         parts = PurePosixPath(name).parts
         if not name.endswith(".py") or PurePosixPath(name).is_absolute() or ".." in parts or "\\" in name:
