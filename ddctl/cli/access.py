@@ -39,6 +39,14 @@ def _list_instances(run: str, state: State, verb: str) -> None:
         typer.echo("  ".join(f"{row[k] or '-':<{widths[k]}}" for k in header).rstrip())
 
 
+def terminal_safe(line: str) -> str:
+    """A log line as an agent (or a VM) wrote it, its control characters escaped but its tabs kept: an escape
+    sequence in it must not act on the operator's terminal, nor a newline forge a line."""
+    from ddctl_agents.core.text import printable
+
+    return "\t".join(printable(part, 10 * len(part) + 16) for part in line.split("\t"))
+
+
 def logs(
     name: NameArgument = "",
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines until Ctrl-C.")] = False,
@@ -66,7 +74,8 @@ def logs(
         width = max(len(c) for c in chosen)
 
         def emit(instance: str, line: str) -> None:
-            typer.echo(f"{instance:<{width}} | {line}" if len(chosen) > 1 else line)
+            shown = terminal_safe(line)
+            typer.echo(f"{instance:<{width}} | {shown}" if len(chosen) > 1 else shown)
 
         if not follow:
             for instance, lines in observe.logs(r, state, name, after).items():

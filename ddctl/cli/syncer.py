@@ -312,26 +312,32 @@ def shard_status(
 
 
 def _print_shards(result: dict[str, Any]) -> None:
+    """The shards' table; every cell is literal text (a shard's answer names things: never read as rich markup)."""
     from rich.table import Table
+    from rich.text import Text
 
     from ddctl.cli.output import stdout
+    from ddctl_agents.core.text import printable
+
+    def add_row(*cells: Any) -> None:
+        table.add_row(*(Text(printable(str(cell), 200)) for cell in cells))
 
     table = Table("shard", "url", "site: up / down Mbit/s", "epoch", "fragments", "rounds", "live", "received", "merged",
                   "pending", "balanced")  # fmt: skip
     for row in result["shards"]:
         if not row["reachable"]:
-            table.add_row("?", row["url"], *[""] * 8, f"unreachable: {row['error'][:60]}")
+            add_row("?", row["url"], *[""] * 8, f"unreachable: {str(row['error'])[:60]}")
             continue
         books, owned = row["ledger"], ",".join(map(str, row["owned"] or []))
         site = row["site"]
         link = " / ".join("-" if site[k] is None else f"{site[k]:.1f}" for k in ("up_mbps", "down_mbps"))
         cells = [row["shard"], row["url"], f"{site['name'] or '?'}: {link}", row["epoch"], owned, row["rounds"], len(row["live"])]
-        table.add_row(*map(str, [*cells, books["received"], books["merged"], books["pending"], row["balanced"]]))
+        add_row(*cells, books["received"], books["merged"], books["pending"], row["balanced"])
     job = result["job"]
     if "ledger" in job:
         books, partial = job["ledger"], " (partial)" if job["partial"] else ""
         cells = ["job", "", "", job.get("epoch", ""), "", job["rounds"], len(job["live"]), books["received"], books["merged"]]
-        table.add_row(*map(str, [*cells, books["pending"], f"{job['balanced']}{partial}"]))
+        add_row(*cells, books["pending"], f"{job['balanced']}{partial}")
     stdout().print(table)
 
 

@@ -20,11 +20,13 @@ from ddctl.control.rundir import RunDir
 from ddctl.control.shard_status import MALFORMED, gather
 from ddctl.control.state import State
 from ddctl.control.up import admin_client
+from ddctl.dashboard.checked import OTHER_SHAPE, OtherShape, checked_status, clean_status
 from ddctl.dashboard.render import render
 from ddctl.dashboard.sharded import job_status
 from ddctl.dashboard.snapshot import RegionInfo, RunRecords, SyncerView, build
 from ddctl.errors import DdctlError
 from ddctl_agents.agent.client import Refused, Unavailable
+from ddctl_agents.core.text import printable
 
 EVENTS_READ = 200
 
@@ -68,9 +70,11 @@ def ask_syncer(run: str, timeout_s: float = 3.0) -> SyncerView:
     except OSError as exc:
         return SyncerView(None, None, f"no syncer address for {run}: {exc}")
     try:
-        return SyncerView(client.status(), time.time(), None, client.url)
-    except (Unavailable, Refused) as exc:
-        return SyncerView(None, None, str(exc), client.url)
+        return SyncerView(checked_status(client.status()), time.time(), None, client.url)
+    except (Unavailable, Refused, OtherShape) as exc:
+        return SyncerView(None, None, printable(str(exc), 300), client.url)
+    except RecursionError:  # JSON nested deeper than the parser goes
+        return SyncerView(None, None, f"{OTHER_SHAPE}: nested too deep to read", client.url)
     finally:
         client.close()
 
@@ -80,11 +84,15 @@ def _ask_shards(run: str, timeout_s: float) -> SyncerView:
     answers = gather(urls, lambda url: admin_client(run, timeout_s=timeout_s, url=url))
     missing = [f"{url}: {why}" for url, status, why in answers if status is None]
     error = f"{len(missing)} of {len(urls)} shards did not answer ({'; '.join(missing)})" if missing else None
-    try:
-        status = job_status(answers)
+    try:  # each shard's strings escaped before their figures are added up; the job's status checked as one's
+        status = job_status([(url, None if s is None else clean_status(s), why) for url, s, why in answers])
+        status = None if status is None else checked_status(status)
+    except OtherShape as exc:
+        return SyncerView(None, None, str(exc), urls[0])
     except MALFORMED as exc:  # shards' answers that do not add up together
-        return SyncerView(None, None, f"a shard's status is malformed ({type(exc).__name__}: {exc}"[:300] + ")", urls[0])
-    return SyncerView(status, time.time() if status is not None else None, error, urls[0])
+        why = printable(f"a shard's status is malformed ({type(exc).__name__}: {exc}", 300)
+        return SyncerView(None, None, why + ")", urls[0])
+    return SyncerView(status, time.time() if status is not None else None, error and printable(error, 600), urls[0])
 
 
 def snapshot(run: str, state: State) -> dict[str, Any]:
