@@ -41,6 +41,7 @@ from ddctl.control.specs import with_relay, with_rendezvous
 from ddctl.control.state import InstanceRecord, State
 from ddctl.errors import DdctlError, ProvisionError
 from ddctl.providers.base import Instance, InstanceSpec, Provider
+from ddctl.providers.deploy import TooLarge
 from ddctl_agents.agent.client import Unavailable
 from ddctl_agents.core.ending import FINISHED, STOPPED
 from ddctl_agents.core.text import printable
@@ -51,11 +52,21 @@ AGENTS = ("syncer", "learner")
 
 
 def finished(summary: bytes | None) -> bool:
-    """True when the learner's exit summary says its work is done: its budget trained, or the job stopped (no replacement)."""
-    try:
-        return summary is not None and json.loads(summary).get("reason") in (FINISHED, STOPPED)
-    except ValueError:
+    """True when the learner's exit summary says its work is done: its budget trained, or the job stopped (no replacement).
+
+    The summary is another machine's answer: anything but a JSON object (torn, a list, nested past the stack) means
+    not finished, logged escaped, so the learner is replaced rather than the controller stopped."""
+    if summary is None:
         return False
+    try:
+        data = json.loads(summary)
+    except (ValueError, RecursionError) as exc:
+        log.warning("an exit summary that is not JSON is taken as not finished: %s", printable(str(exc)))
+        return False
+    if not isinstance(data, dict):
+        log.warning("an exit summary that is a JSON %s, not an object, is taken as not finished", type(data).__name__)
+        return False
+    return data.get("reason") in (FINISHED, STOPPED)
 
 
 @dataclass
@@ -91,7 +102,7 @@ class Controller:
         syncers = [records[name] for name in in_shard_order if records[name].role == "syncer"]
         if syncers and all(r.name in listed for r in syncers) and self._concluded(syncers, listed):
             return []
-        desired, observed = [], []
+        desired, observed, unsure = [], [], set[str]()
         self.hosts, self.relay_hosts = {}, relays.host_addresses(records, listed)
         for name, r in records.items():
             gang = {"group": r.detail["learner"], "node": int(r.detail.get("node", 0))} if "learner" in r.detail else {}
@@ -101,8 +112,14 @@ class Controller:
                 self.state.put_instance(r)
             desired.append(Desired(name=name, role=r.role, placements=_placements(r), done=r.state == "finished", **gang))
             if instance is not None:
-                observed.append(Observed(name=name, alive=instance.alive, finished=self._finished(r, instance)))
-        actions = reconcile(desired, observed, now, self.memory)
+                try:
+                    over = self._finished(r, instance)
+                except Exception as exc:  # noqa: BLE001 - one instance's bad answer must not hold up the others
+                    unsure.add(_group(r))
+                    self._unsure(r, exc)
+                    over = False
+                observed.append(Observed(name=name, alive=instance.alive, finished=over))
+        actions = [a for a in reconcile(desired, observed, now, self.memory) if _group(records[a.name]) not in unsure]
         done = {o.name for o in observed if o.finished}
         for action in actions:
             self._act(action, records[action.name], listed.get(action.name), now, action.name in done)
@@ -134,8 +151,13 @@ class Controller:
         results = []
         for r in syncers:
             spec = InstanceSpec.from_json(r.detail["spec"])
-            raw = self.provider(r.provider).read_file(listed[r.name], spec.summary) if spec.summary else None
-            if (read := parse_result(raw)) is None:
+            try:
+                raw = self.provider(r.provider).read_file(listed[r.name], spec.summary) if spec.summary else None
+                read = parse_result(raw)
+            except Exception as exc:  # noqa: BLE001 - a result of another shape: said, and the learners are still handled
+                self._unsure(r, exc)
+                return False
+            if read is None:
                 return False
             results.append(read)
         spec = InstanceSpec.from_json(syncers[0].detail["spec"])
@@ -180,8 +202,20 @@ class Controller:
         spec = InstanceSpec.from_json(r.detail["spec"])
         if instance.alive or r.role != "learner" or not spec.summary:
             return False
-        summary = self.provider(r.provider).read_file(instance, spec.summary)
+        try:
+            summary = self.provider(r.provider).read_file(instance, spec.summary)
+        except TooLarge as exc:  # not a summary: the learner is replaced, as for one torn by a kill
+            log.warning("%s's exit summary is taken as not finished: %s", r.name, printable(str(exc)))
+            return False
         return finished(summary) if summary is not None else r.name in finished_by_syncer(self.run)
+
+    def _unsure(self, r: InstanceRecord, exc: Exception) -> None:
+        """Whether ``r`` finished could not be read: it (its whole gang) waits for the next pass, said once per reason."""
+        why = printable(f"whether {r.name} finished is unknown, it waits: {type(exc).__name__}: {exc}")
+        if self.said.get(r.name) != why:
+            self.said[r.name] = why
+            self.state.event(self.run, "error", instance=r.name, region=r.region, reason=why)
+            log.error("%s", why)
 
     def _act(self, action: Action, r: InstanceRecord, instance: Instance | None, now: float, done: bool) -> None:
         provider = self.provider(r.provider)
@@ -259,6 +293,11 @@ def _left_finished(r: InstanceRecord) -> bool:
     if r.role != "learner" or not here or not spec.summary or not Path(spec.summary).is_file():
         return False
     return finished(Path(spec.summary).read_bytes())
+
+
+def _group(r: InstanceRecord) -> str:
+    """The learner ``r`` is part of (a learner over several VMs is decided on as one), or its own name."""
+    return str(r.detail.get("learner") or r.name)
 
 
 def _placements(r: InstanceRecord) -> tuple[Placement, ...]:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from ddctl.control.down import down
 from ddctl.control.rundir import RunDir
@@ -25,13 +25,26 @@ from ddctl.control.runs import dollars_so_far
 from ddctl.control.state import State
 from ddctl.errors import DdctlError, UnreachableError
 from ddctl.providers.base import Provider
+from ddctl_agents.core.text import printable
 from ddctl_agents.errors import Unavailable
+from ddctl_agents.service.requests import Identity
 from ddctl_agents.waiting import wait_until
 
 Count = Annotated[int, Field(ge=0, le=2**62)]
 Seconds = Annotated[float, Field(ge=0, le=1e9)]
 Epoch = Annotated[float, Field(ge=0, le=1e11)]
 """A Unix time (seconds since 1970): beyond year 5000 is not a time, it is a bug or an attack."""
+
+
+def _shown(most: int) -> AfterValidator:
+    """A string of at most ``most`` characters with its control characters escaped: it goes to the log, the events
+    and ``ddctl stop``'s output, where a newline would forge a line and ESC drive the terminal; escaped, not refused,
+    so the run still concludes."""
+    return AfterValidator(lambda text: printable(text, most))
+
+
+Text = Annotated[str, Field(max_length=200), _shown(200)]
+Where = Annotated[str, Field(max_length=4096), _shown(4096)]
 
 
 class TokenBooks(BaseModel):
@@ -53,8 +66,8 @@ class RunResult(BaseModel):
     """The syncer's summary as the laptop accepts it: bounded, typed, nothing else."""
 
     model_config = ConfigDict(extra="ignore")
-    run: Annotated[str, Field(max_length=200)]
-    reason: Annotated[str, Field(max_length=200)]
+    run: Text
+    reason: Text
     finished_at: Epoch
     uptime_s: Seconds
     quorum_s: Seconds
@@ -64,9 +77,9 @@ class RunResult(BaseModel):
     val_bpb: Annotated[float, Field(ge=0, le=1e3)] | None
     bytes_up: Count
     bytes_down: Count
-    learners_finished: Annotated[list[Annotated[str, Field(max_length=64)]], Field(max_length=4096)]
-    state_dir: Annotated[str, Field(max_length=4096)]
-    checkpoint: Annotated[str, Field(max_length=4096)] | None = ""
+    learners_finished: Annotated[list[Identity], Field(max_length=4096)]
+    state_dir: Where
+    checkpoint: Where | None = ""
     """The final checkpoint, as the syncer's machine names it (``ddctl pull`` fetches it); None from a shard of a
     sharded synchronizer, which holds part of the model (the controller joins the shards' into the run's)."""
 
@@ -77,8 +90,8 @@ def parse_result(raw: bytes | None) -> RunResult | None:
         return None
     try:
         data = json.loads(raw)
-    except ValueError as exc:
-        raise DdctlError(f"the syncer's summary.json is not JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested past the stack
+        raise DdctlError(f"the syncer's summary.json is not JSON: {printable(str(exc))}") from None
     if isinstance(data, dict) and isinstance(data.get("val_bpb"), float) and not math.isfinite(data["val_bpb"]):
         data["val_bpb"] = None
     try:

@@ -19,6 +19,8 @@ import torch
 from ddctl import providers
 from ddctl.errors import DdctlError
 from ddctl_agents import storage
+from ddctl_agents.core.text import printable
+from ddctl_agents.errors import CheckpointError
 from ddctl_agents.train.config import InnerConfig, ModelConfig
 from ddctl_agents.train.contract import build, check_contract
 from ddctl_agents.train.data import dataset_vocab_size
@@ -59,6 +61,44 @@ def builtin_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """The built-in model's parameter shapes for ``config``, from the meta device (nothing allocated)."""
     with torch.device("meta"):
         return {n: tuple(p.shape) for n, p in GPT(config).named_parameters()}
+
+
+MOST_LAYERS = 1024
+MOST_MLPS = 16_384
+"""A checkpoint's model config may name at most this many blocks, and MLPs (a block's experts each one) in all:
+far above any preset (20 blocks, 4 experts), far below where building it on the meta device takes minutes."""
+
+
+def builtin_parameters(config: ModelConfig) -> int:
+    """The built-in model's parameter count for ``config``, by arithmetic (``model.GPT``), nothing built."""
+    d, hidden = config.d_model, config.mlp_ratio * config.d_model
+    mlp = 2 * d * hidden + hidden + d
+    ffn = d * config.n_experts + config.n_experts * mlp if config.n_experts else mlp
+    block = 4 * d + 4 * d * d + 4 * d + ffn  # two LayerNorms, attention's qkv and output projections, the MLP(s)
+    head = 0 if config.tie_embeddings else config.vocab_size * d
+    return (config.vocab_size + config.seq_len) * d + config.n_layer * block + 2 * d + head
+
+
+def checkpoint_shapes(config: ModelConfig, model_bytes: int, file: str) -> dict[str, tuple[int, ...]]:
+    """The built-in model's shapes for a checkpoint's model config, built only once the config is one its model
+    file (``file``, ``model_bytes`` as its manifest says, float32) can hold: a manifest comes from another machine,
+    and a config of 2**40 wide or 10**7 blocks would otherwise take all memory or hours before any byte is compared."""
+    mlps = config.n_layer * max(1, config.n_experts)
+    if config.n_layer > MOST_LAYERS or mlps > MOST_MLPS:
+        raise CheckpointError(
+            f"{file}: its model config has {config.n_layer} blocks of {max(1, config.n_experts)} MLPs; "
+            f"at most {MOST_LAYERS} blocks and {MOST_MLPS} MLPs in all are read"
+        )
+    need = 4 * builtin_parameters(config)
+    if need > model_bytes:
+        raise CheckpointError(
+            f"{file}: its model config has {need // 4} parameters ({need} bytes as float32), more than the "
+            f"{model_bytes} bytes the manifest gives it"
+        )
+    try:
+        return builtin_shapes(config)
+    except (RuntimeError, MemoryError, OverflowError, ValueError) as exc:
+        raise CheckpointError(f"{file}: its model config cannot be built: {printable(str(exc))}") from None
 
 
 @functools.cache

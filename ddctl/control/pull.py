@@ -23,16 +23,16 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ddctl import providers
-from ddctl.control.jobdata import builtin_shapes, model_shapes
+from ddctl.control.jobdata import checkpoint_shapes, model_shapes
 from ddctl.control.rundir import RunDir
 from ddctl.control.state import State
 from ddctl.errors import DdctlError
 from ddctl.providers.base import Instance, Provider
-from ddctl.providers.deploy import REMOTE_ROOT
+from ddctl.providers.deploy import REMOTE_ROOT, TooLarge
 from ddctl_agents import storage
 from ddctl_agents.errors import ConfigError
 from ddctl_agents.jsonable import from_json, to_json
-from ddctl_agents.train.checkpoint import MANIFEST, Checkpoint, CheckpointError, load, read_manifest
+from ddctl_agents.train.checkpoint import MANIFEST, MODEL, Checkpoint, CheckpointError, load, read_manifest
 from ddctl_agents.train.config import InnerConfig, ModelConfig
 from ddctl_agents.train.modelfiles import MODEL_DIR, pack
 from ddctl_agents.train.presets import model_config
@@ -153,8 +153,9 @@ def fetch(
             )
         inner = manifest.job.get("inner")
         custom = isinstance(inner, dict) and bool(inner.get("model"))  # yours: its source is the job's, not here
-        builtin = None if custom else builtin_shapes(from_json(ModelConfig, manifest.model))
-        checkpoint = load(read, expect if expect is not None else builtin)
+        if expect is None and not custom:
+            expect = checkpoint_shapes(from_json(ModelConfig, manifest.model), manifest.files[MODEL].bytes, MODEL)
+        checkpoint = load(read, expect)
     except ConfigError as exc:  # the checkpoint is damaged, or its manifest names a model config no model has: bad data
         raise CheckpointError(f"{source.label}/{chosen or '.'}: {exc}") from None
     except storage.StorageError as exc:  # it could not be read
@@ -225,7 +226,10 @@ def _remote_source(provider: Provider, syncer: Instance, kind: str) -> Source:
     root = f"{REMOTE_ROOT}/state/checkpoints"
 
     def read(name: str, limit: int) -> bytes:
-        data = provider.read_file(syncer, f"{root}/{name}")
+        try:
+            data = provider.read_file(syncer, f"{root}/{name}")
+        except TooLarge as exc:  # larger than any file read whole (``console.limit_of``): bad data, as below
+            raise CheckpointError(f"{root}/{name}: {exc}") from None
         if data is None:
             raise FileNotFoundError(f"{root}/{name}")
         if len(data) > limit:

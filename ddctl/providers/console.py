@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from ddctl.errors import DdctlError
 from ddctl.providers import deploy
@@ -22,6 +22,19 @@ from ddctl.providers.deploy import REMOTE_ROOT
 MARK = "ddctl-file"
 LAST_FILES = (f"{REMOTE_ROOT}/summary.json", f"{REMOTE_ROOT}/state/summary.json", f"{REMOTE_ROOT}/agent.exit")
 LOG_LINES = 200
+SUMMARIES = frozenset(PurePosixPath(f).name for f in LAST_FILES)
+"""Files read as a learner's or the syncer's last words: small, whatever the VM claims."""
+
+
+def limit_of(path: str) -> int:
+    """How many bytes of ``path`` are read from a VM: an exit summary a MiB, anything else (a tape, a checkpoint's
+    file, which ``ddctl pull`` checks against its manifest after) ``deploy.FILE_LIMIT``."""
+    return deploy.SUMMARY_LIMIT if PurePosixPath(path).name in SUMMARIES else deploy.FILE_LIMIT
+
+
+def log_command(limit: int = deploy.LOG_LIMIT) -> str:
+    """The remote command that prints the agent's log, its last ``limit`` bytes where it is longer."""
+    return f"tail -c {limit} {REMOTE_ROOT}/agent.log"
 
 
 def power_off_hook() -> str:
@@ -55,17 +68,21 @@ def log_text(console: str) -> str:
 
 
 def read_file(ssh_target: Callable[[], deploy.Target], console: Callable[[], str], path: str) -> bytes | None:
-    """A file of a running VM (over SSH), or of an ended one from its last words on the console; None if neither has it."""
+    """A file of a running VM (over SSH), or of an ended one from its last words on the console; None if neither has it.
+    One larger than ``limit_of(path)`` is ``deploy.TooLarge``: the VM answered, with too much."""
     try:
-        return deploy.read_bytes(ssh_target(), path)  # bytes as they are: a summary, or a checkpoint's tensors
+        return deploy.read_bytes(ssh_target(), path, limit=limit_of(path))  # bytes as they are: a summary, or tensors
+    except deploy.TooLarge:
+        raise
     except DdctlError:
         return last_files(console()).get(path)
 
 
 def collect_log(ssh_target: Callable[[], deploy.Target], console: Callable[[], str], log: Path, provider_id: str) -> None:
-    """Append the agent's log to ``log``: all of it over SSH while the VM answers, else the tail its console kept."""
+    """Append the agent's log to ``log``: all of it (its last ``deploy.LOG_LIMIT`` bytes) over SSH while the VM answers,
+    else the tail its console kept."""
     try:
-        _, text, _ = deploy.run_command(ssh_target(), f"cat {REMOTE_ROOT}/agent.log", wait_s=5.0)
+        _, text, _ = deploy.run_command(ssh_target(), log_command(), wait_s=5.0)
         where = provider_id
     except DdctlError:
         text, where = log_text(console()), f"console of {provider_id}"

@@ -25,7 +25,7 @@ from typing import TypeVar
 import asyncssh
 
 import ddctl_agents
-from ddctl.errors import DeployError
+from ddctl.errors import DdctlError, DeployError
 from ddctl_agents.waiting import await_until
 
 REMOTE_ROOT = "/opt/ddctl"
@@ -179,28 +179,53 @@ def run_command(target: Target, command: str, wait_s: float = 10.0) -> tuple[int
     return _sync(job)
 
 
-def read_text(target: Target, path: str) -> str:
-    """A remote file's text ('' if it does not exist)."""
-
-    async def job() -> str:
-        conn = await _connect(target, 10.0)
-        try:
-            done = await conn.run(f"cat {shlex.quote(path)}", check=False)
-            return str(done.stdout) if done.exit_status == 0 else ""
-        finally:
-            conn.close()
-
-    return _sync(job)
+MIB = 1 << 20
+SUMMARY_LIMIT = MIB
+"""An exit summary or ``summary.json``: a few hundred bytes, a few KiB with a long roster."""
+LOG_LIMIT = 256 * MIB
+"""An agent's log read whole (``ddctl logs``, a retired VM's log collected)."""
+FILE_LIMIT = 1 << 30
+"""Any other file read whole into memory: a tape, a checkpoint's file (its manifest's byte count is checked after)."""
 
 
-def read_bytes(target: Target, path: str, wait_s: float = 5.0) -> bytes | None:
-    """A remote file's bytes exactly (no text decoding: checkpoints are binary); None if it cannot be read."""
+class TooLarge(DdctlError):
+    """A remote file is larger than the caller reads: the machine's data is bad (or hostile), not unreachable."""
+
+
+def read_command(path: str, limit: int) -> str:
+    """The remote command that prints at most ``limit + 1`` bytes of ``path`` (one more than read tells a file over
+    ``limit``), failing if it cannot be read: a file that is a symlink to ``/dev/zero`` sends no more than that."""
+    return f"head -c {limit + 1} -- {shlex.quote(path)}"
+
+
+def within(data: bytes, host: str, path: str, limit: int) -> bytes:
+    """``data`` if it is at most ``limit`` bytes; else TooLarge naming the file and the limit."""
+    if len(data) > limit:
+        raise TooLarge(f"{host}:{path}: larger than the {limit} bytes it may be; not read")
+    return data
+
+
+def read_text(target: Target, path: str, limit: int = LOG_LIMIT) -> str:
+    """A remote file's text ('' if it does not exist); TooLarge past ``limit`` bytes."""
+    data = read_bytes(target, path, wait_s=10.0, limit=limit)
+    return data.decode("utf-8", errors="replace") if data is not None else ""
+
+
+def read_bytes(target: Target, path: str, wait_s: float = 5.0, limit: int = FILE_LIMIT) -> bytes | None:
+    """A remote file's bytes exactly (no text decoding: checkpoints are binary); None if it cannot be read, TooLarge
+    past ``limit`` bytes. The remote command stops at ``limit + 1`` and so does the read here, whatever sshd sends."""
 
     async def job() -> bytes | None:
         conn = await _connect(target, wait_s)
         try:
-            done = await conn.run(f"cat {shlex.quote(path)}", check=False, encoding=None)
-            return bytes(done.stdout) if done.exit_status == 0 and isinstance(done.stdout, bytes) else None
+            command = read_command(path, limit)
+            async with conn.create_process(command, encoding=None, stderr=asyncssh.DEVNULL) as process:
+                data = bytearray()
+                while len(data) <= limit and (chunk := await process.stdout.read(1 << 16)):
+                    data += chunk
+                within(bytes(data), target.host, path, limit)
+                done = await process.wait(check=False)
+            return bytes(data) if done.exit_status == 0 else None
         finally:
             conn.close()
 

@@ -171,14 +171,17 @@ class Engine:
         self._call("PUT", f"/containers/{container}/archive", params={"path": path}, content=tar)
 
     def get_file(self, container: str, path: str) -> bytes | None:
-        """One file's bytes out of a container (running or stopped); None if it is not there."""
+        """One file's bytes out of a container (running or stopped); None if it is not there or is not a regular file
+        (a symlink, a directory, a device: the container's to make, and nothing the caller can read as a file)."""
         response = self._call("GET", f"/containers/{container}/archive", params={"path": path}, ok=(200, 404))
         if response.status_code == 404:
             return None
         try:
             with tarfile.open(fileobj=io.BytesIO(response.content)) as tar:
                 member = tar.next()
-                extracted = tar.extractfile(member) if member is not None else None
+                if member is None or not member.isfile():
+                    return None
+                extracted = tar.extractfile(member)
                 return extracted.read() if extracted is not None else None
         except tarfile.TarError as exc:
             raise EngineError(
