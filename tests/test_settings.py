@@ -43,7 +43,7 @@ def test_json_values_are_validated_like_flags() -> None:
     [
         ({"cluster": ClusterConfig(speeds=(1.0,))}, "one speed per learner"),
         ({"fragmentation": "random"}, "fragmentation must be one of"),
-        ({"threads": 0}, "threads must be >= 1"),
+        ({"threads": 0}, r"threads must be in \[1, 1024\], got 0"),
     ],
 )
 def test_inconsistent_configs_are_refused(kwargs: dict, message: str) -> None:
