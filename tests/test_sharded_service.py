@@ -163,7 +163,7 @@ def checkpoint_mid_run(tmp_path: Path, shards: list[LocalSyncer], learners: dict
 
     part_only = shards[0].root / "state" / "cuts" / "cut-000002"
     refused = runner.invoke(app, ["pull", "--from", str(part_only), "--out", str(tmp_path / "part")])
-    assert refused.exit_code == 2 and "shard S0's part of global checkpoint 2" in refused.output
+    assert refused.exit_code == 3 and "shard S0's part of global checkpoint 2" in refused.output
     one = runner.invoke(
         app, ["syncer", "checkpoint", str(shards[0].job_dir), "--syncer", shards[0].url, "--out", str(tmp_path / "x")]
     )

@@ -221,14 +221,11 @@ def down(
     regions_file: RegionsOption = Path("regions.yaml"),
     json_out: JsonOption = False,
 ) -> None:
-    """Stop and remove every machine of the run (found by its labels); with nothing running, does nothing (exit 0).
-
-    A --run NAME with no record here and no machine labelled with it is an error (exit 2) that lists the runs.
-    """
+    """Stop and remove every machine of the run (found by its labels); with nothing running, does nothing (exit 0)."""
     from ddctl.cli.catalog import printed_purge
     from ddctl.control.down import down as run_down
     from ddctl.control.down import report
-    from ddctl.control.runs import LIVE, NoSuchRun, choose_run, describe
+    from ddctl.control.runs import LIVE, choose_run
     from ddctl.control.runs import purge as purge_runs
     from ddctl.control.state import State
 
@@ -244,11 +241,6 @@ def down(
             idle = not run and not any(r.state in LIVE for r in state.runs())
             # a named run is searched by its labels even if this machine has no record of it (the state file is a cache)
             result = {"run": None, "removed": {}} if idle else run_down(run or choose_run(state), state)
-            if run and not result["removed"] and state.run(run) is None:  # neither a record nor a label: a typo?
-                raise NoSuchRun(
-                    f"no run named {run!r}: no record of it here and no machine labelled with it; "
-                    f"runs: {describe(state.runs())} (`ddctl ls` lists them)"
-                )
             if purge:
                 result["purged"] = purge_runs(state)
             return result
