@@ -79,7 +79,7 @@ def builtin_parameters(config: ModelConfig) -> int:
     return (config.vocab_size + config.seq_len) * d + config.n_layer * block + 2 * d + head
 
 
-def checkpoint_shapes(config: ModelConfig, model_bytes: int, file: str) -> dict[str, tuple[int, ...]]:
+def checkpoint_shapes(config: ModelConfig, model_bytes: int, file: str, whole: bool = True) -> dict[str, tuple[int, ...]]:
     """The built-in model's shapes for a checkpoint's model config, built only once the config is one its model
     file (``file``, ``model_bytes`` as its manifest says, float32) can hold: a manifest comes from another machine,
     and a config of 2**40 wide or 10**7 blocks would otherwise take all memory or hours before any byte is compared."""
@@ -90,7 +90,7 @@ def checkpoint_shapes(config: ModelConfig, model_bytes: int, file: str) -> dict[
             f"at most {MOST_LAYERS} blocks and {MOST_MLPS} MLPs in all are read"
         )
     need = 4 * builtin_parameters(config)
-    if need > model_bytes:
+    if whole and need > model_bytes:  # a shard's part (not whole) holds only its fragments
         raise CheckpointError(
             f"{file}: its model config has {need // 4} parameters ({need} bytes as float32), more than the "
             f"{model_bytes} bytes the manifest gives it"

@@ -153,8 +153,9 @@ def fetch(
             )
         inner = manifest.job.get("inner")
         custom = isinstance(inner, dict) and bool(inner.get("model"))  # yours: its source is the job's, not here
-        if expect is None and not custom:
-            expect = checkpoint_shapes(from_json(ModelConfig, manifest.model), manifest.files[MODEL].bytes, MODEL)
+        if expect is None and not custom:  # a shard's part holds less than the model: ``load`` refuses it, saying so
+            config = from_json(ModelConfig, manifest.model)
+            expect = checkpoint_shapes(config, manifest.files[MODEL].bytes, MODEL, whole=manifest.part is None)
         checkpoint = load(read, expect)
     except ConfigError as exc:  # the checkpoint is damaged, or its manifest names a model config no model has: bad data
         raise CheckpointError(f"{source.label}/{chosen or '.'}: {exc}") from None
