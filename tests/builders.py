@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,10 @@ import torch
 import yaml
 
 from ddctl.config.train import ClusterConfig, TrainConfig
+from ddctl.control.controller import Controller
+from ddctl.control.state import InstanceRecord, State
+from ddctl.providers.base import InstanceSpec
+from ddctl.providers.fake import FakeProvider
 from ddctl_agents.core.config import SyncerConfig
 from ddctl_agents.core.fragments import TensorSpec, fragment_tensors
 from ddctl_agents.core.messages import Update
@@ -196,3 +201,20 @@ def shard_statuses(run: str) -> list[dict[str, Any]]:
         finally:
             client.close()
     return out
+
+
+def controller_world(tmp_path: Path, run: str, placements: list[dict[str, str]]) -> tuple[State, FakeProvider, Controller]:
+    """A training run of one syncer and learners L0, L1 on the fake provider, recorded running, and its controller."""
+    state = State(tmp_path / "state.sqlite3")
+    state.create_run(run, "regions.yaml", str(tmp_path / "job"), {})
+    state.set_run_state(run, "training")
+    fake = FakeProvider()
+    for name, role in (("syncer", "syncer"), ("L0", "learner"), ("L1", "learner")):
+        spec = InstanceSpec(
+            run=run, name=name, region="eu", role=role, argv=("agent",), log=tmp_path / f"{name}.log", summary="/s.json"
+        )
+        started = fake.create(spec)
+        detail = {"spec": spec.to_json(), "placements": placements}
+        state.put_instance(InstanceRecord(run, name, "eu", "fake", role, "running", started.provider_id, time.time(), detail))
+    fake.calls.clear()
+    return state, fake, Controller(run, state, owners={"fake": fake})

@@ -13,6 +13,7 @@ from ddctl.control.controller import Controller, finished
 from ddctl.control.state import InstanceRecord, State
 from ddctl.providers.base import InstanceSpec
 from ddctl.providers.fake import FakeProvider, Fault
+from tests.builders import controller_world
 
 RUN = "r"
 ZONES = [{"provider": "fake", "cloud_region": "eu", "zone": z} for z in ("eu-a", "eu-b")] + [
@@ -30,30 +31,7 @@ def test_only_a_summary_that_says_finished_means_finished() -> None:
 
 @pytest.fixture
 def world(tmp_path: Path) -> tuple[State, FakeProvider, Controller]:
-    state = State(tmp_path / "state.sqlite3")
-    state.create_run(RUN, "regions.yaml", str(tmp_path / "job"), {})
-    state.set_run_state(RUN, "training")
-    fake = FakeProvider()
-    for name, role in (("syncer", "syncer"), ("L0", "learner"), ("L1", "learner")):
-        spec = InstanceSpec(
-            run=RUN, name=name, region="eu", role=role, argv=("agent",), log=tmp_path / f"{name}.log", summary="/s.json"
-        )
-        started = fake.create(spec)
-        state.put_instance(
-            InstanceRecord(
-                RUN,
-                name,
-                "eu",
-                "fake",
-                role,
-                "running",
-                started.provider_id,
-                time.time(),
-                {"spec": spec.to_json(), "placements": ZONES},
-            )
-        )
-    fake.calls.clear()
-    return state, fake, Controller(RUN, state, owners={"fake": fake})
+    return controller_world(tmp_path, RUN, ZONES)
 
 
 def events(state: State) -> list[dict]:

@@ -25,16 +25,17 @@ from ddctl.control.controller import Controller, finished
 from ddctl.control.finish import parse_result
 from ddctl.control.jobdata import builtin_parameters, builtin_shapes, checkpoint_shapes
 from ddctl.control.pull import Source, fetch
-from ddctl.control.state import InstanceRecord, State
+from ddctl.control.state import State
 from ddctl.errors import DdctlError
 from ddctl.providers import console, deploy
-from ddctl.providers.base import Instance, InstanceSpec
+from ddctl.providers.base import Instance
 from ddctl.providers.docker.engine import Engine
 from ddctl.providers.fake import FakeProvider
 from ddctl_agents.errors import CheckpointError
 from ddctl_agents.train.checkpoint import FORMAT, MANIFEST, MODEL
 from ddctl_agents.train.config import ModelConfig
 from ddctl_agents.train.presets import get_preset
+from tests.builders import controller_world
 
 RUN = "r"
 ZONES = [{"provider": "fake", "cloud_region": "eu", "zone": "eu-a"}]
@@ -43,19 +44,7 @@ DEEP = b"[" * 100_000 + b"]" * 100_000
 
 @pytest.fixture
 def world(tmp_path: Path) -> tuple[State, FakeProvider, Controller]:
-    state = State(tmp_path / "state.sqlite3")
-    state.create_run(RUN, "regions.yaml", str(tmp_path / "job"), {})
-    state.set_run_state(RUN, "training")
-    fake = FakeProvider()
-    for name, role in (("syncer", "syncer"), ("L0", "learner"), ("L1", "learner")):
-        spec = InstanceSpec(
-            run=RUN, name=name, region="eu", role=role, argv=("agent",), log=tmp_path / f"{name}.log", summary="/s.json"
-        )
-        started = fake.create(spec)
-        detail = {"spec": spec.to_json(), "placements": ZONES}
-        state.put_instance(InstanceRecord(RUN, name, "eu", "fake", role, "running", started.provider_id, time.time(), detail))
-    fake.calls.clear()
-    return state, fake, Controller(RUN, state, owners={"fake": fake})
+    return controller_world(tmp_path, RUN, ZONES)
 
 
 @pytest.mark.parametrize("summary", [b"[]", b"1", b'"finished"', b"null", DEEP])
