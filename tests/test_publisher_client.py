@@ -8,6 +8,7 @@ import pytest
 
 from ddctl_agents.agent.client import Unavailable, retry
 from ddctl_agents.service.publisher import Published, Publisher
+from ddctl_agents.waiting import wait_until
 
 
 def test_a_slow_subscriber_gets_the_newest_version_only() -> None:
@@ -74,3 +75,21 @@ def test_retry_backs_off_through_outages_and_gives_up_on_request() -> None:
         retry(lambda: (_ for _ in ()).throw(Unavailable("always down")), give_up_after_s=0.3)
     with pytest.raises(Unavailable):
         retry(lambda: (_ for _ in ()).throw(Unavailable("stopping")), stop=lambda: True)
+
+
+def test_wait_until_counts_a_retried_error_as_not_yet_and_names_the_last_at_its_timeout() -> None:
+    answers = iter([Unavailable("no route"), None, {"phase": "finished"}])
+
+    def poll() -> dict[str, str] | None:
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    assert wait_until(poll, timeout_s=5, what="the end", every_s=0.0, retry_on=(Unavailable,)) == {"phase": "finished"}
+    with pytest.raises(TimeoutError, match=r"waiting for the end: still no route") as raised:
+        wait_until(lambda: (_ for _ in ()).throw(Unavailable("still no route")), timeout_s=0.05, what="the end",
+                   every_s=0.01, retry_on=(Unavailable,))  # fmt: skip
+    assert isinstance(raised.value.__cause__, Unavailable)
+    with pytest.raises(KeyError):  # anything not named is raised at once
+        wait_until(lambda: {}["x"], timeout_s=5, what="the end", retry_on=(Unavailable,))

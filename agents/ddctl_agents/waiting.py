@@ -24,18 +24,26 @@ def wait_until(
     timeout_s: float,
     what: str,
     every_s: float = 0.1,
+    retry_on: tuple[type[Exception], ...] = (),
     error: Callable[[str], Exception] = TimeoutError,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> T:
-    """The first truthy value ``check()`` returns; ``error("timed out after ... waiting for WHAT")`` after ``timeout_s``."""
+    """The first truthy value ``check()`` returns; ``error("timed out after ... waiting for WHAT")`` after ``timeout_s``.
+
+    Exceptions in ``retry_on`` count as "not yet" (a poll across a network outlives one lost answer); the last one is
+    named in the timeout and chained."""
     deadline = clock() + timeout_s
+    last: Exception | None = None
     while True:
-        value = check()
-        if value:
-            return value
+        try:
+            value = check()
+            if value:
+                return value
+        except retry_on as exc:
+            last = exc
         if clock() >= deadline:
-            raise error(f"timed out after {timeout_s:g}s waiting for {what}")
+            raise error(f"timed out after {timeout_s:g}s waiting for {what}" + (f": {last}" if last else "")) from last
         sleep(min(every_s, max(deadline - clock(), 0.0)))
 
 

@@ -248,12 +248,15 @@ def _failed(name: str, proc: subprocess.Popen[bytes], root: Path) -> DdctlError:
 
 
 def finished_status(shard: LocalSyncer) -> dict[str, Any]:
-    """A shard's status once its job has finished (every learner's last updates merged)."""
+    """A shard's status once its job has finished (every learner's last updates merged). A status call that fails on the
+    emulated WAN is asked again: under load a shaped link can lose an address lookup (CI: No route to host)."""
     client: SyncerClient = shard.client()
     try:
-        return dict(
-            wait_until(lambda: (s := client.status())["job"]["phase"] == "finished" and s, timeout_s=180, what="a shard's end")
-        )
+        ended = wait_until(
+            lambda: (s := client.status())["job"]["phase"] == "finished" and s,
+            timeout_s=180, what="a shard's end", every_s=0.5, retry_on=(Unavailable,),
+        )  # fmt: skip
+        return dict(ended)
     finally:
         client.close()
 
