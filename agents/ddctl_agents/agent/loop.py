@@ -15,21 +15,35 @@ HTTP/2 comms in a real run, something local in a test or a benchmark.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from torch import Tensor
 
+from ddctl_agents.agent.subscription import Subscriber, fits, implausible
+from ddctl_agents.core import vclock
 from ddctl_agents.core.messages import FragmentVersion, Update
+from ddctl_agents.core.text import printable
+from ddctl_agents.errors import WireError
 from ddctl_agents.train.learner import Learner, PendingSend
 from ddctl_agents.train.ranks import Decisions
+
+log = logging.getLogger(__name__)
 
 REPORT_EVERY = 10
 """Read the loss (a host sync on accelerators, an all-reduce across ranks) once every this many steps."""
 
 GO, STOP, STOP_NOW = 0, 1, 2
 """The first integer of a decision: train on; stop after pushing what is pending; stop without it."""
+
+
+def most_ahead(learner: Learner) -> int:
+    """The most rounds a fragment's version can move past the one held within this job: a round takes an update, and
+    each of at most ``MOST_LEARNERS`` learners sends a fragment at most once per step it trains, plus its last flush.
+    A number beyond it no job of this length produces, however long the learner was cut off."""
+    return vclock.MOST_LEARNERS * (learner.total_steps + 2)
 
 
 class Leader(Protocol):
@@ -66,6 +80,11 @@ class StepLoop:
         self.outcome = Outcome()
         self._held: dict[int, FragmentVersion] = {}
         self._pending: list[PendingSend] = []
+        self.refused = 0
+        """Arrived versions refused before adoption (``_collect``)."""
+        subscriber = getattr(leader, "subscriber", None)  # the comms' (agent/comm.py): refuse such versions at the stream
+        if isinstance(subscriber, Subscriber):
+            subscriber.expect(learner.fragmentation.fragments, most_ahead(learner))
 
     def bootstrap(self, wait: Callable[[], None]) -> bool:
         """Adopt every fragment's current version on every rank; False if told to stop first."""
@@ -125,11 +144,27 @@ class StepLoop:
         """Leader: keep the newest arrived version of each fragment until it is adopted."""
         assert self.leader is not None
         for message in self.leader.arrivals():
+            if why := self._unfit(message):
+                self.refused += 1
+                log.warning("refused version %s of fragment %s: %s", message.version, message.fragment, printable(why))
+                continue
             held = self._held.get(message.fragment)
             if message.version > self.learner.state[message.fragment].version and (
                 held is None or message.version > held.version
             ):
                 self._held[message.fragment] = message
+
+    def _unfit(self, message: FragmentVersion) -> str:
+        """Why ``message`` cannot be adopted (not this job's fragment, other tensors, numbered implausibly far ahead),
+        or "": whatever the leader hands over, adopting it must not end the loop or freeze the fragment."""
+        learner = self.learner
+        if not 0 <= message.fragment < learner.fragmentation.count:
+            return f"this job's fragments are 0 to {learner.fragmentation.count - 1}"
+        try:
+            fits(message, learner.fragmentation.fragments[message.fragment])
+        except WireError as exc:
+            return str(exc)
+        return implausible(learner.state[message.fragment].version, message.version, most_ahead(learner))
 
     def _plan(self) -> list[int]:
         return [value for p in sorted(self._held) for value in (p, self._held[p].version)]

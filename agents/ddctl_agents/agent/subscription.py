@@ -29,13 +29,17 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit
 
+import torch
+
 from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable
+from ddctl_agents.core.fragments import TensorSpec
 from ddctl_agents.core.messages import FragmentVersion
+from ddctl_agents.core.text import printable
 from ddctl_agents.core.version_delta import Held, receive
 from ddctl_agents.errors import WireError
 
@@ -49,6 +53,37 @@ a learner behind a working relay never pulls the bootstrap versions across the r
 
 LOCATE_EVERY_S = 5.0
 """While the relay does not answer, a shard is asked where it is at most this often."""
+MOST_AHEAD = 2**20
+"""How far past the version held a fragment's next may be numbered, where the job's length is not known (the relay; a
+learner before its loop starts). A version is one round of that fragment, and a round takes at least one update, so
+2**20 is 16384 sends of each of 64 learners missed: far past any disconnection a learner survives. A version beyond it
+is a broken or hostile peer's, and holding it would make every real version look old (the fragment would freeze)."""
+
+
+def implausible(held: int, version: int, most_ahead: int = MOST_AHEAD) -> str:
+    """Why ``version`` cannot follow ``held`` (-1: none yet, when any version is the first), or ""."""
+    if held >= 0 and version - held > most_ahead:
+        return f"version {version} is more than {most_ahead} rounds ahead of the one held ({held})"
+    return ""
+
+
+def fits(message: FragmentVersion, specs: Sequence[TensorSpec]) -> None:
+    """Raise WireError unless ``message`` holds exactly the fragment's tensors, each floating and of its shape: adopting
+    one that does not would end the training loop (a missing name) or overwrite weights laid out wrongly (a shape)."""
+    want = {spec.name: spec.shape for spec in specs}
+    if set(message.tensors) != set(want):
+        missing, extra = sorted(set(want) - set(message.tensors)), sorted(set(message.tensors) - set(want))
+        lacks, adds = printable(", ".join(missing[:3]), 120), printable(", ".join(extra[:3]), 120)
+        raise WireError(
+            f"a version of fragment {message.fragment} with other tensors than the fragment's: "
+            f"missing {lacks} ({len(missing)}), unknown {adds} ({len(extra)})"
+        )
+    for name, shape in want.items():
+        t = message.tensors[name]
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or tuple(t.shape) != shape:
+            got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+            what = f"fragment {message.fragment}'s tensor {printable(name, 120)}"
+            raise WireError(f"{what} is float {shape}, got {printable(got, 120)}")
 
 
 @dataclass(slots=True)
@@ -88,6 +123,16 @@ class Subscriber:
         """Set while the relay's stream delivers: the shards' streams stand by."""
         self.relay_answered = threading.Event()
         """Set once the relay has delivered or failed for the first time."""
+        self.specs: tuple[tuple[TensorSpec, ...], ...] | None = None
+        """Each fragment's tensors, once known (``expect``): a version of others is refused before it is queued."""
+        self.most_ahead = MOST_AHEAD
+        self.refused = 0
+        """Versions refused here (other tensors, numbered implausibly far ahead)."""
+
+    def expect(self, specs: tuple[tuple[TensorSpec, ...], ...], most_ahead: int) -> None:
+        """From now on refuse a version whose tensors are not its fragment's, or numbered more than ``most_ahead``
+        past the one held (the job's bound: ``loop.most_ahead``)."""
+        self.specs, self.most_ahead = specs, most_ahead
 
     def loops(self, urls: list[str]) -> list[tuple[str, Callable[[], None]]]:
         """The threads to run: one stream per shard, and the relay's when there is one."""
@@ -183,15 +228,27 @@ class Subscriber:
         return ""
 
     def _take(self, frame: bytes, keep_base: bool) -> None:
-        """Decode a frame and queue its version; ``keep_base``: the shard may send the next one as a delta from it."""
+        """Decode a frame and queue its version if it is newer than the fragment's held or queued one (a duplicate, or
+        one that came both ways, is not queued twice); ``keep_base``: the shard may send the next one as a delta from
+        it. A version that cannot be adopted is a WireError: the stream asks again, for whole versions."""
         message, held = receive(frame, self.held)
-        if not 0 <= message.fragment < len(self.versions):
-            raise WireError(f"a version of fragment {message.fragment}; this job's fragments are 0 to {len(self.versions) - 1}")
-        if message.version > self.versions[message.fragment]:
-            self.versions[message.fragment] = message.version
-            if keep_base:
-                self.held[message.fragment] = held
-            else:
-                self.held.pop(message.fragment, None)
         self.counted.came_down(len(frame))
+        p = message.fragment
+        if not 0 <= p < len(self.versions):
+            raise WireError(f"a version of fragment {p}; this job's fragments are 0 to {len(self.versions) - 1}")
+        if message.version <= self.versions[p]:
+            return
+        try:
+            if why := implausible(self.versions[p], message.version, self.most_ahead):
+                raise WireError(f"fragment {p}: {why}")
+            if self.specs is not None:
+                fits(message, self.specs[p] if p < len(self.specs) else ())
+        except WireError:
+            self.refused += 1
+            raise
+        self.versions[p] = message.version
+        if keep_base:
+            self.held[p] = held
+        else:
+            self.held.pop(p, None)
         self.inbox.put(message)

@@ -7,6 +7,7 @@ every function returns a new one, so records can hold them safely.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 SYNCER = "syncer"
@@ -17,6 +18,27 @@ VectorClock = dict[str, int]
 MOST_COUNT = 2**53 - 1
 """The largest entry an untrusted clock may hold: a count any JSON reader holds exactly (a clock goes into every
 published version and tape record)."""
+
+
+MOST_LEARNERS = 64
+"""A job's learners are L0 .. L63 at most (``BudgetConfig.learners``)."""
+MOST_SHARDS = 64
+"""A synchronizer has at most this many shards (``shardmap.MAX_SHARDS``; shardmap imports this module)."""
+_LEARNER = re.compile(r"L(0|[1-9][0-9]?)\Z")
+_SHARD = re.compile(r"S[0-9]{1,3}\Z")  # shardmap.SHARD_NAME
+
+
+def own(clock: Mapping[str, int]) -> VectorClock:
+    """Only the entries a job's processes can have: its learners, ``syncer`` or its shards, and ``cut``.
+
+    A version's clock comes from another process: merging its other keys would grow the learner's clock, which goes
+    into every update, past what the synchronizer accepts. At most ``MOST_LEARNERS + MOST_SHARDS + 2`` entries stay
+    (the first shard names in sorted order when there are more)."""
+    keys = [k for k in clock if isinstance(k, str)]
+    learners = {k: clock[k] for k in keys if _LEARNER.match(k) and int(k[1:]) < MOST_LEARNERS}
+    shards = sorted(k for k in keys if _SHARD.match(k))[:MOST_SHARDS]
+    fixed = {k: clock[k] for k in (SYNCER, CUT) if k in clock}
+    return {**learners, **{k: clock[k] for k in shards}, **fixed}
 
 
 def tick(clock: Mapping[str, int], process: str) -> VectorClock:

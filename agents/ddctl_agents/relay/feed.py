@@ -5,7 +5,8 @@ Each shard's stream runs on a thread of its own (the learners' own client,
 so a reconnect resends nothing already here. What a shard sends is checked
 before it is served on (sizes, checksum, header and tensor table; its tensors
 are not decoded): a frame that is not a whole fragment version, or names a
-fragment the job does not have, is counted and dropped,
+fragment the job does not have, or a version numbered implausibly far past the one held
+(``subscription.MOST_AHEAD``), is counted and dropped,
 and the stream goes on. A shard not heard from (not even a keep-alive) for
 ``stale_after_s`` makes the relay *stale*: its learners are refused (503) and
 pull from the shards themselves until it hears again.
@@ -21,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable
+from ddctl_agents.agent.subscription import implausible
 from ddctl_agents.core.messages import fragment_of
 from ddctl_agents.errors import WireError
 from ddctl_agents.service.publisher import Published, Publisher
@@ -105,6 +107,8 @@ class Feed:
             fragment, version = fragment_of(frame)
             if not 0 <= fragment < self.fragments:
                 raise WireError(f"fragment {fragment}; this job's fragments are 0 to {self.fragments - 1}")
+            if why := implausible(self.publisher.versions()[fragment], version):  # held, it would hide every real one
+                raise WireError(f"fragment {fragment}: {why}")
         except WireError as exc:
             self.counts.refused += 1
             log.warning("dropped a frame from %s: %s", url, exc)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ddctl_agents.core import schedule
 from ddctl_agents.core.choices import CODECS, DEFAULT_BLOCK, MAX_BLOCK, MIN_BLOCK, block_ok
+from ddctl_agents.core.vclock import MOST_LEARNERS
 from ddctl_agents.errors import ConfigError
 
 
@@ -110,7 +111,7 @@ class RunBudget:
 
     def __post_init__(self) -> None:
         require(self.tokens >= 1, f"tokens must be >= 1, got {self.tokens}")
-        require(1 <= self.learners <= 64, f"learners must be in [1, 64], got {self.learners}")
+        require(1 <= self.learners <= MOST_LEARNERS, f"learners must be in [1, {MOST_LEARNERS}], got {self.learners}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

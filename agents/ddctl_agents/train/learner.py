@@ -229,7 +229,7 @@ class Learner:
         if s.version >= 0:  # a bootstrap keeps the staggered first sends
             s.due = schedule.due_after_adoption(self.step, self.period)
         s.version, s.c_steps, s.c_tokens, s.sent_since_adopt = message.version, 0, 0, False
-        self.clock = vclock.receive(self.clock, message.vclock, self.name)
+        self.clock = vclock.receive(self.clock, vclock.own(message.vclock), self.name)  # no peer's made-up keys
         self.adoptions.append((message.fragment, message.version, self.step))
         return True
 
