@@ -30,6 +30,7 @@ from ddctl.errors import DdctlError
 from ddctl.providers import console, deploy
 from ddctl.providers.base import Instance
 from ddctl.providers.docker.engine import Engine
+from ddctl.providers.docker.vms import DockerProvider
 from ddctl.providers.fake import FakeProvider
 from ddctl_agents.errors import CheckpointError
 from ddctl_agents.train.checkpoint import FORMAT, MANIFEST, MODEL
@@ -145,6 +146,44 @@ def test_a_container_file_that_is_not_a_regular_file_is_none_as_a_missing_one(ta
 
 def test_a_container_regular_file_is_its_bytes() -> None:
     assert engine_answering(archive(tarfile.REGTYPE, data=b'{"a": 1}')).get_file("c1", "/s.json") == b'{"a": 1}'
+
+
+def test_a_container_file_over_its_limit_is_too_large_and_read_no_further_than_the_limit() -> None:
+    sent = [0]
+
+    def endless() -> Iterator[bytes]:  # a tar header declaring 20 GiB, then data without end
+        info = tarfile.TarInfo("summary.json")
+        info.size = 20 << 30
+        yield info.tobuf()
+        while True:
+            sent[0] += 1 << 16
+            yield b"x" * (1 << 16)
+
+    engine = Engine.__new__(Engine)
+    answer = lambda _: httpx.Response(200, content=endless())  # noqa: E731
+    engine.http = httpx.Client(transport=httpx.MockTransport(answer), base_url="http://docker")
+    with pytest.raises(deploy.TooLarge, match="larger than the 1048576 bytes"):
+        engine.get_file("c1", "/opt/ddctl/summary.json", deploy.SUMMARY_LIMIT)
+    assert sent[0] <= deploy.SUMMARY_LIMIT + (2 << 20)  # the limit, the framing, a chunk: not 20 GiB
+    declared = archive(tarfile.REGTYPE, data=b"y" * 5000)  # a whole archive whose file is over the limit
+    with pytest.raises(deploy.TooLarge, match="5000 bytes, larger than the 4096"):
+        engine_answering(declared).get_file("c1", "/s.json", 4096)
+    assert engine_answering(declared).get_file("c1", "/s.json", 5000) == b"y" * 5000
+
+
+def test_a_docker_vms_log_past_its_limit_is_named_in_its_place_and_the_container_still_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    removed: list[str] = []
+    engine = engine_answering(archive(tarfile.REGTYPE, name="agent.log", data=b"z" * 3000))
+    monkeypatch.setattr(engine, "remove", removed.append, raising=False)
+    monkeypatch.setattr(deploy, "LOG_LIMIT", 2048)
+    vms = DockerProvider.__new__(DockerProvider)
+    vms.engine = engine
+    vms.retire(Instance(name="L0", provider_id="c1", run=RUN, alive=False), tmp_path / "L0.log")
+    text = (tmp_path / "L0.log").read_text()
+    assert "the agent's log was not collected" in text and "3000 bytes" in text and "z" not in text
+    assert removed == ["c1"]
 
 
 def result(**change: object) -> bytes:

@@ -12,16 +12,22 @@ import json
 import os
 import socket
 import tarfile
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, NoReturn, TypeVar
 
 import httpx
 
 from ddctl.errors import EngineError
 from ddctl.providers.base import dug
+from ddctl.providers.deploy import FILE_LIMIT, TooLarge
 
 DEFAULT_SOCKET = "/var/run/docker.sock"
+SPOOL_BYTES = 8 << 20
+"""A container file's archive is held in memory up to this size, on disk past it (``get_file``)."""
+TAR_FRAMING = 1 << 20
+"""What an archive of one file may add to it: headers (a long name's or pax's too) and padding."""
 
 T = TypeVar("T", dict[str, Any], list[Any])
 
@@ -89,13 +95,17 @@ class Engine:
         except httpx.HTTPError as exc:
             raise EngineError(f"docker {method} {url}: {exc}") from None
         if response.status_code not in ok:
-            try:
-                said = response.json()
-            except ValueError:
-                said = None
-            message = said.get("message", response.text) if isinstance(said, dict) else response.text
-            raise EngineError(f"docker {method} {url}: {response.status_code} {str(message)[:300]!r}", response.status_code)
+            self._refused(method, url, response)
         return response
+
+    @staticmethod
+    def _refused(method: str, url: str, response: httpx.Response) -> NoReturn:
+        try:
+            said = response.json()
+        except ValueError:
+            said = None
+        message = said.get("message", response.text) if isinstance(said, dict) else response.text
+        raise EngineError(f"docker {method} {url}: {response.status_code} {str(message)[:300]!r}", response.status_code)
 
     def _answer(self, method: str, url: str, kind: type[T], **kwargs: Any) -> T:
         """``_call``'s JSON body, of ``kind`` (an object or a list) or an EngineError: an answer of another shape is
@@ -170,23 +180,29 @@ class Engine:
     def put_archive(self, container: str, tar: bytes, path: str = "/") -> None:
         self._call("PUT", f"/containers/{container}/archive", params={"path": path}, content=tar)
 
-    def get_file(self, container: str, path: str) -> bytes | None:
+    def get_file(self, container: str, path: str, limit: int = FILE_LIMIT) -> bytes | None:
         """One file's bytes out of a container (running or stopped); None if it is not there or is not a regular file
-        (a symlink, a directory, a device: the container's to make, and nothing the caller can read as a file)."""
-        response = self._call("GET", f"/containers/{container}/archive", params={"path": path}, ok=(200, 404))
-        if response.status_code == 404:
-            return None
-        try:
-            with tarfile.open(fileobj=io.BytesIO(response.content)) as tar:
-                member = tar.next()
-                if member is None or not member.isfile():
-                    return None
-                extracted = tar.extractfile(member)
-                return extracted.read() if extracted is not None else None
-        except tarfile.TarError as exc:
-            raise EngineError(
-                f"docker GET {path} of {container}: the answer is not a tar archive ({type(exc).__name__})"
-            ) from None
+        (a symlink, a directory, a device: the container's to make, and nothing the caller can read as a file).
+
+        A file over ``limit`` bytes is ``TooLarge``: the archive is read as it streams, into a spooled file, and no
+        further than the limit and a tar's framing (the engine answered whole, a 20 GiB "summary" was read whole)."""
+        url = f"/containers/{container}/archive"
+        with tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES) as spool:
+            try:
+                with self.http.stream("GET", url, params={"path": path}) as response:
+                    if response.status_code == 404:
+                        return None
+                    if response.status_code != 200:
+                        response.read()
+                        self._refused("GET", url, response)
+                    for chunk in response.iter_bytes():
+                        spool.write(chunk)
+                        if spool.tell() > limit + TAR_FRAMING:
+                            raise TooLarge(f"{container}:{path}: larger than the {limit} bytes it may be; not read")
+            except httpx.HTTPError as exc:
+                raise EngineError(f"docker GET {url}: {exc}") from None
+            spool.seek(0)
+            return _only_file(spool, f"docker GET {path} of {container}", limit)
 
     def start(self, container: str) -> None:
         self._call("POST", f"/containers/{container}/start", ok=(204, 304))
@@ -231,3 +247,18 @@ def _ident(answer: dict[str, Any]) -> str:
     if not isinstance(ident, str) or not ident.isalnum() or len(ident) > 128:
         raise EngineError(f"the engine answered no id: {str(ident)[:80]!r}")
     return ident
+
+
+def _only_file(archive: IO[bytes], what: str, limit: int) -> bytes | None:
+    """The bytes of the first member of a tar ``archive`` if it is a regular file of at most ``limit`` bytes."""
+    try:
+        with tarfile.open(fileobj=archive) as tar:
+            member = tar.next()
+            if member is None or not member.isfile():
+                return None
+            if member.size > limit:
+                raise TooLarge(f"{what}: {member.size} bytes, larger than the {limit} bytes it may be; not read")
+            extracted = tar.extractfile(member)
+            return extracted.read() if extracted is not None else None
+    except tarfile.TarError as exc:
+        raise EngineError(f"{what}: the answer is not a tar archive ({type(exc).__name__})") from None

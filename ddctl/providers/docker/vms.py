@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from ddctl.control.rundir import RunDir
 from ddctl.errors import DdctlError, EngineError, ProvisionError
-from ddctl.providers import deploy, linkshape
+from ddctl.providers import console, deploy, linkshape
 from ddctl.providers.base import (
     NAME_LABEL,
     RUN_LABEL,
@@ -295,11 +295,16 @@ class DockerProvider:
         ]
 
     def read_file(self, instance: Instance, path: str) -> bytes | None:
-        return self.engine.get_file(instance.provider_id, path) if instance.provider_id else None
+        return self.engine.get_file(instance.provider_id, path, console.limit_of(path)) if instance.provider_id else None
 
     def retire(self, instance: Instance, log: Path) -> None:
-        """Append the agent's log to ``log`` on this machine, then remove the container."""
-        text = self.engine.get_file(instance.provider_id, f"{deploy.REMOTE_ROOT}/agent.log")
+        """Append the agent's log to ``log`` on this machine, then remove the container; a log past
+        ``deploy.LOG_LIMIT`` is named in its place (the container is removed all the same)."""
+        where = f"{deploy.REMOTE_ROOT}/agent.log"
+        try:
+            text = self.engine.get_file(instance.provider_id, where, deploy.LOG_LIMIT)
+        except deploy.TooLarge as exc:
+            text = f"(the agent's log was not collected: {exc})\n".encode()
         if text:
             log.parent.mkdir(parents=True, exist_ok=True)
             with log.open("ab") as out:
