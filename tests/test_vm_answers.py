@@ -4,6 +4,7 @@ machine's answer: of any shape, it is refused or escaped, and never stops the lo
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import io
@@ -32,6 +33,7 @@ from ddctl.providers.base import Instance
 from ddctl.providers.docker.engine import Engine
 from ddctl.providers.docker.vms import DockerProvider
 from ddctl.providers.fake import FakeProvider
+from ddctl.providers.process import ProcessProvider
 from ddctl_agents.errors import CheckpointError
 from ddctl_agents.train.checkpoint import FORMAT, MANIFEST, MODEL
 from ddctl_agents.train.config import ModelConfig
@@ -394,16 +396,33 @@ def test_the_parameter_count_is_the_built_models(preset: str, tied: bool) -> Non
     assert checkpoint_shapes(config, 4 * builtin_parameters(config) + 4096, MODEL) == shapes
 
 
-def test_a_checkpoint_file_over_the_read_limit_on_the_syncers_vm_is_bad_data(
-    world: tuple[State, FakeProvider, Controller], monkeypatch: pytest.MonkeyPatch
+def test_a_checkpoint_file_is_read_off_the_syncers_vm_no_further_than_its_manifest_says(
+    world: tuple[State, FakeProvider, Controller],
 ) -> None:
     _, fake, _ = world
     [syncer] = [i for i in fake.list_run(RUN) if i.name == "syncer"]
-
-    def read_file(instance: Instance, path: str) -> bytes | None:
-        raise deploy.TooLarge(f"{path}: larger than the {deploy.FILE_LIMIT} bytes it may be; not read")
-
-    monkeypatch.setattr(fake, "read_file", read_file)
+    root = f"{deploy.REMOTE_ROOT}/state/checkpoints"
+    fake._slots[(RUN, "syncer")].files[f"{root}/ckpt-000001/model.safetensors"] = b"w" * 11
     source = pull._remote_source(fake, syncer, "fake")
-    with pytest.raises(CheckpointError, match=r"checkpoints/ckpt-000001/model.safetensors: .*larger than the 1073741824"):
+    with pytest.raises(CheckpointError, match=r"checkpoints/ckpt-000001/model.safetensors: .*larger than the 10 bytes"):
         source.read("ckpt-000001/model.safetensors", 10)
+    assert source.read("ckpt-000001/model.safetensors", 11) == b"w" * 11
+    with pytest.raises(FileNotFoundError):
+        source.read("ckpt-000001/outer.safetensors", 10)
+
+
+def test_every_provider_reads_a_file_no_further_than_the_limit_it_is_given(tmp_path: Path) -> None:
+    big = tmp_path / "tape.jsonl"
+    big.write_bytes(b"t" * 5000)
+    local = ProcessProvider.__new__(ProcessProvider)
+    me = Instance(name="S0", provider_id="1", run=RUN, alive=True)
+    with pytest.raises(deploy.TooLarge, match="larger than the 4999 bytes"):
+        local.read_file(me, str(big), 4999)
+    assert local.read_file(me, str(big), 5000) == b"t" * 5000 and local.read_file(me, str(big)) == b"t" * 5000
+    assert local.read_file(me, str(tmp_path / "none")) is None
+    kept = {f"{tmp_path}/summary.json": b"s" * 100}
+    last_words = "".join(f"{console.MARK} {k} {base64.b64encode(v).decode()}\n" for k, v in kept.items())
+    unreachable = lambda: (_ for _ in ()).throw(DdctlError("no route"))  # noqa: E731
+    with pytest.raises(deploy.TooLarge):  # an ended VM's console is held to the limit as SSH is
+        console.read_file(unreachable, lambda: last_words, f"{tmp_path}/summary.json", 99)
+    assert console.read_file(unreachable, lambda: last_words, f"{tmp_path}/summary.json") == b"s" * 100

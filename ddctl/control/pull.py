@@ -228,7 +228,7 @@ def _remote_source(provider: Provider, syncer: Instance, kind: str) -> Source:
 
     def read(name: str, limit: int) -> bytes:
         try:
-            data = provider.read_file(syncer, f"{root}/{name}")
+            data = provider.read_file(syncer, f"{root}/{name}", limit)  # no further than its manifest says
         except TooLarge as exc:  # larger than any file read whole (``console.limit_of``): bad data, as below
             raise CheckpointError(f"{root}/{name}: {exc}") from None
         if data is None:

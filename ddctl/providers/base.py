@@ -245,8 +245,9 @@ class Provider(Protocol):
 
     def notices(self, run: str) -> list[PreemptionNotice]: ...
 
-    def read_file(self, instance: Instance, path: str) -> bytes | None:
-        """A file of the instance (alive or not); None if it is not there."""
+    def read_file(self, instance: Instance, path: str, limit: int | None = None) -> bytes | None:
+        """A file of the instance (alive or not); None if it is not there; ``deploy.TooLarge`` past ``limit`` bytes
+        (None: ``console.limit_of(path)``), read no further than that: the machine's answer is not trusted."""
         ...
 
     def retire(self, instance: Instance, log: Path) -> None:

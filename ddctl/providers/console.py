@@ -67,15 +67,19 @@ def log_text(console: str) -> str:
     return "".join(line for line in console.splitlines(keepends=True) if not line.startswith(MARK))
 
 
-def read_file(ssh_target: Callable[[], deploy.Target], console: Callable[[], str], path: str) -> bytes | None:
+def read_file(
+    ssh_target: Callable[[], deploy.Target], console: Callable[[], str], path: str, limit: int | None = None
+) -> bytes | None:
     """A file of a running VM (over SSH), or of an ended one from its last words on the console; None if neither has it.
-    One larger than ``limit_of(path)`` is ``deploy.TooLarge``: the VM answered, with too much."""
+    One larger than ``limit`` (None: ``limit_of(path)``) is ``deploy.TooLarge``: the VM answered, with too much."""
+    most = limit_of(path) if limit is None else limit
     try:
-        return deploy.read_bytes(ssh_target(), path, limit=limit_of(path))  # bytes as they are: a summary, or tensors
+        return deploy.read_bytes(ssh_target(), path, limit=most)  # bytes as they are: a summary, or tensors
     except deploy.TooLarge:
         raise
     except DdctlError:
-        return last_files(console()).get(path)
+        kept = last_files(console()).get(path)
+        return None if kept is None else deploy.within(kept, "console", path, most)
 
 
 def collect_log(ssh_target: Callable[[], deploy.Target], console: Callable[[], str], log: Path, provider_id: str) -> None:

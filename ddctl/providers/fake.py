@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ddctl.errors import ProvisionError, ProvisionKind, ProvisionScope
+from ddctl.providers import console, deploy
 from ddctl.providers.base import Instance, InstanceSpec, PreemptionNotice, RegionInfo
 
 if TYPE_CHECKING:
@@ -115,11 +116,12 @@ class FakeProvider:
             if r == run and s.notice_s is not None
         ]
 
-    def read_file(self, instance: Instance, path: str) -> bytes | None:
+    def read_file(self, instance: Instance, path: str, limit: int | None = None) -> bytes | None:
         slot = self._slots.get((instance.run, instance.name))
         if slot is None:
             return None
-        return slot.summary if path == slot.spec.summary else slot.files.get(path)
+        data = slot.summary if path == slot.spec.summary else slot.files.get(path)
+        return None if data is None else deploy.within(data, "fake", path, console.limit_of(path) if limit is None else limit)
 
     def retire(self, instance: Instance, log: Path) -> None:
         self.calls.append(("retire", instance.name))

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ddctl.errors import DdctlError, ProvisionError
-from ddctl.providers import linkshape
+from ddctl.providers import console, deploy, linkshape
 from ddctl.providers.base import LOOPBACK, NAME_LABEL, RUN_LABEL, Instance, InstanceSpec, PreemptionNotice, RegionInfo
 from ddctl_agents.waiting import wait_until
 
@@ -154,9 +154,11 @@ class ProcessProvider:
     def ssh_target(self, instance: Instance) -> None:
         return None  # a local process: there is no machine to log into
 
-    def read_file(self, instance: Instance, path: str) -> bytes | None:
+    def read_file(self, instance: Instance, path: str, limit: int | None = None) -> bytes | None:
+        most = console.limit_of(path) if limit is None else limit
         try:
-            return Path(path).read_bytes()  # a local process sees this machine's files
+            with Path(path).open("rb") as f:  # a local process sees this machine's files
+                return deploy.within(f.read(most + 1), "localhost", path, most)
         except OSError:
             return None
 

@@ -291,9 +291,9 @@ class AwsProvider:
         """EC2 has no API that lists pending notices: a learner reads its own from IMDS and leaves in time."""
         return []
 
-    def read_file(self, instance: Instance, path: str) -> bytes | None:
+    def read_file(self, instance: Instance, path: str, limit: int | None = None) -> bytes | None:
         """A file of a running VM (over SSH), or of a gone one from its last words on the console; None if neither has it."""
-        return console.read_file(lambda: self.ssh_target(instance), lambda: self._console(instance), path)
+        return console.read_file(lambda: self.ssh_target(instance), lambda: self._console(instance), path, limit)
 
     def _console(self, instance: Instance) -> str:
         """The VM's serial console as EC2 kept it ("" where there is none)."""

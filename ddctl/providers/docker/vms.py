@@ -294,8 +294,9 @@ class DockerProvider:
             if ident in names
         ]
 
-    def read_file(self, instance: Instance, path: str) -> bytes | None:
-        return self.engine.get_file(instance.provider_id, path, console.limit_of(path)) if instance.provider_id else None
+    def read_file(self, instance: Instance, path: str, limit: int | None = None) -> bytes | None:
+        most = console.limit_of(path) if limit is None else limit
+        return self.engine.get_file(instance.provider_id, path, most) if instance.provider_id else None
 
     def retire(self, instance: Instance, log: Path) -> None:
         """Append the agent's log to ``log`` on this machine, then remove the container; a log past

@@ -279,9 +279,9 @@ class GcpProvider:
         """GCE has no API that lists pending preemptions: a learner reads its own from the metadata server."""
         return []
 
-    def read_file(self, instance: Instance, path: str) -> bytes | None:
+    def read_file(self, instance: Instance, path: str, limit: int | None = None) -> bytes | None:
         """A file of a running VM (over SSH), or of a stopped one from its last words on the serial port."""
-        return console.read_file(lambda: self.ssh_target(instance), lambda: self._console(instance), path)
+        return console.read_file(lambda: self.ssh_target(instance), lambda: self._console(instance), path, limit)
 
     def _console(self, instance: Instance) -> str:
         """Serial port 1 as GCE keeps it for a stopped VM ("" for a deleted one, or when it cannot be read)."""
