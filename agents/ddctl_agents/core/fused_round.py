@@ -16,7 +16,8 @@ its replay must take the same path; both decode updates with ``decode_update``, 
 keeps int8/int4 updates packed whenever the kernels are there. A learner's updates added
 together for one round (``packed.PackedSum``) stay packed too: each enters the pass with
 the learner's coefficient, and RDA takes the norm of their sum in a pass of its own.
-Anything else (a round with an update restored from a snapshot, an fp32 codec, a layout
+A snapshot keeps a pending update packed too (``packed.stored``), so a recovered round fuses
+as the live one did. Anything else (an update decoded already, an fp32 codec, a layout
 the reference would refuse) answers None and takes the reference path.
 """
 

@@ -14,6 +14,7 @@ the wire layer has already checked every size, so decoding later cannot fail.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -136,3 +137,42 @@ def absmax_of(tensors: Mapping[str, torch.Tensor], name: str) -> float | None:
     if isinstance(tensors, PackedTensors):
         return tensors.packed[name].stats()[1]
     return None
+
+
+def stored(parts: Sequence[PackedTensors], key: str) -> tuple[list[dict[str, list[Any]]], dict[str, torch.Tensor]]:
+    """A pending update's packed parts as a snapshot keeps them: each tensor's codec, block and byte count, and its
+    bytes as float32 values 0-255 (the state frame is fp32) under ``key/part/name``. Restored decoded, the round would
+    take the reference path where the live one took the fused path, and a recovered model would differ from the one
+    acknowledged in its last bits (``fused_round``: the two agree to rounding only)."""
+    specs: list[dict[str, list[Any]]] = []
+    tensors: dict[str, torch.Tensor] = {}
+    for i, part in enumerate(parts):
+        specs.append({n: [p.codec, p.block, len(p.buffer)] for n, p in part.packed.items()})
+        tensors.update({f"{key}/{i}/{n}": torch.from_numpy(p.buffer.astype(np.float32)) for n, p in part.packed.items()})
+    return specs, tensors
+
+
+def restored(
+    specs: Sequence[Mapping[str, Sequence[Any]]], tensors: Mapping[str, torch.Tensor], key: str,
+    shapes: Mapping[str, tuple[int, ...]],
+) -> PackedTensors | PackedSum:  # fmt: skip
+    """``stored``'s parts packed again, each checked as the wire checks a frame (the native kernels trust sizes):
+    a ValueError names what does not fit."""
+    parts = []
+    for i, spec in enumerate(specs):
+        if set(spec) != set(shapes):
+            raise ValueError(f"{key}: part {i} has other tensors than the fragment's")
+        packs = {}
+        for n, shape in shapes.items():
+            codec, block, nbytes = spec[n]
+            numel = int(np.prod(shape, dtype=np.int64))
+            if codec not in _native.NATIVE_CODECS or nbytes != codecs.encoded_nbytes(codec, numel, block):
+                raise ValueError(f"{key}/{i}/{n}: {nbytes} bytes of {codec!r:.20} in blocks of {block!r:.20}, not {shape}")
+            values = tensors[f"{key}/{i}/{n}"].reshape(-1)
+            if values.numel() != nbytes or bool(((values < 0) | (values > 255) | (values != values.round())).any()):
+                raise ValueError(f"{key}/{i}/{n}: not the {nbytes} bytes its record says")
+            packs[n] = Packed(codec, memoryview(values.to(torch.uint8).numpy().tobytes()), shape, block)
+        parts.append(PackedTensors(packs))
+    if not parts:
+        raise ValueError(f"{key}: no parts")
+    return parts[0] if len(parts) == 1 else PackedSum(parts)

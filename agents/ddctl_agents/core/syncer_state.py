@@ -1,6 +1,7 @@
 """The synchronizer's whole state as one frame, for snapshots and recovery.
 
-``capture`` is O(number of tensors) and copies no tensor data: the core never
+``capture`` is O(number of tensors) and copies no tensor data but a pending update's codes (kept packed, so a
+restored round takes the fused path as the live one did, ``packed.stored``): the core never
 mutates a tensor in place (outer steps and merges build new ones), so holding
 references freezes the state at the capture point while rounds go on. The
 frame is then packed off the core's thread. ``restore`` rebuilds a syncer that
@@ -18,6 +19,7 @@ import torch
 from ddctl_agents.core.ledger import TokenLedger
 from ddctl_agents.core.links import LearnerLinks
 from ddctl_agents.core.merge import Contribution
+from ddctl_agents.core.packed import packed_parts, restored, stored
 from ddctl_agents.core.rounds import RecentIds, Round
 from ddctl_agents.core.schedule import check_cadence
 from ddctl_agents.core.shard_syncer import ShardSynchronizer
@@ -51,12 +53,15 @@ def capture(syncer: Synchronizer, extra: Mapping[str, Any] | None = None) -> Syn
         entry: dict[str, Any] = {"opened_at": rnd.opened_at, "quorum_met_at": rnd.quorum_met_at, "upload_bytes": rnd.upload_bytes}
         for kind in ("fresh", "late"):
             contributions = getattr(rnd, kind)
-            entry[kind] = [
-                {"learner": c.learner, "c_steps": c.c_steps, "c_tokens": c.c_tokens, "periods": c.periods}
-                for c in contributions.values()
-            ]
+            entry[kind] = []
             for c in contributions.values():
-                tensors.update({f"r/{p}/{kind}/{c.learner}/{n}": t for n, t in c.tensors.items()})
+                kept: dict[str, Any] = {"learner": c.learner, "c_steps": c.c_steps, "c_tokens": c.c_tokens, "periods": c.periods}
+                if (parts := packed_parts(c.tensors)) is not None:  # kept packed: the restored round fuses as the live one
+                    kept["packed"], codes = stored(parts, f"k/{p}/{kind}/{c.learner}")
+                    tensors.update(codes)
+                else:
+                    tensors.update({f"r/{p}/{kind}/{c.learner}/{n}": t for n, t in c.tensors.items()})
+                entry[kind].append(kept)
         rounds.append(entry)
     ledger = syncer.ledger
     meta = {
@@ -99,7 +104,12 @@ def restore(syncer: Synchronizer, state: SyncerState) -> None:
         for kind in ("fresh", "late"):
             target = getattr(rnd, kind)
             for c in entry[kind]:
-                ts = {n: tensors[f"r/{p}/{kind}/{c['learner']}/{n}"] for n in names}
+                ts: Mapping[str, torch.Tensor]
+                if "packed" in c:
+                    shapes = {n: tuple(syncer.fragments[p][n].shape) for n in names}
+                    ts = restored(c["packed"], tensors, f"k/{p}/{kind}/{c['learner']}", shapes)
+                else:
+                    ts = {n: tensors[f"r/{p}/{kind}/{c['learner']}/{n}"] for n in names}
                 target[c["learner"]] = Contribution(
                     learner=c["learner"], tensors=ts, c_steps=c["c_steps"], c_tokens=c["c_tokens"], periods=c.get("periods", 1)
                 )
