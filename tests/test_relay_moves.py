@@ -18,7 +18,7 @@ from ddctl.local.relay import LocalRelay
 from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable
 from ddctl_agents.agent.subscription import RelayLink, Subscriber
 from ddctl_agents.errors import BadRequest
-from ddctl_agents.relay import address, identity, own_address, url
+from ddctl_agents.relay import address, identity, on_loopback, own_address, url
 from ddctl_agents.service.app import relay_at
 from ddctl_agents.service.relay_feeds import RelayFeeds
 from ddctl_agents.waiting import wait_until
@@ -240,3 +240,27 @@ def test_a_relay_started_at_another_address_serves_the_learners_of_the_one_that_
         log = (tmp_path / f"{name}.log").read_text()
         assert f"the region's relay is now at {second.url} (it was at {first.url})" in log, name
         assert summary["reason"] == "finished"
+
+
+def test_over_plain_text_a_shards_word_moves_the_learner_only_to_a_loopback_relay(caplog: pytest.LogCaptureFixture) -> None:
+    """No certificate names a plaintext relay's region, and one serves on loopback only: a shard's answer naming any
+    other host would send the learner, and its token, wherever that shard says (audit F9)."""
+    shard = FakeShard([], located="10.0.0.7:29401")
+    subscriber = Subscriber(lambda url: shard, 1, threading.Event(), lambda url: None, Counter())  # type: ignore[arg-type,return-value]
+    with caplog.at_level(logging.WARNING, logger="ddctl_agents.agent.subscription"):
+        assert subscriber._moved("http://127.0.0.1:29401", ["http://s0"]) == ""
+    assert "says the relay is at 10.0.0.7:29401: a plaintext relay serves on loopback only; not followed" in caplog.text
+    for located in ("127.0.0.2:29402", "[::1]:29402", "localhost:29402"):
+        shard.located = located
+        assert subscriber._moved("http://127.0.0.1:29401", ["http://s0"]) == f"http://{located}"
+    shard.located = "10.0.0.7:29401"  # with TLS the relay's certificate is checked by its region's name, wherever it is
+    assert subscriber._moved("https://10.0.0.5:29401", ["https://s0"]) == "https://10.0.0.7:29401"
+
+
+@pytest.mark.parametrize(
+    ("normal", "loopback"),
+    [("127.0.0.1:1", True), ("127.8.9.10:1", True), ("[::1]:1", True), ("localhost:1", True), ("10.0.0.7:1", False),
+     ("[2001:db8::1]:1", False), ("relay.example:1", False), ("localhost.example:1", False)],
+)  # fmt: skip
+def test_only_a_loopback_address_is_on_loopback(normal: str, loopback: bool) -> None:
+    assert on_loopback(normal) is loopback

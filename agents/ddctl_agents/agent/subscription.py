@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 
 import torch
 
+from ddctl_agents import relay
 from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable
 from ddctl_agents.core.fragments import TensorSpec
 from ddctl_agents.core.messages import FragmentVersion
@@ -212,7 +213,8 @@ class Subscriber:
     def _moved(self, url: str, shards: list[str]) -> str:
         """The relay's URL as the first shard that knows says it is now, where that differs from ``url``; "" when it
         does not, or no shard knows (each is asked in turn: one that is down or has no stream from the relay does not
-        keep the learner from finding it)."""
+        keep the learner from finding it). Over plain text no certificate checks the relay's region, so a shard's
+        word moves the learner (and its token) only to a loopback address, where a plaintext relay can be."""
         for shard in shards:
             client = self.connect(shard)
             try:
@@ -222,6 +224,9 @@ class Subscriber:
                 continue
             finally:
                 client.close()
+            if at and urlsplit(url).scheme == "http" and not relay.on_loopback(at):  # no certificate names the region
+                log.warning("%s says the relay is at %s: a plaintext relay serves on loopback only; not followed", shard, at)
+                continue
             if at:
                 now = f"{urlsplit(url).scheme}://{at}"
                 return now if now != url else ""

@@ -58,6 +58,16 @@ def address(text: str, role: str = "relay") -> str:
     return f"[{ip}]:{int(port)}" if ip.version == 6 else f"{ip}:{int(port)}"
 
 
+def on_loopback(normal: str) -> bool:
+    """Whether a normalised ``HOST:PORT`` (``address``) is on a loopback address: the only place a relay serves in
+    plain text (``relay/serve.py`` refuses any other), so the only place a plaintext link may be sent to."""
+    host = normal.rpartition(":")[0].strip("[]")
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def url(text: str) -> str:
     """``text`` as the relay URL a learner is started with: ``https://HOST:PORT``, or ``https://:PORT`` while the
     relay's host is not known yet (``ddctl.control.specs.with_relay``); normalised. ValueError says what is allowed,
