@@ -58,9 +58,16 @@ def test_a_slow_learner_at_cadence_4_moves_a_quarter_of_the_bytes_and_its_figure
         assert l1["accepted_tokens"] == l1["acked_tokens"].get("accepted", 0) + l1["acked_tokens"].get("late", 0)
         assert row["ledger"]["balanced"]
         assert row["x_first"]["l1_bytes"] == pytest.approx(l1["bytes"] / every["l1"]["bytes"], rel=1e-3)
-    # Up: an update every 4 periods (plus the final flush). Down: a version per push at either cadence, and at cadence 1
-    # the downlink is overloaded, so what it carries there depends on the machine's speed: the total is bounded looser.
-    assert fourth["l1"]["bytes_up"] < 0.45 * every["l1"]["bytes_up"]
+    # Up: an update every 4 periods (plus the final flush). At cadence 1 the 4 Mbit/s uplink is the bound, and a queued
+    # update absorbs the next (one upload for two): how many go up is the link's time over the training's, which a
+    # faster machine shortens (CI at ce011aa: 2.38 MB against cadence 4's 1.54, 0.65x). So the schedule is counted in
+    # updates made (uploaded + absorbed), and bytes follow from uploads at the same bytes each (here 32 against 11,
+    # 140 kB per upload at both).
+    for row in result["rows"]:
+        assert row["l1"]["updates"] == row["l1"]["uploads"] + row["l1"]["absorbed"] and row["l1"]["uploads"] > 0
+    assert fourth["l1"]["updates"] < 0.45 * every["l1"]["updates"]
+    per_upload = [row["l1"]["bytes_up"] / row["l1"]["uploads"] for row in result["rows"]]
+    assert per_upload[1] == pytest.approx(per_upload[0], rel=0.2)
     assert fourth["x_first"]["l1_bytes"] < 0.7
     assert fourth["link_load"] < every["link_load"]
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

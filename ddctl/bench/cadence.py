@@ -114,6 +114,8 @@ def _row(cadence: int, link: ShapedLink, wall: float, status: dict[str, Any], s:
         moved["up"] * 8 / seconds / 1e6 / link.up_mbit, moved["down"] * 8 / seconds / 1e6 / (link.down_mbit or link.up_mbit)
     )
     accepted = sum(l1["acked_tokens"].get(k, 0) for k in ACCEPTED)
+    [seen] = [row for row in status["learners"] if row["id"] == "L1"]
+    uploads = sum(n for fate, n in seen["updates"].items() if fate != "duplicate")  # a retried copy is no new update
     ledger, trained = status["ledger"], sum(x["trained_tokens"] for x in s.values())
     return {
         "cadence": cadence,
@@ -128,6 +130,9 @@ def _row(cadence: int, link: ShapedLink, wall: float, status: dict[str, Any], s:
             "accepted_tokens": accepted,
             "overwritten_tokens": l1["overwritten_tokens"],
             "acked_tokens": dict(l1["acked_tokens"]),
+            "uploads": uploads,
+            "absorbed": l1["absorbed_updates"],
+            "updates": uploads + l1["absorbed_updates"],
         },
         "link_load": round(load, 4),
         "l1_efficiency": round(accepted / l1["trained_tokens"], 4) if l1["trained_tokens"] else None,
