@@ -26,9 +26,11 @@ SUMMARIES = frozenset(PurePosixPath(f).name for f in LAST_FILES)
 """Files read as a learner's or the syncer's last words: small, whatever the VM claims."""
 
 
-def limit_of(path: str) -> int:
-    """How many bytes of ``path`` are read from a VM: an exit summary a MiB, anything else (a tape, a checkpoint's
-    file, which ``ddctl pull`` checks against its manifest after) ``deploy.FILE_LIMIT``."""
+def limit_of(path: str, given: int | None = None) -> int:
+    """How many bytes of ``path`` are read from a VM: ``given`` where the caller knows (``ddctl pull``: its manifest's
+    count), else an exit summary a MiB and anything else (a tape, a checkpoint's file) ``deploy.FILE_LIMIT``."""
+    if given is not None:
+        return given
     return deploy.SUMMARY_LIMIT if PurePosixPath(path).name in SUMMARIES else deploy.FILE_LIMIT
 
 
@@ -72,7 +74,7 @@ def read_file(
 ) -> bytes | None:
     """A file of a running VM (over SSH), or of an ended one from its last words on the console; None if neither has it.
     One larger than ``limit`` (None: ``limit_of(path)``) is ``deploy.TooLarge``: the VM answered, with too much."""
-    most = limit_of(path) if limit is None else limit
+    most = limit_of(path, limit)
     try:
         return deploy.read_bytes(ssh_target(), path, limit=most)  # bytes as they are: a summary, or tensors
     except deploy.TooLarge:

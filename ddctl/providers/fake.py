@@ -121,7 +121,7 @@ class FakeProvider:
         if slot is None:
             return None
         data = slot.summary if path == slot.spec.summary else slot.files.get(path)
-        return None if data is None else deploy.within(data, "fake", path, console.limit_of(path) if limit is None else limit)
+        return None if data is None else deploy.within(data, "fake", path, console.limit_of(path, limit))
 
     def retire(self, instance: Instance, log: Path) -> None:
         self.calls.append(("retire", instance.name))

@@ -155,7 +155,7 @@ class ProcessProvider:
         return None  # a local process: there is no machine to log into
 
     def read_file(self, instance: Instance, path: str, limit: int | None = None) -> bytes | None:
-        most = console.limit_of(path) if limit is None else limit
+        most = console.limit_of(path, limit)
         try:
             with Path(path).open("rb") as f:  # a local process sees this machine's files
                 return deploy.within(f.read(most + 1), "localhost", path, most)

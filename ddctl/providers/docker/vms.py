@@ -295,8 +295,7 @@ class DockerProvider:
         ]
 
     def read_file(self, instance: Instance, path: str, limit: int | None = None) -> bytes | None:
-        most = console.limit_of(path) if limit is None else limit
-        return self.engine.get_file(instance.provider_id, path, most) if instance.provider_id else None
+        return self.engine.get_file(instance.provider_id, path, console.limit_of(path, limit)) if instance.provider_id else None
 
     def retire(self, instance: Instance, log: Path) -> None:
         """Append the agent's log to ``log`` on this machine, then remove the container; a log past
