@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 from typer.testing import CliRunner
@@ -203,12 +204,13 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, str]]:
         picked.append((name, instance))
         return target, Path("/nonexistent")
 
-    def fake_run(where: deploy.Target, command: str, wait_s: float = 10.0) -> tuple[int, str, str]:
+    def fake_relay(where: deploy.Target, command: str, out: BinaryIO, err: BinaryIO, wait_s: float = 10.0) -> int:
         calls.append((*picked[-1], command))
-        return 0, f"ran {command}\n", ""
+        out.write(f"ran {command}\n".encode())
+        return 0
 
     monkeypatch.setattr(observe, "ssh_target", fake_target)
-    monkeypatch.setattr(deploy, "run_command", fake_run)
+    monkeypatch.setattr(deploy, "relay_command", fake_relay)
     return calls
 
 

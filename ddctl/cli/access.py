@@ -101,6 +101,7 @@ def ssh(
     host key: `ddctl ssh eu-west -- 'ls -la ~; ps aux'`, `ddctl ssh syncer`. Options go before the name."""
     import os
     import shutil
+    import sys
 
     from ddctl.control.observe import ssh_target
     from ddctl.errors import DdctlError
@@ -111,14 +112,15 @@ def ssh(
         words = words[1:]
     remote = deploy.openssh_command(words)
 
-    def connect(r: str, state: State) -> tuple[int, str, str] | list[str] | None:
-        """The command's (status, stdout, stderr), the OpenSSH command line of a shell, or None (listed)."""
+    def connect(r: str, state: State) -> int | list[str] | None:
+        """The command's exit status (its output written as it comes), the OpenSSH command line of a shell, or None
+        (listed)."""
         if not name and not instance:
             _list_instances(r, state, "ssh")
             return None
         target, known_hosts = ssh_target(r, state, name, instance)
         if remote:
-            return deploy.run_command(target, remote)
+            return deploy.relay_command(target, remote, sys.stdout.buffer, sys.stderr.buffer)
         if shutil.which("ssh") is None:
             raise DdctlError("an interactive shell needs the OpenSSH client (`ssh`); give a command to run instead")
         return deploy.ssh_argv(target, known_hosts, [])
@@ -128,7 +130,4 @@ def ssh(
         return
     if isinstance(result, list):
         os.execvp("ssh", result)
-    code, out, err = result
-    typer.echo(out, nl=False)
-    typer.echo(err, nl=False, err=True)
-    raise typer.Exit(code)
+    raise typer.Exit(result)

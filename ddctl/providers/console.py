@@ -88,7 +88,7 @@ def collect_log(ssh_target: Callable[[], deploy.Target], console: Callable[[], s
     """Append the agent's log to ``log``: all of it (its last ``deploy.LOG_LIMIT`` bytes) over SSH while the VM answers,
     else the tail its console kept."""
     try:
-        _, text, _ = deploy.run_command(ssh_target(), log_command(), wait_s=5.0)
+        _, text, _ = deploy.run_command(ssh_target(), log_command(), wait_s=5.0, limit=deploy.LOG_LIMIT)
         where = provider_id
     except DdctlError:
         text, where = log_text(console()), f"console of {provider_id}"

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 import asyncssh
 
@@ -111,11 +111,51 @@ def _sync(job: Callable[[], Awaitable[T]]) -> T:
     return asyncio.run(job())  # type: ignore[arg-type]
 
 
+MIB = 1 << 20
+SUMMARY_LIMIT = MIB
+"""An exit summary or ``summary.json``: a few hundred bytes, a few KiB with a long roster. Also what a command the
+controller runs (``run_command``) may print on each stream."""
+LOG_LIMIT = 256 * MIB
+"""An agent's log read whole (``ddctl logs``, a retired VM's log collected)."""
+FILE_LIMIT = 1 << 30
+"""Any other file read whole into memory: a tape, a checkpoint's file (its manifest's byte count is checked after)."""
+
+
+class TooLarge(DdctlError):
+    """A remote file or a command's output is larger than the caller reads: the machine's data is bad (or hostile),
+    not unreachable."""
+
+
+async def _read_within(stream: asyncssh.SSHReader[bytes], limit: int) -> bytes:
+    """At most ``limit + 1`` bytes of ``stream`` (one more tells output over ``limit``), whatever the machine sends."""
+    data = bytearray()
+    while len(data) <= limit and (chunk := await stream.read(1 << 16)):
+        data += chunk
+    return bytes(data)
+
+
+async def _run(conn: asyncssh.SSHClientConnection, command: str, target: Target, limit: int) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of one command; TooLarge, read no further, where a stream passes ``limit`` bytes.
+
+    Both streams are read at once (a command that fills one while the other is read would wait for ever), and
+    the first over its limit ends the read of both."""
+    async with conn.create_process(command, encoding=None) as process:
+        reads = [asyncio.ensure_future(_read_within(stream, limit)) for stream in (process.stdout, process.stderr)]
+        for finished in asyncio.as_completed(reads):
+            if len(await finished) > limit:
+                for read in reads:
+                    read.cancel()
+                raise TooLarge(f"{target.host}: `{command}` printed more than the {limit} bytes it may; not read")
+        done = await process.wait(check=False)
+    out, err = (read.result().decode("utf-8", errors="replace") for read in reads)
+    return int(done.exit_status or 0), out, err
+
+
 async def _check(conn: asyncssh.SSHClientConnection, command: str, target: Target) -> str:
-    done = await conn.run(command, check=False)
-    if done.exit_status != 0:
-        raise DeployError(f"{target.host}: `{command}` exited {done.exit_status}: {str(done.stderr).strip()}")
-    return str(done.stdout)
+    status, out, err = await _run(conn, command, target, SUMMARY_LIMIT)
+    if status != 0:
+        raise DeployError(f"{target.host}: `{command}` exited {status}: {err.strip()}")
+    return out
 
 
 def deploy(
@@ -152,7 +192,7 @@ def deploy(
             await _check(conn, launch, target)
 
             async def pid() -> int:  # the pid file appears as soon as the agent is forked
-                text = str((await conn.run(f"cat {REMOTE_ROOT}/agent.pid 2>/dev/null", check=False)).stdout).strip()
+                text = (await _run(conn, f"cat {REMOTE_ROOT}/agent.pid 2>/dev/null", target, SUMMARY_LIMIT))[1].strip()
                 return int(text) if text.isdigit() else 0
 
             def missing(message: str) -> DeployError:
@@ -165,31 +205,40 @@ def deploy(
     return _sync(job)
 
 
-def run_command(target: Target, command: str, wait_s: float = 10.0) -> tuple[int, str, str]:
-    """Run one command over SSH: (exit status, stdout, stderr)."""
+def run_command(target: Target, command: str, wait_s: float = 10.0, limit: int = SUMMARY_LIMIT) -> tuple[int, str, str]:
+    """Run one command over SSH: (exit status, stdout, stderr); TooLarge where a stream passes ``limit`` bytes (the
+    machine's answer is held in memory, so it is read no further than its caller needs)."""
 
     async def job() -> tuple[int, str, str]:
         conn = await _connect(target, wait_s)
         try:
-            done = await conn.run(command, check=False)
-            return int(done.exit_status or 0), str(done.stdout), str(done.stderr)
+            return await _run(conn, command, target, limit)
         finally:
             conn.close()
 
     return _sync(job)
 
 
-MIB = 1 << 20
-SUMMARY_LIMIT = MIB
-"""An exit summary or ``summary.json``: a few hundred bytes, a few KiB with a long roster."""
-LOG_LIMIT = 256 * MIB
-"""An agent's log read whole (``ddctl logs``, a retired VM's log collected)."""
-FILE_LIMIT = 1 << 30
-"""Any other file read whole into memory: a tape, a checkpoint's file (its manifest's byte count is checked after)."""
+def relay_command(target: Target, command: str, out: BinaryIO, err: BinaryIO, wait_s: float = 10.0) -> int:
+    """Run the user's command over SSH (``ddctl ssh r -- cmd``), its output copied to ``out`` and ``err`` as it comes
+    (nothing held, so no limit); its exit status."""
 
+    async def copy(stream: asyncssh.SSHReader[bytes], sink: BinaryIO) -> None:
+        while chunk := await stream.read(1 << 16):
+            sink.write(chunk)
+            sink.flush()
 
-class TooLarge(DdctlError):
-    """A remote file is larger than the caller reads: the machine's data is bad (or hostile), not unreachable."""
+    async def job() -> int:
+        conn = await _connect(target, wait_s)
+        try:
+            async with conn.create_process(command, encoding=None) as process:
+                await asyncio.gather(copy(process.stdout, out), copy(process.stderr, err))
+                done = await process.wait(check=False)
+            return int(done.exit_status or 0)
+        finally:
+            conn.close()
+
+    return _sync(job)
 
 
 def read_command(path: str, limit: int) -> str:
@@ -220,12 +269,9 @@ def read_bytes(target: Target, path: str, wait_s: float = 5.0, limit: int = FILE
         try:
             command = read_command(path, limit)
             async with conn.create_process(command, encoding=None, stderr=asyncssh.DEVNULL) as process:
-                data = bytearray()
-                while len(data) <= limit and (chunk := await process.stdout.read(1 << 16)):
-                    data += chunk
-                within(bytes(data), target.host, path, limit)
+                data = within(await _read_within(process.stdout, limit), target.host, path, limit)
                 done = await process.wait(check=False)
-            return bytes(data) if done.exit_status == 0 else None
+            return data if done.exit_status == 0 else None
         finally:
             conn.close()
 
