@@ -65,6 +65,10 @@ def test_plain_output_has_no_colour_codes_when_not_a_terminal() -> None:
         (["--latency-ms", "inf"], "latency_ms must be in [0, 60000], got inf"),  # it gave Infinity in --json
         (["--quorum", "3"], "quorum (3) must be at most the learners (2)"),  # it ran as K = M, silently
         (["--learners", "1", "--quorum", "2"], "quorum (2) must be at most the learners (1)"),  # not the default 4
+        (["--tokens", str(2**53 + 1)], "tokens must be in [1, 2**53], got 9007199254740993"),  # trained until stopped
+        # a batch past memory: the allocator's traceback from inside the step until now, in each way of training
+        (["--batch-size", "1000000000000"], "an inner step of batch_size 1000000000000 sequences of"),
+        (["--baseline", "dp", "--batch-size", "1000000000000"], "does not fit in the cpu memory"),
     ],
 )
 def test_bad_input_exits_2_with_a_message_naming_what_is_allowed(args: list[str], message: str) -> None:

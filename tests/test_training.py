@@ -1,11 +1,14 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from builders import small_run
 from ddctl.config.train import ClusterConfig, Outage
 from ddctl.local.training import train_decoupled
+from ddctl_agents.errors import OutOfMemory
 from ddctl_agents.train.assembly import Assembly
+from ddctl_agents.train.optim import steps_within_memory
 
 
 @pytest.fixture(scope="module")
@@ -55,3 +58,16 @@ def test_the_mixture_of_experts_model_trains_through_the_same_path() -> None:
     run = train_decoupled(small_run(tokens=16_000, preset="tiny-moe"))
     assert run["params"] > 2_000_000  # four experts per layer
     assert run["val_bpb"] < 7.0 and run["ledger"]["balanced"]
+
+
+def test_only_the_allocators_refusal_becomes_out_of_memory_naming_the_settings() -> None:
+    refused = "[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes"
+    said = r"batch_size 7 sequences of 128 tokens does not fit in the cpu memory \(\[enf"
+    with pytest.raises(OutOfMemory, match=said), steps_within_memory(7, 128, torch.device("cpu")):
+        raise RuntimeError(refused)
+    cuda = torch.device("cuda")
+    with pytest.raises(OutOfMemory, match="in the cuda memory .*lower batch_size"), steps_within_memory(7, 128, cuda):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    other = pytest.raises(RuntimeError, match="^shapes do not match$")  # any other error is left as it is
+    with other, steps_within_memory(7, 128, torch.device("cpu")):
+        raise RuntimeError("shapes do not match")

@@ -3,7 +3,8 @@
     AgentError                       bad input from a user, a file or a peer (never a bug: not a ValueError)
     ├── ConfigError                  a setting outside its allowed range
     │   ├── ContractError            a model that breaks the model contract (train/contract.py); ``rule`` names which
-    │   └── CheckpointError          a checkpoint that cannot be used: damaged, partial, out of range (bad data)
+    │   ├── CheckpointError          a checkpoint that cannot be used: damaged, partial, out of range (bad data)
+    │   └── OutOfMemory              an inner step the settings make larger than the device's memory
     ├── CodecError                   unknown codec, bad block, wrong payload size, NaN/Inf
     ├── WireError                    malformed, truncated, oversized or corrupted frame
     ├── FragmentationError           impossible fragment layout
@@ -66,6 +67,10 @@ class ContractError(ConfigError):
     def __init__(self, message: str, rule: str = "contract") -> None:
         super().__init__(f"model contract, rule {rule!r}: {message}")
         self.rule = rule
+
+
+class OutOfMemory(ConfigError):
+    """An inner step did not fit in the device's memory: the batch and the model ask for more than the machine has."""
 
 
 class CheckpointError(ConfigError):

@@ -33,6 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddctl.errors import WorkerError
 from ddctl.local.rank_watch import BEAT_S, RankWatch, StalledRanks, dump_on_signal, stacks_of
+from ddctl_agents.errors import OutOfMemory
 from ddctl_agents.train.checksum import params_sha256
 from ddctl_agents.train.config import (
     DataConfig,
@@ -44,7 +45,7 @@ from ddctl_agents.train.config import (
 from ddctl_agents.train.contract import build
 from ddctl_agents.train.data import BatchSampler, load_corpus, shard, validation_batches
 from ddctl_agents.train.evaluate import evaluate_bpb
-from ddctl_agents.train.optim import build_inner_optimizer, inner_lr, inner_step
+from ddctl_agents.train.optim import build_inner_optimizer, inner_lr, inner_step, steps_within_memory
 from ddctl_agents.train.presets import get_preset, model_config
 
 COLLECTIVE_TIMEOUT_S = 600.0
@@ -122,8 +123,9 @@ def _train(
     curve: list[list[float]] = []
     told = time.monotonic()
     for step in range(steps):
-        x, y = sampler.batch(step)
-        loss = inner_step(model, optimizer, x, y, inner_lr(step, steps, inner), inner.grad_clip)
+        with steps_within_memory(sampler.batch_size, sampler.seq_len, torch.device("cpu")):
+            x, y = sampler.batch(step)
+            loss = inner_step(model, optimizer, x, y, inner_lr(step, steps, inner), inner.grad_clip)
         if log and (step % LOSS_EVERY == 0 or step == steps - 1):
             curve.append([step, loss.item()])
         if (now := time.monotonic()) - told >= BEAT_S:
@@ -180,11 +182,14 @@ def _train_rank(rank: int, job: _Job, tell: Callable[[str], None]) -> dict[str, 
 
 
 def _worker(rank: int, job: _Job, results: Any) -> None:
-    """Process entry point: ("phase", rank, phase) as it goes, then ("ok", rank, report) or ("error", rank, traceback)."""
+    """Process entry point: ("phase", rank, phase) as it goes, then ("ok", rank, report), ("said", rank, message) for
+    a batch larger than memory (the settings' error, said as one), or ("error", rank, traceback)."""
     try:
         torch.set_num_threads(job.threads)
         stack = dump_on_signal(job.stacks, rank)  # noqa: F841  # open while the rank runs: its stack goes there
         results.put(("ok", rank, _train_rank(rank, job, lambda phase: results.put(("phase", rank, phase)))))
+    except OutOfMemory as exc:
+        results.put(("said", rank, str(exc)))
     except BaseException:
         results.put(("error", rank, traceback.format_exc()))
 
@@ -203,6 +208,8 @@ def _collect(results: Any, procs: dict[int, Any], job: _Job, timeout_s: float, s
         now = time.monotonic()
         if status == "phase":
             watch.hear(rank, payload, now)
+        elif status == "said":
+            raise OutOfMemory(f"rank {rank}: {payload}")
         elif status == "error":
             raise WorkerError(f"rank {rank} failed:\n{payload}")
         elif status == "ok":

@@ -102,6 +102,11 @@ class DataConfig:
         require(all(self.token_paths), "token_paths must not contain an empty path")
 
 
+MOST_TOKENS = 2**53
+"""A budget's ceiling: exact as a float (token weights, every JSON reader), and some 600 times the largest published
+pre-training run; a budget past it is a typo, which would otherwise train until stopped."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunBudget:
     """How much training: a total token budget shared by all learners."""
@@ -110,7 +115,7 @@ class RunBudget:
     learners: int = 4
 
     def __post_init__(self) -> None:
-        require(self.tokens >= 1, f"tokens must be >= 1, got {self.tokens}")
+        require(1 <= self.tokens <= MOST_TOKENS, f"tokens must be in [1, 2**53], got {self.tokens}")
         require(1 <= self.learners <= MOST_LEARNERS, f"learners must be in [1, {MOST_LEARNERS}], got {self.learners}")
 
 

@@ -27,7 +27,7 @@ from ddctl_agents.train.config import InnerConfig
 from ddctl_agents.train.data import BatchSampler
 from ddctl_agents.train.device import autocast, configure_math
 from ddctl_agents.train.hostcopy import HostCopier, Snapshot
-from ddctl_agents.train.optim import build_inner_optimizer, inner_step
+from ddctl_agents.train.optim import build_inner_optimizer, inner_step, steps_within_memory
 from ddctl_agents.train.ranks import Ranks
 
 
@@ -86,13 +86,14 @@ class InnerTrainer:
 
     def step(self, step: int, lr: float) -> Tensor:
         """One inner step on this rank's rows of the learner's batch; the loss stays on the device."""
-        x, y = self.sampler.batch(step)
-        if self.ranks.world > 1:
-            rows = slice(self.ranks.rank * self.rows, (self.ranks.rank + 1) * self.rows)
-            x, y = x[rows], y[rows]
-        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-        with autocast(self.device):
-            return inner_step(self.forward, self.optimizer, x, y, lr, self.inner.grad_clip)
+        with steps_within_memory(self.sampler.batch_size, self.sampler.seq_len, self.device):
+            x, y = self.sampler.batch(step)
+            if self.ranks.world > 1:
+                rows = slice(self.ranks.rank * self.rows, (self.ranks.rank + 1) * self.rows)
+                x, y = x[rows], y[rows]
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            with autocast(self.device):
+                return inner_step(self.forward, self.optimizer, x, y, lr, self.inner.grad_clip)
 
     def read(self, names: Sequence[str]) -> Snapshot | None:
         """Start copying the named parameters' full values to the host: the leader's snapshot, None elsewhere."""

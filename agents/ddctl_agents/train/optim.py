@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
 
+from ddctl_agents.errors import OutOfMemory
 from ddctl_agents.train.config import InnerConfig, require
 from ddctl_agents.train.contract import training_loss
 from ddctl_agents.train.model import POSITION_EMBEDDING
@@ -69,4 +72,25 @@ def inner_step(
     return loss.detach()
 
 
-__all__ = ["build_inner_optimizer", "inner_lr", "inner_step"]
+def _out_of_memory(exc: BaseException) -> bool:
+    """The allocator's refusal: CUDA's has its own type, the CPU's is a RuntimeError that says so."""
+    return isinstance(exc, torch.OutOfMemoryError | MemoryError) or "can't allocate memory" in str(exc)
+
+
+@contextmanager
+def steps_within_memory(batch_size: int, seq_len: int, device: torch.device) -> Iterator[None]:
+    """Inner steps whose batch does not fit in memory end in OutOfMemory naming the settings to change, not in the
+    allocator's traceback from deep inside the step."""
+    try:
+        yield
+    except (RuntimeError, MemoryError) as exc:
+        if not _out_of_memory(exc):
+            raise
+        said = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise OutOfMemory(
+            f"an inner step of batch_size {batch_size} sequences of {seq_len} tokens does not fit in the {device.type} "
+            f"memory ({said}); lower batch_size (--batch-size, training.batch_size) or pick a smaller preset"
+        ) from None
+
+
+__all__ = ["build_inner_optimizer", "inner_lr", "inner_step", "steps_within_memory"]
