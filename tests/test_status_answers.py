@@ -12,11 +12,14 @@ from typing import Any
 
 import pytest
 from rich.console import Console
+from typer.testing import CliRunner
 
-from ddctl.control.state import InstanceRecord
+from ddctl.cli.app import app
+from ddctl.control.state import InstanceRecord, State
 from ddctl.dashboard import watch
 from ddctl.dashboard.render import render
 from ddctl.dashboard.snapshot import RunRecords, SyncerView, build, from_recording
+from ddctl_agents.errors import Unavailable
 
 DATA = Path(__file__).parent / "data" / "dashboard"
 SHAPE = "the synchronizer answered a status of another shape"
@@ -74,6 +77,39 @@ def test_a_status_of_another_shape_is_the_views_error_not_a_traceback(answers: l
     assert view.status is None and view.error is not None and view.error.startswith(SHAPE)
     screen = draw(view)
     assert SHAPE in screen and "L0" in screen
+    # it answered: the header does not blame the network
+    assert "syncer's answer unusable, no usable answer yet" in screen and "unreachable" not in screen
+    assert build(RECORDS, view, 1001.0)["syncer"]["unusable"] is True
+
+
+class Down(FakeClient):
+    def status(self) -> Any:
+        raise Unavailable("GET /v1/status: ConnectError('connection refused')")
+
+
+def test_a_syncer_that_does_not_answer_is_unreachable_not_unusable(answers: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(watch, "admin_client", lambda run, timeout_s=3.0: Down(None))
+    view = watch.ask_syncer("r")
+    assert view.unusable is False and build(RECORDS, view, 1001.0)["syncer"]["unusable"] is False
+    assert "syncer unreachable, never reached: GET /v1/status: ConnectError" in draw(view)
+
+
+@pytest.mark.parametrize(
+    ("answer", "code", "said"), [({"learners": "x"}, 3, "syncer's answer unusable"), (None, 6, "unreachable")]
+)
+def test_status_exits_3_for_an_answer_of_another_shape_and_6_for_none(
+    answers: list[Any], monkeypatch: pytest.MonkeyPatch, answer: Any, code: int, said: str
+) -> None:
+    if answer is None:
+        monkeypatch.setattr(watch, "admin_client", lambda run, timeout_s=3.0: Down(None))
+    answers.append(answer)
+    with State() as state:
+        state.create_run("r", "regions.yaml", "")
+        state.put_instance(L0)
+    result = CliRunner().invoke(app, ["status", "--run", "r"])
+    assert result.exit_code == code and said in result.stdout, result.output
+    as_json = CliRunner().invoke(app, ["status", "--run", "r", "--json"])
+    assert as_json.exit_code == code and json.loads(as_json.stdout)["syncer"]["unusable"] is (code == 3)
 
 
 def test_json_nested_past_the_parsers_depth_is_the_views_error(answers: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -135,7 +171,7 @@ def test_watch_goes_on_showing_the_error_when_the_synchronizer_answers_another_s
     monkeypatch.setattr(watch, "run_records", lambda run, state: RECORDS)
     out = io.StringIO()
     watch.watch("r", Records(), Console(file=out, width=200), every_s=0.2, frames=2)  # type: ignore[arg-type]
-    assert out.getvalue().count(SHAPE) == 2
+    assert out.getvalue().count(SHAPE) == 2 and out.getvalue().count("syncer's answer unusable") == 2
 
 
 def shard(name: str, site: str = "eu", **more: Any) -> dict[str, Any]:

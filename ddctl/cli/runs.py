@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ddctl.cli.errors import run_guarded
+from ddctl.cli.errors import EXIT_DATA, EXIT_UNREACHABLE, run_guarded
 from ddctl.cli.output import print_json, stdout
 from ddctl.cli.selection import JsonOption, RunOption, on_run
 
@@ -190,7 +190,8 @@ def status(
 ) -> None:
     """The run at a glance: learners with their links, the job's rounds and books, and recent events.
 
-    Exit code 6 when the syncer of an unfinished job cannot be reached (the snapshot still shows what ddctl knows)."""
+    Exit code 6 when the syncer of an unfinished job cannot be reached, 3 when its answer is not a status (the snapshot
+    still shows what ddctl knows)."""
     from ddctl.dashboard.render import render
     from ddctl.dashboard.watch import snapshot
     from ddctl.dashboard.watch import watch as live
@@ -209,7 +210,7 @@ def status(
         console = stdout()
         console.print(render(result, console.width, 10_000))
     if not result["syncer"]["reachable"] and result["job"]["phase"] != "finished":
-        raise typer.Exit(6)
+        raise typer.Exit(EXIT_DATA if result["syncer"]["unusable"] else EXIT_UNREACHABLE)
 
 
 def down(

@@ -124,6 +124,9 @@ def header(s: dict[str, Any]) -> Text:
     elif job.get("phase") == "finished":  # the syncer left on purpose: its result is on record
         line.append("finished", style="bold green")
         rounds = rounds or (job.get("summary") or {}).get("rounds") or 0
+    elif syncer.get("unusable"):  # it answered, with something that is not a status: not the network's fault
+        age = "no usable answer yet" if syncer["age_s"] is None else f"last usable answer {syncer['age_s']:.0f}s ago"
+        line.append(f"syncer's answer unusable, {age}: {syncer['error']}", style="bold red")
     else:
         age = "never reached" if syncer["age_s"] is None else f"last answer {syncer['age_s']:.0f}s ago"
         line.append(f"syncer unreachable, {age}: {syncer['error']}", style="bold red")

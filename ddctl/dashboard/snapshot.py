@@ -39,6 +39,8 @@ class SyncerView:
     fetched_at: float | None
     error: str | None = None
     url: str = ""
+    unusable: bool = False
+    """The latest attempt reached the synchronizer, but its answer was of another shape: not a network problem."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +139,7 @@ def build(records: RunRecords, syncer: SyncerView, now: float) -> dict[str, Any]
         "syncer": {
             "reachable": syncer.error is None and syncer.status is not None,
             "error": syncer.error,
+            "unusable": syncer.error is not None and syncer.unusable,
             "url": syncer.url,
             "age_s": None if syncer.fetched_at is None else round(max(now - syncer.fetched_at, 0.0), 1),
         },

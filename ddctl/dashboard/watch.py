@@ -72,9 +72,9 @@ def ask_syncer(run: str, timeout_s: float = 3.0) -> SyncerView:
     try:
         return SyncerView(checked_status(client.status()), time.time(), None, client.url)
     except (Unavailable, Refused, OtherShape) as exc:
-        return SyncerView(None, None, printable(str(exc), 300), client.url)
+        return SyncerView(None, None, printable(str(exc), 300), client.url, unusable=isinstance(exc, OtherShape))
     except RecursionError:  # JSON nested deeper than the parser goes
-        return SyncerView(None, None, f"{OTHER_SHAPE}: nested too deep to read", client.url)
+        return SyncerView(None, None, f"{OTHER_SHAPE}: nested too deep to read", client.url, unusable=True)
     finally:
         client.close()
 
@@ -88,10 +88,10 @@ def _ask_shards(run: str, timeout_s: float) -> SyncerView:
         status = job_status([(url, None if s is None else clean_status(s), why) for url, s, why in answers])
         status = None if status is None else checked_status(status)
     except OtherShape as exc:
-        return SyncerView(None, None, str(exc), urls[0])
+        return SyncerView(None, None, str(exc), urls[0], unusable=True)
     except MALFORMED as exc:  # shards' answers that do not add up together
         why = printable(f"a shard's status is malformed ({type(exc).__name__}: {exc}", 300)
-        return SyncerView(None, None, why + ")", urls[0])
+        return SyncerView(None, None, why + ")", urls[0], unusable=True)
     return SyncerView(status, time.time() if status is not None else None, error and printable(error, 600), urls[0])
 
 
@@ -116,7 +116,7 @@ class SyncerPoller:
             if answer.status is not None:
                 self.view = answer
             else:  # keep the last good status, say why the newest attempt failed
-                self.view = SyncerView(self.view.status, self.view.fetched_at, answer.error, answer.url)
+                self.view = SyncerView(self.view.status, self.view.fetched_at, answer.error, answer.url, answer.unusable)
             self._stop.wait(self.every_s)
 
     def stop(self) -> None:
