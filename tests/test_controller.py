@@ -222,7 +222,7 @@ def test_a_replaced_learner_is_pointed_at_its_regions_relay_host_as_it_is_now(tm
     old = address("L0")
     fake.end(RUN, "L0")  # both in one pass: the host first, and L1 is pointed at its new machine
     fake.end(RUN, "L1")
-    controller.once(now=100.0)
+    controller.once(now=1000.0)  # L1's second end, after a life longer than a quick end's: replaced at once
     assert told("L0") == "https://127.0.0.1:29401"  # the host reaches its own relay on loopback
     assert told("L1") == f"https://{address('L0')}:29401" and address("L0") != old
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import signal
 import sys
 import threading
@@ -35,7 +36,7 @@ from ddctl.control import admission, relays, run_checkpoints, run_replanning
 from ddctl.control.down import searched
 from ddctl.control.finish import conclude, parse_result
 from ddctl.control.launch import launch_at
-from ddctl.control.reconcile import Action, Desired, Memory, Observed, Placement, reconcile, remember
+from ddctl.control.reconcile import Action, Desired, Memory, Observed, Placement, ended, reconcile, remember
 from ddctl.control.rundir import TAPE
 from ddctl.control.specs import with_relay, with_rendezvous
 from ddctl.control.state import InstanceRecord, State
@@ -119,6 +120,7 @@ class Controller:
                     self._unsure(r, exc)
                     over = False
                 observed.append(Observed(name=name, alive=instance.alive, finished=over))
+        self._count_ends(records, listed, {o.name for o in observed if o.finished} | unsure, now)
         actions = [a for a in reconcile(desired, observed, now, self.memory) if _group(records[a.name]) not in unsure]
         done = {o.name for o in observed if o.finished}
         for action in actions:
@@ -128,6 +130,21 @@ class Controller:
         if clouds and not started:
             self._admit(records, listed, clouds)
         return actions
+
+    def _count_ends(self, records: dict[str, InstanceRecord], listed: dict[str, Instance], over: set[str], now: float) -> None:
+        """Each agent (a learner over several VMs as one) that ended or vanished before its work was done, folded into
+        failover's memory with when its incarnation started (``reconcile.ended``: quick ends in a row back off)."""
+        starts: dict[str, float] = {}  # a group's incarnation: its latest start (its VMs start together)
+        down: set[str] = set()
+        for name, r in records.items():
+            started = r.detail.get("started_at", r.updated)
+            if isinstance(started, int | float) and not isinstance(started, bool):
+                starts[_group(r)] = max(float(started), starts.get(_group(r), -math.inf))
+            instance = listed.get(name)
+            if r.state != "finished" and name not in over and _group(r) not in over and not (instance and instance.alive):
+                down.add(_group(r))
+        for group in sorted(down & set(starts)):
+            self.memory = ended(self.memory, group, starts[group], now)
 
     def _admit(self, records: dict[str, InstanceRecord], listed: dict[str, Instance], clouds: list[str]) -> None:
         """The syncer's port (every shard's, on each cloud that runs one) follows the learners: opened to a new
@@ -256,7 +273,7 @@ class Controller:
             self.hosts[r.detail["learner"]] = started.private_address
         if r.detail.get("relay") == "host":
             self.relay_hosts[r.region] = started.private_address
-        detail = {**r.detail, "spec": spec.to_json()}
+        detail = {**r.detail, "spec": spec.to_json(), "started_at": now}
         self.state.put_instance(replace(r, state="rejoining", provider_id=started.provider_id, updated=now, detail=detail))
         self.state.event(
             self.run, "replaced", instance=r.name, region=r.region, provider_id=started.provider_id, reason=action.reason

@@ -12,6 +12,7 @@ in as ``now``; jitter is a hash, so a decision is a function of its inputs.
 
 from __future__ import annotations
 
+import time
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -84,6 +85,13 @@ class FailoverConfig:
     backoff_max_s: float = 120.0
     max_config_errors: int = 3
     """A request its provider calls wrong this many times is given up."""
+    quick_end_s: float = 600.0
+    """An agent that ends this soon after its start, its work not done, may have ended for a reason its next machine
+    shares (its settings, its data, a bug): see ``ended``."""
+    restart_backoff_first_s: float = 30.0
+    """The wait before the start that follows a second quick end in a row; it doubles with each one after."""
+    max_quick_ends: int = 5
+    """Quick ends in a row after which an agent is given up, not started on yet another machine."""
 
 
 DEFAULT = FailoverConfig()
@@ -98,6 +106,11 @@ class Memory:
     """Consecutive failed attempts per instance."""
     retry_at: Mapping[str, float] = field(default_factory=dict)
     config_errors: Mapping[str, int] = field(default_factory=dict)
+    quick_ends: Mapping[str, int] = field(default_factory=dict)
+    """Per instance (or learner over several VMs): its agent's ends in a row that came soon after its start."""
+    ends_seen: Mapping[str, float] = field(default_factory=dict)
+    """The start of the incarnation whose end was counted last: an end is counted once, however many passes see it."""
+    restart_at: Mapping[str, float] = field(default_factory=dict)
 
     def active(self, now: float) -> tuple[Block, ...]:
         return tuple(b for b in self.blocks if b.until > now)
@@ -187,6 +200,13 @@ def _start(d: Desired, existed: bool, now: float, memory: Memory, config: Failov
     if memory.config_errors.get(d.name, 0) >= config.max_config_errors:
         refused = f"{d.name}: its request was refused as invalid {config.max_config_errors} times"
         return Action(kind="give_up", name=d.name, reason=refused)
+    quick = memory.quick_ends.get(d.name, 0)
+    soon = f"its agent ended within {config.quick_end_s:.0f}s of its start {quick} times in a row"
+    if quick >= config.max_quick_ends:
+        return Action(kind="give_up", name=d.name, reason=f"{d.name}: {soon}; not started again (see `ddctl logs {d.name}`)")
+    if (restart := memory.restart_at.get(d.name, 0.0)) > now:
+        at = time.strftime("%H:%M:%S UTC", time.gmtime(restart))
+        return Action(kind="wait", name=d.name, reason=f"{d.name}: {soon}, so it starts again at {at}")  # one per wait
     retry = memory.retry_at.get(d.name, 0.0)
     if retry > now:
         return Action(kind="wait", name=d.name, reason=f"{why}; retrying in {retry - now:.0f}s after transient errors")
@@ -232,9 +252,38 @@ def remember(
     return replace(memory, blocks=(*memory.active(now), block))
 
 
+def ended(memory: Memory, name: str, started_at: float, now: float, config: FailoverConfig | None = None) -> Memory:
+    """Fold an agent's end before its work was done (its incarnation started at ``started_at``) into what failover
+    knows, once per incarnation.
+
+    A spot VM taken back is replaced at once. An agent whose settings or data make it fail (a batch past memory, a
+    corpus it cannot read) fails again on every new machine, and replaced at once each time it would churn paid VMs
+    for ever. So an end within ``quick_end_s`` of the start counts; from the second in a row the next start waits
+    (``restart_backoff_first_s``, doubling), and at ``max_quick_ends`` the agent is given up. A longer life resets
+    the count."""
+    config = config or DEFAULT
+    if memory.ends_seen.get(name) == started_at:
+        return memory
+    count = memory.quick_ends.get(name, 0) + 1 if now - started_at < config.quick_end_s else 0
+    restart = {k: v for k, v in memory.restart_at.items() if k != name}
+    if count >= 2:
+        base = min(config.restart_backoff_first_s * 2 ** (count - 2), config.quick_end_s)
+        restart[name] = now + base * _jitter(name, count)
+    return replace(
+        memory,
+        quick_ends={**memory.quick_ends, name: count},
+        ends_seen={**memory.ends_seen, name: started_at},
+        restart_at=restart,
+    )
+
+
+def _jitter(name: str, attempt: int) -> float:
+    """50-100%, from a hash of the name and the attempt: machines that failed together do not retry together."""
+    return 0.5 + (zlib.crc32(f"{name}:{attempt}".encode()) % 1000) / 2000
+
+
 def backoff(name: str, failures: int, config: FailoverConfig | None = None) -> float:
     """Capped exponential backoff with a jitter of 50-100%, from a hash of the name and the attempt."""
     config = config or DEFAULT
     base = min(config.backoff_first_s * 2 ** (failures - 1), config.backoff_max_s)
-    jitter = 0.5 + (zlib.crc32(f"{name}:{failures}".encode()) % 1000) / 2000
-    return float(base * jitter)
+    return float(base * _jitter(name, failures))

@@ -309,14 +309,13 @@ def _carry_out(
             addresses[item.name] = instance.private_address
             placements = [{"provider": p.provider, "cloud_region": p.cloud_region, "zone": p.zone} for p in item.placements]
             detail: dict[str, Any] = {"spec": spec.to_json(), "log": str(spec.log), "placements": placements}
+            detail["started_at"] = time.time()  # the controller reads how long its agent lived (``reconcile.ended``)
             if item.nodes > 1:  # which learner's VMs live and die together (the controller reads it)
                 detail |= {"learner": item.learner, "node": item.node}
             detail |= {"relay": item.relay} if item.relay else {}  # the controller points replacements at the host
             status = "starting" if item.role == "syncer" else "deploying"
-            record = InstanceRecord(
-                spec.run, spec.name, spec.region, item.provider, item.role, status, instance.provider_id, time.time(), detail
-            )
-            state.put_instance(record)
+            at, vm = detail["started_at"], instance.provider_id
+            state.put_instance(InstanceRecord(spec.run, spec.name, spec.region, item.provider, item.role, status, vm, at, detail))
             state.event(spec.run, "created", instance=spec.name, region=spec.region, reason=action.reason)
     return starting
 
