@@ -38,7 +38,9 @@ def test_quick_ends_in_a_row_back_off_doubling_then_give_up_and_a_long_life_rese
         now += 60.0
         kind, reason = start(memory, now)
         if n == DEFAULT.max_quick_ends:
-            assert kind == "give_up" and "5 times in a row; not started again (see `ddctl logs L0`)" in reason, reason
+            assert (
+                kind == "give_up" and "5 times in a row; not started again (see `ddctl logs L0`; `ddctl stop` ends" in reason
+            ), reason
             break
         assert kind == "wait" and f"{n} times in a row, so it starts again at" in reason, reason
         waits.append(memory.restart_at["L0"] - now)

@@ -203,7 +203,10 @@ def _start(d: Desired, existed: bool, now: float, memory: Memory, config: Failov
     quick = memory.quick_ends.get(d.name, 0)
     soon = f"its agent ended within {config.quick_end_s:.0f}s of its start {quick} times in a row"
     if quick >= config.max_quick_ends:
-        return Action(kind="give_up", name=d.name, reason=f"{d.name}: {soon}; not started again (see `ddctl logs {d.name}`)")
+        given = (
+            f"{d.name}: {soon}; not started again (see `ddctl logs {d.name}`; `ddctl stop` ends the job with the others' work)"
+        )
+        return Action(kind="give_up", name=d.name, reason=given)
     if (restart := memory.restart_at.get(d.name, 0.0)) > now:
         at = time.strftime("%H:%M:%S UTC", time.gmtime(restart))
         return Action(kind="wait", name=d.name, reason=f"{d.name}: {soon}, so it starts again at {at}")  # one per wait
