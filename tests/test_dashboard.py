@@ -229,6 +229,27 @@ def test_a_learner_over_several_vms_is_one_row_priced_for_all_of_them() -> None:
     assert (rows["L0"]["vms"], rows["L0"]["dollars_per_hour"]) == (1, 2.5)
 
 
+@pytest.mark.parametrize("state", ["finished", "given_up"])
+def test_a_learner_whose_machine_was_removed_costs_nothing_in_its_row_or_region(state: str) -> None:
+    """A finished learner's VM and a given-up one's are removed by the controller: $/h is what still runs."""
+    from ddctl.dashboard.snapshot import RegionInfo, RunRecords, SyncerView, build
+
+    records = RunRecords(
+        run="r",
+        provider="aws",
+        instances=[
+            InstanceRecord("r", name, "west", "aws", "learner", s, f"i-{name}", 0.0, {})
+            for name, s in (("L0", state), ("L1", "running"))
+        ],
+        regions={"west": RegionInfo("aws", ("us-west-2a",), 2.5)},
+    )
+    status = {"learners": [{"id": "L1", "live": True, "step": 7}], "rounds": 1}
+    [west] = build(records, SyncerView(status, 0.0), 0.0)["regions"]
+    rows = {row["id"]: row for row in west["learners"]}
+    assert rows["L0"]["state"] == state.replace("_", " ") and rows["L0"]["dollars_per_hour"] == 0.0
+    assert rows["L1"]["dollars_per_hour"] == 2.5 and west["dollars_per_hour"] == 2.5
+
+
 def test_a_finished_run_with_a_checkpoint_says_how_to_pull_its_model() -> None:
     from ddctl.dashboard.render import finished_lines
 

@@ -4,13 +4,18 @@ agent that lived long, is replaced at once as before."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from ddctl.control.controller import Controller
 from ddctl.control.reconcile import DEFAULT, Desired, Memory, Observed, Placement, ended, reconcile
-from ddctl.control.state import State
+from ddctl.control.state import GIVEN_UP, State
+from ddctl.dashboard.render import render
+from ddctl.dashboard.snapshot import SyncerView, build
+from ddctl.dashboard.watch import run_records
 from ddctl.providers.fake import FakeProvider
 from tests.builders import controller_world
 
@@ -74,6 +79,13 @@ def test_a_learner_that_dies_at_each_start_costs_five_machines_then_is_given_up_
     waits = [e for e in state.events("r", 1000) if e["kind"] == "wait"]
     assert len(waits) == 3 and all("starts again at" in e["reason"] for e in waits)  # said once per wait, not per pass
     assert [c for c in fake.calls if c[0] == "create" and not c[1].startswith("L0")] == []  # the others untouched
+    # what status shows: L0 given up (not rejoining, as its last replacement said), its reason in the event log
+    assert {r.name: r.state for r in state.instances("r")}["L0"] == GIVEN_UP
+    shown = build(run_records("r", state), SyncerView(None, None, "down"), now)
+    assert {row["id"]: row["state"] for region in shown["regions"] for row in region["learners"]}["L0"] == "given up"
+    out = io.StringIO()
+    Console(file=out, width=250).print(render(shown, 250, 60))
+    assert "L0: its agent ended within 600s of its start 5 times in a row; not started again" in out.getvalue()
 
 
 def test_a_learner_taken_back_after_a_long_life_is_replaced_at_once_every_time(

@@ -39,7 +39,7 @@ from ddctl.control.launch import launch_at
 from ddctl.control.reconcile import Action, Desired, Memory, Observed, Placement, ended, reconcile, remember
 from ddctl.control.rundir import TAPE
 from ddctl.control.specs import with_relay, with_rendezvous
-from ddctl.control.state import InstanceRecord, State
+from ddctl.control.state import GIVEN_UP, InstanceRecord, State
 from ddctl.errors import DdctlError, ProvisionError
 from ddctl.providers.base import Instance, InstanceSpec, Provider
 from ddctl.providers.deploy import TooLarge
@@ -254,6 +254,8 @@ class Controller:
             self.said[r.name] = action.reason
             self.state.event(self.run, action.kind, instance=r.name, region=r.region, reason=action.reason)
             log.warning("%s: %s", action.kind, action.reason)
+            if action.kind == "give_up":  # what status shows: not rejoining, as its last replacement said
+                self.state.put_instance(replace(r, state=GIVEN_UP, updated=now))
 
     def _start(self, action: Action, r: InstanceRecord, spec: InstanceSpec, provider: Provider, now: float) -> None:
         try:

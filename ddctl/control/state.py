@@ -54,6 +54,8 @@ CREATE INDEX IF NOT EXISTS events_by_run ON events (run, id);
 
 
 INSTANCE_COLUMNS = "run, name, region, provider, role, state, provider_id, updated, detail"
+GIVEN_UP = "given_up"
+"""An instance's state once the controller stopped starting it (``reconcile``'s ``give_up``: it kept failing)."""
 
 
 @dataclass(frozen=True, slots=True)

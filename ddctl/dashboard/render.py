@@ -27,6 +27,7 @@ STATE_STYLE = {
     "gone": "red",
     "finished": "blue",
     "suspended": "bold red",
+    "given up": "bold red",
 }
 # (header, key, minimum width to show it): the narrowest terminals keep the first columns only
 COLUMNS: tuple[tuple[str, str, int], ...] = (
@@ -336,6 +337,8 @@ EVENT_FORMATS = {
     "preemption-notice": "{instance} ({region}) spot notice, {notice_s}s",
     "preempted": "{instance} ({region}) preempted",
     "replaced": "{instance} ({region}) replaced",
+    "wait": "{reason}",
+    "give_up": "{reason}",
     "instance": "{instance} {state}",
     "error": "{where}: {message}",
     "rejected": "{learner}: update refused ({code}): {reason}",
@@ -349,7 +352,10 @@ EVENT_FORMATS = {
     "replan": "re-plan: {moves}: {cause}",
     "checkpoint": "checkpoint {name}: round {rounds}, val_bpb {val_bpb:.4f}, {bytes} in {seconds:.1f}s",
 }
-ALARMS = ("preempted", "error", "leave", "rejected", "set-aside", "suspended", "fragment-degraded", "task-failed", "partition")
+ALARMS = (
+    "preempted", "error", "leave", "rejected", "set-aside", "suspended", "fragment-degraded", "task-failed", "partition",
+    "give_up",
+)  # fmt: skip
 
 
 def event_line(e: dict[str, Any]) -> Text:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddctl.control.shard_status import relay_reading, site_reading
-from ddctl.control.state import InstanceRecord
+from ddctl.control.state import GIVEN_UP, InstanceRecord
 from ddctl_agents.service.ending import goodput as learner_goodput
 
 DP_BYTES_PER_PARAM_STEP = 2 * 4
@@ -58,8 +58,12 @@ class RunRecords:
     """A sharded run's re-planner's last look (``control/run_replanning.py``), once it has looked."""
 
 
+OFF_THE_BILL = ("finished", "given up")
+"""A learner in these states has no machine: the controller removed it (its work done, or it kept failing)."""
+
+
 def learner_state(record: InstanceRecord, seen: dict[str, Any] | None) -> str:
-    """provisioning, deploying, training, suspended, preempted, rejoining, finished or gone."""
+    """provisioning, deploying, training, suspended, preempted, rejoining, finished, given up or gone."""
     if seen is not None and seen.get("state") == "suspended":
         return "suspended"
     if seen is not None and seen.get("live"):
@@ -68,6 +72,8 @@ def learner_state(record: InstanceRecord, seen: dict[str, Any] | None) -> str:
         return "finished"
     if record.state in ("finished", "preempted", "rejoining"):
         return record.state
+    if record.state == GIVEN_UP:  # the controller stopped starting it: it kept failing soon after each start
+        return "given up"
     if record.state in ("starting", "deploying"):
         return "deploying" if record.provider_id else "provisioning"
     return "gone"
@@ -94,21 +100,22 @@ def build(records: RunRecords, syncer: SyncerView, now: float) -> dict[str, Any]
                 "learners": [],
             },
         )
-        if info.dollars_per_hour is None or region["dollars_per_hour"] is None:
+        entry = seen.get(record.name)
+        state = learner_state(record, entry) if record.role == "learner" else ""
+        each = info.dollars_per_hour if state not in OFF_THE_BILL else 0.0
+        if each is None or region["dollars_per_hour"] is None:
             region["dollars_per_hour"] = None
         else:
-            region["dollars_per_hour"] += info.dollars_per_hour
+            region["dollars_per_hour"] += each
         if record.role != "learner":
             region["syncer"] = True
             continue
         if int(record.detail.get("node", 0)) > 0:  # a learner's other VMs: one row, node 0's, priced for all of them
             continue
-        entry = seen.get(record.name)
-        each = info.dollars_per_hour
         region["learners"].append(
             {
                 "id": record.name,
-                "state": learner_state(record, entry),
+                "state": state,
                 "zone": (record.detail.get("spec") or {}).get("zone") or (info.zones[0] if info.zones else None),
                 "step": (entry or {}).get("step", 0),
                 "tokens_per_s": (entry or {}).get("tokens_per_s", 0.0),
