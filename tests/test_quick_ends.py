@@ -5,18 +5,22 @@ agent that lived long, is replaced at once as before."""
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
 from ddctl.control.controller import Controller
+from ddctl.control.given_up import EndWithoutGivenUp, waiting_only_for_given_up
 from ddctl.control.reconcile import DEFAULT, Desired, Memory, Observed, Placement, ended, reconcile
-from ddctl.control.state import GIVEN_UP, State
+from ddctl.control.rundir import RunDir
+from ddctl.control.state import GIVEN_UP, InstanceRecord, State
 from ddctl.dashboard.render import render
 from ddctl.dashboard.snapshot import SyncerView, build
 from ddctl.dashboard.watch import run_records
 from ddctl.providers.fake import FakeProvider
+from ddctl_agents.errors import Unavailable
 from tests.builders import controller_world
 
 HERE = Placement(provider="fake", cloud_region="eu", zone="eu-a")
@@ -97,3 +101,59 @@ def test_a_learner_taken_back_after_a_long_life_is_replaced_at_once_every_time(
         controller.once(now=now)
     assert len([c for c in fake.calls if c == ("create", "L0@eu/eu-a")]) == 7
     assert not [e for e in state.events("r", 1000) if e["kind"] in ("wait", "give_up")]
+
+
+def vm(name: str, state: str, **detail: object) -> InstanceRecord:
+    return InstanceRecord("r", name, "eu", "fake", "learner", state, f"i-{name}", 0.0, dict(detail))
+
+
+@pytest.mark.parametrize(
+    ("records", "waiting_for"),
+    [
+        ([vm("L0", GIVEN_UP), vm("L1", "finished")], ["L0"]),
+        ([vm("L0", GIVEN_UP), vm("L1", "running")], []),  # L1 still trains: the job goes on
+        ([vm("L0", "finished"), vm("L1", "finished")], []),  # nothing given up: the syncer ends it itself
+        ([vm("L0", GIVEN_UP), vm("L1", "finished", learner="L1", node=0), vm("L1-n1", "finished", learner="L1", node=1)], ["L0"]),
+        (
+            [vm("L0", "finished"), vm("L1", GIVEN_UP, learner="L1", node=0), vm("L1-n1", "rejoining", learner="L1", node=1)],
+            ["L1"],
+        ),
+        ([vm("L0", GIVEN_UP), vm("L1", "finished", learner="L1", node=0), vm("L1-n1", "running", learner="L1", node=1)], []),
+    ],
+)
+def test_the_job_waits_only_for_given_up_learners_once_every_other_one_finished(
+    records: list[InstanceRecord], waiting_for: list[str]
+) -> None:
+    syncer = InstanceRecord("r", "syncer", "eu", "fake", "syncer", "running", "i-s", 0.0, {})
+    assert waiting_only_for_given_up([syncer, *records]) == waiting_for
+
+
+def test_once_the_others_finished_the_controller_asks_every_shard_to_stop_once(
+    world: tuple[State, FakeProvider, Controller], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state, fake, controller = world
+    monkeypatch.setenv("DDCTL_HOME", str(tmp_path / "home"))
+    RunDir("r").root.mkdir(parents=True)
+    RunDir("r").shard_urls.write_text("https://10.0.0.1:8443 https://10.0.0.2:8443\n")
+    asked: list[tuple[str, str]] = []
+    answers = iter([Unavailable("GET: ConnectError"), True, True])  # S0 does not answer at first
+
+    def ask(run: str, url: str, reason: str) -> bool:
+        asked.append((url, reason))
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    controller.ending = EndWithoutGivenUp(ask)
+    fake.end("r", "L1", summary=json.dumps({"reason": "finished"}).encode())
+    now = 0.0
+    while now < 3600.0:  # L0's agent ends right after every start, as above, until it is given up
+        if any(i.name == "L0" and i.alive for i in fake.list_run("r")):
+            fake.end("r", "L0")
+        controller.once(now=now)
+        now += 5.0
+    reason = "L0 given up (see the event log); every other learner finished its share"
+    s0, s1 = "https://10.0.0.1:8443", "https://10.0.0.2:8443"
+    assert asked == [(s0, reason), (s1, reason), (s0, reason)]  # S0 again on the next pass; then neither again
+    assert [e["reason"] for e in state.events("r", 1000) if e["kind"] == "stop"] == [reason]  # said once

@@ -114,4 +114,4 @@ def test_a_shards_answer_to_the_stop_is_checked_and_the_client_closed(
             closed.append(True)
 
     monkeypatch.setattr(up, "admin_client", lambda run, url: Client())
-    assert finish._ask_shard("r", SHARDS[0], "enough") is stopping and closed == [True]
+    assert finish.ask_to_stop("r", SHARDS[0], "enough") is stopping and closed == [True]

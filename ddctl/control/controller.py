@@ -34,7 +34,8 @@ from pathlib import Path, PurePosixPath
 from ddctl import providers
 from ddctl.control import admission, relays, run_checkpoints, run_replanning
 from ddctl.control.down import searched
-from ddctl.control.finish import conclude, parse_result
+from ddctl.control.finish import ask_to_stop, conclude, parse_result
+from ddctl.control.given_up import EndWithoutGivenUp
 from ddctl.control.launch import launch_at
 from ddctl.control.reconcile import Action, Desired, Memory, Observed, Placement, ended, reconcile, remember
 from ddctl.control.rundir import TAPE
@@ -86,6 +87,7 @@ class Controller:
     """A learner over several VMs -> the address its node 0 came up at in this pass (where the others meet)."""
     relay_hosts: dict[str, str] = field(default_factory=dict)
     """A relayed region -> the address of the learner that hosts its relay (``control/relays.py``), in this pass."""
+    ending: EndWithoutGivenUp = field(default_factory=lambda: EndWithoutGivenUp(ask_to_stop))
 
     def provider(self, kind: str) -> Provider:
         if kind not in self.owners:
@@ -125,6 +127,7 @@ class Controller:
         done = {o.name for o in observed if o.finished}
         for action in actions:
             self._act(action, records[action.name], listed.get(action.name), now, action.name in done)
+        self.ending.once(self.run, self.state, self.state.instances(self.run))
         started = any(a.kind in ("create", "replace") for a in actions)  # they opened it themselves; ``listed`` is stale
         clouds = sorted({r.provider for r in records.values() if r.role == "syncer" and not providers.KINDS[r.provider].local})
         if clouds and not started:

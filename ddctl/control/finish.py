@@ -141,7 +141,7 @@ def stop(run: str, state: State, reason: str, timeout_s: float = 600.0, ask: Sto
     A shard that does not answer (restarting, a network blip) is asked again while we wait, so
     the others are not left running on its account; past ``timeout_s`` the error names every
     shard that never answered, or says the job is still finishing."""
-    ask = ask or _ask_shard
+    ask = ask or ask_to_stop
     unasked = list(RunDir(run).urls())
     stopping = False
 
@@ -165,7 +165,8 @@ def stop(run: str, state: State, reason: str, timeout_s: float = 600.0, ask: Sto
     return {"run": run, "stopping": stopping, "summary": summary}
 
 
-def _ask_shard(run: str, url: str, reason: str) -> bool:
+def ask_to_stop(run: str, url: str, reason: str) -> bool:
+    """Ask one synchronizer process to end the job now: whether it began to (False: it already was ending)."""
     from ddctl.control.up import admin_client
 
     client = admin_client(run, url=url)
