@@ -17,6 +17,8 @@ from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
 
+from ddctl.dashboard.events import said, sized
+
 SPARK = "▁▂▃▄▅▆▇█"
 STATE_STYLE = {
     "training": "green",
@@ -84,14 +86,6 @@ def _num(value: Any, digits: int = 0, unit: str = "") -> str:
     if isinstance(value, float):
         return f"{value:,.{digits}f}{unit}"
     return f"{value:,}{unit}"
-
-
-def _bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
-        if abs(n) < 1000 or unit == "PB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} PB"
 
 
 def _pct(value: float | None, missing: str = "-") -> str:
@@ -222,7 +216,7 @@ def global_lines(s: dict[str, Any], width: int) -> list[Text]:
         rounds.append(f"f{r['fragment']}v{r['version']} {r['cause']} {grace}{len(r.get('admitted', []))} in{why} · ")
     traffic, ledger, tokens = s["bytes"], s["ledger"], s.get("tokens") or {}
     ratio = "" if traffic["ratio"] is None else f" = {100 * traffic['ratio']:.2f}% of"
-    sent = _line(f"sent {_bytes(traffic['sent'])}{ratio} what data-parallel would have: {_bytes(traffic['data_parallel'])}")
+    sent = _line(f"sent {sized(traffic['sent'])}{ratio} what data-parallel would have: {sized(traffic['data_parallel'])}")
     if site := s.get("site"):
         link = " / ".join("—" if site[k] is None else f"{site[k]:.1f}" for k in ("up_mbps", "down_mbps"))
         sent.append(f" · syncer's site{' ' + site['name'] if site['name'] else ''}: {link} Mbit/s out / in")
@@ -246,7 +240,7 @@ def relay_lines(s: dict[str, Any]) -> list[Text]:
         if feed["streams"]:
             serving = feed.get("learners")
             for_whom = f" for {serving} learner{'s' * (serving != 1)}" if serving is not None else ""
-            line.append(f"{region}: {_bytes(feed['bytes'])} pulled{for_whom} · ")
+            line.append(f"{region}: {sized(feed['bytes'])} pulled{for_whom} · ")
         else:
             ago = _num(feed["seen_s_ago"], 0, " s")
             line.append(f"{region}: down for {ago} (its learners pull from the shards) · ", style="yellow")
@@ -323,57 +317,10 @@ def _short(n: Any) -> str:
     return f"{n:.0f}"
 
 
-EVENT_STYLE = {"preempted": "red", "error": "red", "leave": "red", "preemption-notice": "yellow", "join": "green"}
-EVENT_FORMATS = {
-    "run-training": "the run is training",
-    "join": "{learner} joined ({region})",
-    "leave": "{learner} left ({reason})",
-    "started": "syncer started on a fresh state",
-    "finishing": "the job is finishing: {reason}",
-    "finished": "the job finished: {reason}",
-    "snapshot": "snapshot of {bytes} in {seconds:.2f}s",
-    "recovered": "syncer recovered: snapshot of log segment {wal_segment}, {replayed} log records replayed",
-    "recovered-from-log": "syncer recovered from its log alone: {replayed} records replayed",
-    "preemption-notice": "{instance} ({region}) spot notice, {notice_s}s",
-    "preempted": "{instance} ({region}) preempted",
-    "replaced": "{instance} ({region}) replaced",
-    "wait": "{reason}",
-    "give_up": "{reason}",
-    "instance": "{instance} {state}",
-    "error": "{where}: {message}",
-    "rejected": "{learner}: update refused ({code}): {reason}",
-    "set-aside": "{learner}: fragment {fragment} contribution set aside: {reason}",
-    "suspended": "{learner} suspended: {reason}",
-    "readmitted": "{learner} readmitted",
-    "fragment-degraded": "fragment {fragment} degraded: {reason}",
-    "task-failed": "syncer task {task} failed and restarted: {reason}",
-    "partition": "{region} cut off from the syncer for {seconds}s",
-    "partition-healed": "{region} connected again after {seconds}s",
-    "replan": "re-plan: {moves}: {cause}",
-    "checkpoint": "checkpoint {name}: round {rounds}, val_bpb {val_bpb:.4f}, {bytes} in {seconds:.1f}s",
-}
-ALARMS = (
-    "preempted", "error", "leave", "rejected", "set-aside", "suspended", "fragment-degraded", "task-failed", "partition",
-    "give_up",
-)  # fmt: skip
-
-
 def event_line(e: dict[str, Any]) -> Text:
+    """One event-log row: its time, dimmed, then what it says in its style (``events.said``)."""
     when = time.strftime("%H:%M:%S", time.localtime(e.get("t", 0.0)))
-    fields = {k: v for k, v in e.items() if k not in ("t", "event", "source", "shard")}
-    if isinstance(fields.get("bytes"), int):
-        fields["bytes"] = _bytes(fields["bytes"])
-    kind = e["event"]
-    chosen = "recovered-from-log" if kind == "recovered" and not fields.get("snapshot") else kind
-    try:
-        detail = EVENT_FORMATS[chosen].format(**fields)
-    except (KeyError, IndexError, ValueError, TypeError):  # a field missing or not of its kind (a None val_bpb)
-        detail = " ".join(f"{k}={v}" for k, v in fields.items() if v not in (None, ""))
-    calm = kind == "leave" and fields.get("reason") in ("finished", "stopped")  # a learner done with its share
-    good = kind in ("join", "readmitted", "finished")
-    style = "" if calm else "red" if kind in ALARMS else "yellow" if "notice" in kind else "green" if good else ""
-    whose = f"{e['shard']}: " if e.get("shard") else ""  # which shard of a sharded synchronizer said it
-    return _line((f"{when} ", "dim"), (f"{whose}{detail or kind}", style))
+    return _line((f"{when} ", "dim"), said(e))
 
 
 def render(s: dict[str, Any], width: int = 80, height: int = 24) -> RenderableType:
