@@ -100,9 +100,12 @@ def test_a_halved_hub_link_is_replanned_toward_the_other_hub_without_flapping_ov
     free for a second one. On an idle machine none comes (the move reached what the measurements call for). Under a
     CI run's load the loaded h1 reads slower than its link (the known bias), and the damped move can take one more
     confirmed re-plan, past the dwell, to finish (CI at 04fdb6f: 222% -> 148%, then 169% -> 128%, one fragment each),
-    or two (CI at 3c2fd4c: three re-plans, the first 238% -> 159% predicted). What must hold either way: every move
-    follows the halving, h1 -> h2; none goes back (no flapping); each re-plan gains and waits out the dwell after the
-    one before; at most two continuations (the 48-s run has room for no more than three re-plans past the dwell)."""
+    or two (CI at 3c2fd4c: three re-plans, the first 238% -> 159% predicted). A CI run at ce011aa then made a
+    later move past the dwell that was not h1 -> h2 (with two hubs, a move back), and one at 90f53a5 failed here
+    too (its output lost): a move back now waits three dwell times (``core/replan.RETURN_DWELLS``). What must hold
+    either way: every move follows the halving, h1 -> h2; none goes back (no flapping); each re-plan gains and waits
+    out the dwell after the one before; at most two continuations (the 48-s run has room for no more than three
+    re-plans past the dwell)."""
     result = measure_replan(hub_case(seconds=48), ["halve"], settings=ReplanSettings(dwell_s=10), every_s=1.0)
     row = result["rows"][0]
     assert len(row["changes"]) == 1 and row["changes"][0]["mbit"] == {"h1": [30.0, 30.0]}

@@ -109,3 +109,36 @@ def test_a_replan_moves_half_the_way_so_an_overloaded_reading_does_not_overshoot
     owned[replan.moves[0].fragment] = "h2"
     assert owned.count("h1") == 2
     assert all(planner.consider(float(t), h1_slower(2), traffic(case.job()), owned, settings) is None for t in range(1, 30))
+
+
+def test_a_move_back_waits_three_dwell_times_while_the_way_forward_waits_one() -> None:
+    """A CI run under load moved h1 -> h2, then h2 -> h1 past the dwell: the site that took a fragment read its new
+    load as a slower link. The way back now waits ``RETURN_DWELLS`` dwell times after the move."""
+    from ddctl.bench.wan_replan import HUBS, hub_case, hub_layout
+    from ddctl.config.synchronizer import traffic
+    from ddctl_agents.core.replan import RETURN_DWELLS
+
+    case = hub_case()
+    layout = hub_layout(case)
+    owned = [layout.shard_sites[o] for o in layout.owner]
+    settings, flow = PlanSettings(shards=2, relays=False, cadence=layout.cadence), traffic(case.job())
+
+    def slower(hub: str, by: float) -> list[Site]:
+        return [
+            dataclasses.replace(s, candidate=s.name in HUBS, up_bytes_s=s.up_bytes_s / (by if s.name == hub else 1),
+                                down_bytes_s=s.down_bytes_s / (by if s.name == hub else 1))
+            for s in case.sites()
+        ]  # fmt: skip
+
+    planner = Replanner(ReplanSettings(confirmations=1, dwell_s=10))
+    first = planner.consider(0.0, slower("h1", 3), flow, owned, settings)
+    assert first is not None and [(m.source, m.target) for m in first.moves] == [("h1", "h2")]
+    owned[first.moves[0].fragment] = "h2"
+    forward = dataclasses.replace(planner, barred=dict(planner.barred))  # the way forward: the dwell only
+    onward = forward.consider(10.0, slower("h1", 6), flow, owned, settings)
+    assert onward is not None and {(m.source, m.target) for m in onward.moves} == {("h1", "h2")}
+    back_at = RETURN_DWELLS * 10.0
+    for t in (10.0, 20.0, back_at - 1):  # h2 now reads slow: the plan calls for the way back, which waits
+        assert planner.consider(t, slower("h2", 6), flow, owned, settings) is None, t
+    back = planner.consider(back_at, slower("h2", 6), flow, owned, settings)
+    assert back is not None and {(m.source, m.target) for m in back.moves} == {("h2", "h1")}

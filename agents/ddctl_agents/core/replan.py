@@ -14,13 +14,18 @@ the way to the new plan. Readings of an overloaded site are low (its transfers q
 behind each other), so the plan an overload calls for overshoots; moving all the way
 made a clean-clone CI run hand a fragment back 10 s later. If the rest of the way is
 real, the next confirmed look moves it.
+
+A move back waits longer. Right after a move the site that took fragments reads its new load, and a loaded
+site reads slower than its link (its transfers queue), so the looks that follow can call for handing
+fragments back: a CI run under load followed a move h1 -> h2 with a move back past the dwell. So a move from a site
+that took fragments to the site that gave them waits ``RETURN_DWELLS`` dwell times after the move, not one.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ddctl_agents.core.shardplan import (
     PlanSettings,
@@ -31,6 +36,9 @@ from ddctl_agents.core.shardplan import (
     plan_shards,
 )
 from ddctl_agents.core.siteload import Site
+
+RETURN_DWELLS = 3
+"""How many dwell times a move that undoes a recent one (fragments back to the site that gave them) waits."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,6 +79,8 @@ class Replanner:
     """The last consideration's busiest placement-dependent site under today's assignment (what ``before`` would be)."""
     best: float = math.nan
     """...and under the plan the measurements call for."""
+    barred: dict[tuple[str, str], float] = field(default_factory=dict)
+    """(from, to) -> until when moves that way wait: the reverse of a recent move (see the module's docstring)."""
 
     def consider(
         self, now: float, sites: Sequence[Site], traffic: Traffic, site_of: Sequence[str], plan: PlanSettings
@@ -93,7 +103,7 @@ class Replanner:
             trials = {
                 f: self._profile(sites, traffic, candidate, [*owned[:f], target[f], *owned[f + 1 :]])
                 for f in range(len(owned))
-                if owned[f] != target[f]
+                if owned[f] != target[f] and self.barred.get((owned[f], target[f]), -math.inf) <= now
             }
             chosen = min(trials, key=lambda f: (trials[f], f), default=None)
             if chosen is None or trials[chosen] >= profile:
@@ -102,8 +112,13 @@ class Replanner:
             owned[chosen], profile = target[chosen], trials[chosen]
             if _busiest(profile) <= far_enough:
                 break
+        if not moves:  # what would help is barred (a move back) or relabelling: no re-plan, and the looks start over
+            self.streak = 0
+            return None
         reached = _busiest(profile)
         self.streak, self.last_move = 0, now
+        for move in moves:
+            self.barred[(move.target, move.source)] = now + RETURN_DWELLS * self.settings.dwell_s
         cause = (
             f"busiest shard site predicted at {current:.0%} of its link, {best:.0%} with the new plan "
             f"(seen {self.settings.confirmations} times); {len(moves)} fragment(s) moved, {reached:.0%} after"
