@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -191,16 +192,44 @@ def merged(row: dict[str, Any]) -> int:
 def shard_statuses(run: str) -> list[dict[str, Any]]:
     """Every shard's own status of a sharded run (``RUN/shards.url``), asked with the admin token."""
     from ddctl.control.rundir import RunDir
+
+    return [shard_status(run, url) for url in RunDir(run).urls()]
+
+
+def shard_status(run: str, url: str) -> dict[str, Any]:
+    """One shard's own status, asked with the admin token."""
     from ddctl.control.up import admin_client
 
-    out = []
-    for url in RunDir(run).urls():
-        client = admin_client(run, url=url)
-        try:
-            out.append(client.status())
-        finally:
-            client.close()
-    return out
+    client = admin_client(run, url=url)
+    try:
+        return dict(client.status())
+    finally:
+        client.close()
+
+
+def shards_finished(run: str) -> Callable[[], list[dict[str, Any]] | None]:
+    """A wait's condition: every shard's status once each has said its job finished (in the shards' order), else None.
+
+    A shard's finished answer is kept, and a shard that does not answer is asked again at the next look: once the
+    last shard finishes, the controller ends the run and removes the shards' machines, which can come between two
+    looks (a clean-clone CI run lost a shard's VM that way: "No route to host")."""
+    from ddctl.control.rundir import RunDir
+    from ddctl_agents.errors import Unavailable
+
+    kept: dict[str, dict[str, Any]] = {}
+
+    def look() -> list[dict[str, Any]] | None:
+        urls = RunDir(run).urls()
+        for url in (u for u in urls if u not in kept):
+            try:
+                answer = shard_status(run, url)
+            except Unavailable:
+                continue
+            if answer["job"]["phase"] == "finished":
+                kept[url] = answer
+        return [kept[url] for url in urls] if len(kept) == len(urls) else None
+
+    return look
 
 
 def controller_world(tmp_path: Path, run: str, placements: list[dict[str, str]]) -> tuple[State, FakeProvider, Controller]:

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from aws_cloud import AwsCloud
 from aws_hypervisor import Hypervisor
-from builders import merged, shard_statuses, status_json
+from builders import merged, shards_finished, status_json
 from ddctl.cli.app import app
 from ddctl.control.rundir import RunDir
 from ddctl.providers.docker.engine import engine_unavailable
@@ -112,11 +112,7 @@ def test_each_shard_runs_on_a_vm_of_its_own_behind_its_own_address_to_the_jobs_e
                 "S0": placed[0], "S1": placed[1]
             }  # fmt: skip
 
-            def ended() -> list[dict[str, Any]] | None:
-                answers = shard_statuses(run)
-                return answers if all(a["job"]["phase"] == "finished" for a in answers) else None
-
-            finals = wait_until(ended, timeout_s=600, every_s=2.0, what="both shards finished")
+            finals = wait_until(shards_finished(run), timeout_s=600, every_s=0.5, what="both shards finished")
             assert all(s["rounds"] > 0 for s in finals)  # each shard merged its own fragments' rounds
             for s in finals:  # from both learners, over the shards' public addresses
                 assert {row["id"] for row in s["learners"] if merged(row) > 0} == {"L0", "L1"}, s["learners"]
