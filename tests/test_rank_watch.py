@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import pytest
+import torch
 
 from ddctl.local import baseline
 from ddctl.local.baseline import _attempt, _Job, run_data_parallel
@@ -82,3 +83,49 @@ def test_a_run_stuck_in_its_rendezvous_starts_again_and_one_stuck_in_training_do
     with pytest.raises(StalledRanks, match="while training"):
         run_data_parallel(INNER, DATA, budget, timeout_s=300)
     assert len(calls) == 1  # steps were lost: it says so instead of starting again
+
+
+def test_a_rank_sends_its_report_before_it_leaves_its_group(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    events: list[str] = []
+    monkeypatch.setattr(baseline, "_leave", lambda *, grouped: events.append(f"left grouped={grouped}"))
+    job = _Job(inner=INNER, data=DATA, budget=RunBudget(tokens=2 * INNER.batch_size * get_preset("tiny").seq_len,
+               learners=1), threads=1, port=0, keep_params=False, stacks=str(tmp_path))  # fmt: skip
+    baseline._train_rank(0, job, lambda phase: events.append(phase), lambda report: events.append(f"sent {report['steps']}"))
+    assert events == ["training", "evaluating", "sent 2", "left grouped=False"]  # a hung teardown cannot hold the report
+
+
+def test_a_rank_that_lingers_after_its_report_is_killed_and_named() -> None:
+    ctx = torch.multiprocessing.get_context("spawn")
+    procs = {0: ctx.Process(target=time.sleep, args=(0.0,)), 1: ctx.Process(target=time.sleep, args=(120.0,))}
+    for proc in procs.values():
+        proc.start()
+    began = time.monotonic()
+    assert baseline._stop(procs, grace_s=3.0) == [1]
+    assert time.monotonic() - began < 60 and not any(proc.is_alive() for proc in procs.values())
+
+
+class Replies:
+    """A results queue answering from a list, then empty."""
+
+    def __init__(self, replies: list[tuple[str, int, Any]]) -> None:
+        self.replies = replies
+
+    def get(self, timeout: float) -> tuple[str, int, Any]:
+        if not self.replies:
+            raise baseline.queue.Empty
+        return self.replies.pop(0)
+
+
+class Running:
+    exitcode = None
+
+
+def test_a_failure_after_a_ranks_report_keeps_the_report_and_one_before_it_fails_the_run(tmp_path: Any) -> None:
+    job = _Job(inner=INNER, data=DATA, budget=RunBudget(tokens=10_000, learners=2), threads=1, port=0,
+               keep_params=False, stacks=str(tmp_path))  # fmt: skip
+    procs = {0: Running(), 1: Running()}
+    after = Replies([("ok", 1, {"steps": 3}), ("error", 1, "Traceback: teardown"), ("ok", 0, {"steps": 3})])
+    assert baseline._collect(after, procs, job, timeout_s=60, stall_s=60) == {0: {"steps": 3}, 1: {"steps": 3}}
+    before = Replies([("ok", 0, {"steps": 3}), ("error", 1, "Traceback: step 2")])
+    with pytest.raises(baseline.WorkerError, match="rank 1 failed:\nTraceback: step 2"):
+        baseline._collect(before, procs, job, timeout_s=60, stall_s=60)

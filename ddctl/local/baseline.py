@@ -134,8 +134,10 @@ def _train(
     return curve
 
 
-def _train_rank(rank: int, job: _Job, tell: Callable[[str], None]) -> dict[str, Any]:
-    """Train one rank on its shard and stream, telling the parent each phase; rank 0 also evaluates."""
+def _train_rank(rank: int, job: _Job, tell: Callable[[str], None], send: Callable[[dict[str, Any]], None]) -> None:
+    """Train one rank on its shard and stream, telling the parent each phase; rank 0 also evaluates. The report is
+    sent before the rank leaves its group (``_leave``): a teardown that hangs then costs the run EXIT_GRACE_S, not
+    the report (a CI's rank sat 300 s past training in the DDP wrapper's destructor, its report unsent)."""
     config = model_config(job.inner)
     corpus = load_corpus(job.data)
     learners = job.budget.learners
@@ -148,7 +150,6 @@ def _train_rank(rank: int, job: _Job, tell: Callable[[str], None]) -> dict[str, 
         seed=job.inner.seed,
         stream=rank,
     )
-    bucket_bytes = 0
     if learners > 1:
         tell("joining")
         _join_group(rank, job)
@@ -158,27 +159,31 @@ def _train_rank(rank: int, job: _Job, tell: Callable[[str], None]) -> dict[str, 
         trained = _wrap_ddp(model) if learners > 1 else model
         curve = _train(trained, sampler, steps, job.inner, log=rank == 0, tell=tell)
         train_s = time.perf_counter() - start
-        if isinstance(trained, DistributedDataParallel):
-            bucket_bytes = _bucket_bytes(trained, steps)
+        bucket_bytes = _bucket_bytes(trained, steps) if isinstance(trained, DistributedDataParallel) else 0
+        params = {name: p.detach() for name, p in model.named_parameters()}
+        report: dict[str, Any] = {
+            "steps": steps,
+            "tokens": steps * job.inner.batch_size * config.seq_len,
+            "bucket_bytes": bucket_bytes,
+            "params_sha256": params_sha256(params),
+            "train_s": train_s,
+        }
+        if rank == 0:
+            tell("evaluating")
+            windows, batch_size = job.data.eval_windows, job.inner.batch_size
+            report["val_bpb"] = evaluate_bpb(model, validation_batches(corpus.val, config.seq_len, windows, batch_size))
+            report["loss_curve"] = curve
+            if job.keep_params:  # numpy pickles by value; a shared-memory tensor would die with us
+                report["params"] = {name: p.numpy().copy() for name, p in params.items()}
+        send(report)
     finally:
-        if learners > 1:
-            dist.destroy_process_group()
-    params = {name: p.detach() for name, p in model.named_parameters()}
-    report: dict[str, Any] = {
-        "steps": steps,
-        "tokens": steps * job.inner.batch_size * config.seq_len,
-        "bucket_bytes": bucket_bytes,
-        "params_sha256": params_sha256(params),
-        "train_s": train_s,
-    }
-    if rank == 0:
-        tell("evaluating")
-        windows, batch_size = job.data.eval_windows, job.inner.batch_size
-        report["val_bpb"] = evaluate_bpb(model, validation_batches(corpus.val, config.seq_len, windows, batch_size))
-        report["loss_curve"] = curve
-        if job.keep_params:  # numpy pickles by value; a shared-memory tensor would die with us
-            report["params"] = {name: p.numpy().copy() for name, p in params.items()}
-    return report
+        _leave(grouped=learners > 1)  # and the DDP wrapper, if any, goes as this returns: both after the report
+
+
+def _leave(*, grouped: bool) -> None:
+    """Leave the gloo group, if the rank joined one."""
+    if grouped:
+        dist.destroy_process_group()
 
 
 def _worker(rank: int, job: _Job, results: Any) -> None:
@@ -187,7 +192,9 @@ def _worker(rank: int, job: _Job, results: Any) -> None:
     try:
         torch.set_num_threads(job.threads)
         stack = dump_on_signal(job.stacks, rank)  # noqa: F841  # open while the rank runs: its stack goes there
-        results.put(("ok", rank, _train_rank(rank, job, lambda phase: results.put(("phase", rank, phase)))))
+        _train_rank(
+            rank, job, lambda phase: results.put(("phase", rank, phase)), lambda report: results.put(("ok", rank, report))
+        )
     except OutOfMemory as exc:
         results.put(("said", rank, str(exc)))
     except BaseException:
@@ -210,6 +217,8 @@ def _collect(results: Any, procs: dict[int, Any], job: _Job, timeout_s: float, s
             watch.hear(rank, payload, now)
         elif status == "said":
             raise OutOfMemory(f"rank {rank}: {payload}")
+        elif status == "error" and rank in reports:  # in its teardown: the report it sent stands
+            log.warning("data-parallel rank %d failed after its report:\n%s", rank, payload)
         elif status == "error":
             raise WorkerError(f"rank {rank} failed:\n{payload}")
         elif status == "ok":
@@ -225,13 +234,16 @@ def _collect(results: Any, procs: dict[int, Any], job: _Job, timeout_s: float, s
     return reports
 
 
-def _stop(procs: dict[int, Any], grace_s: float) -> None:
-    """Let workers exit within grace_s, then kill what is left, so none outlives the run."""
-    for proc in procs.values():
+def _stop(procs: dict[int, Any], grace_s: float) -> list[int]:
+    """Let workers exit within grace_s, then kill what is left, so none outlives the run; returns the ranks killed."""
+    killed = []
+    for rank, proc in procs.items():
         proc.join(timeout=grace_s)
         if proc.is_alive():
             proc.kill()
             proc.join()
+            killed.append(rank)
+    return killed
 
 
 def _summarise(reports: dict[int, dict[str, Any]], learners: int, wall_s: float) -> dict[str, Any]:
@@ -312,7 +324,8 @@ def _attempt(job: _Job, ranks: range, timeout_s: float, stall_s: float) -> dict[
     except BaseException:
         _stop(procs, grace_s=0.0)
         raise
-    _stop(procs, grace_s=EXIT_GRACE_S)
+    if lingered := _stop(procs, grace_s=EXIT_GRACE_S):
+        log.warning("data-parallel ranks %s reported but did not exit within %g s; killed", lingered, EXIT_GRACE_S)
     return reports
 
 
