@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,14 @@ def test_a_learner_that_dies_at_each_start_costs_five_machines_then_is_given_up_
     out = io.StringIO()
     Console(file=out, width=250).print(render(shown, 250, 60))
     assert "L0: its agent ended within 600s of its start 5 times in a row; not started again" in out.getvalue()
+    # a restarted controller (its memory gone) reads the give-up from L0's record: no machine, no second event
+    restarted, calls = Controller("r", state, owners={"fake": fake}), len(fake.calls)
+    for later in range(0, 600, 5):
+        restarted.once(now=now + later)
+    assert [c for c in fake.calls[calls:] if c[0] == "create"] == []
+    assert [e["kind"] for e in state.events("r", 1000)].count("give_up") == 1
+    assert {r.name: r.state for r in state.instances("r")}["L0"] == GIVEN_UP
+    assert reconcile([replace(L0, given_up=True)], GONE, now=0.0)[-1].kind == "give_up"  # from a memory that saw no end
 
 
 def test_a_learner_taken_back_after_a_long_life_is_replaced_at_once_every_time(

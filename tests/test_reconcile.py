@@ -103,6 +103,7 @@ def test_transient_errors_back_off_with_jitter_then_retry_the_same_place() -> No
         memory = remember(memory, action, error("transient", "zone", A1, "RequestLimitExceeded"), now=0.0)
         waiting = reconcile([learner()], [], now=0.0, memory=memory)[0]
         assert waiting.kind == "wait" and "transient" in waiting.reason
+        assert reconcile([learner()], [], now=memory.retry_at["L0"] - 0.5, memory=memory)[0] == waiting  # one per wait
         assert 0.5 * 2 ** (attempt - 1) * 2 <= memory.retry_at["L0"] <= 2 ** (attempt - 1) * 2
     retry = reconcile([learner()], [], now=memory.retry_at["L0"], memory=memory)[0]
     assert retry.kind == "create" and retry.placement == A1
@@ -121,7 +122,8 @@ def test_every_placement_blocked_waits_for_the_soonest_expiry() -> None:
             memory, Action(kind="create", name="L0", reason="", placement=place), error("capacity", "zone", place), now=0.0
         )
     action = reconcile([learner()], [], now=10.0, memory=memory)[0]
-    assert action.kind == "wait" and "every placement is blocked" in action.reason and "next try in 590s" in action.reason
+    assert action.kind == "wait" and "every placement is blocked" in action.reason and "next try at 00:10:00 UTC" in action.reason
+    assert reconcile([learner()], [], now=400.0, memory=memory)[0] == action  # one reason per wait: said once in the log
 
 
 def test_a_request_refused_as_invalid_is_given_up_after_three_tries() -> None:

@@ -113,7 +113,10 @@ class Controller:
             if instance is None and r.state != "finished" and _left_finished(r):  # a process leaves no listing
                 r = records[name] = replace(r, state="finished", updated=now)
                 self.state.put_instance(r)
-            desired.append(Desired(name=name, role=r.role, placements=_placements(r), done=r.state == "finished", **gang))
+            desired.append(
+                Desired(name=name, role=r.role, placements=_placements(r), done=r.state == "finished",
+                        given_up=r.state == GIVEN_UP, **gang)
+            )  # fmt: skip
             if instance is not None:
                 try:
                     over = self._finished(r, instance)
@@ -253,7 +256,7 @@ class Controller:
                 return  # its node 0 did not come up in this pass: the next pass starts the learner again as a whole
             spec = with_relay(spec, self.relay_hosts.get(r.region, ""))  # a replacement finds its region's relay now
             self._start(action, r, with_rendezvous(spec, self.hosts[group]) if node > 0 else spec, provider, now)
-        elif action.kind in ("wait", "give_up") and self.said.get(r.name) != action.reason:
+        elif action.kind in ("wait", "give_up") and self.said.get(r.name) != action.reason and r.state != GIVEN_UP:
             self.said[r.name] = action.reason
             self.state.event(self.run, action.kind, instance=r.name, region=r.region, reason=action.reason)
             log.warning("%s: %s", action.kind, action.reason)

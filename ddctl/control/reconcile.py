@@ -52,6 +52,8 @@ class Desired:
     """Where it may run, in the order failover tries them."""
     done: bool = False
     """Its work is finished (a learner's budget): it is never replaced."""
+    given_up: bool = False
+    """Failover gave it up (its record says so): not started again, though a restarted controller forgot why."""
     group: str = ""
     """The learner whose VMs live and die together ("" or its own name: alone); see ``_gang``."""
     node: int = 0
@@ -197,6 +199,8 @@ def _gang(
 def _start(d: Desired, existed: bool, now: float, memory: Memory, config: FailoverConfig) -> Action:
     verb: ActionKind = "replace" if existed else "create"
     why = f"{d.name} ended before its work was done" if existed else f"{d.name} is in the plan and not running"
+    if d.given_up:
+        return Action(kind="give_up", name=d.name, reason=f"{d.name} was given up (see the event log); not started again")
     if memory.config_errors.get(d.name, 0) >= config.max_config_errors:
         refused = f"{d.name}: its request was refused as invalid {config.max_config_errors} times"
         return Action(kind="give_up", name=d.name, reason=refused)
@@ -208,11 +212,10 @@ def _start(d: Desired, existed: bool, now: float, memory: Memory, config: Failov
         )
         return Action(kind="give_up", name=d.name, reason=given)
     if (restart := memory.restart_at.get(d.name, 0.0)) > now:
-        at = time.strftime("%H:%M:%S UTC", time.gmtime(restart))
-        return Action(kind="wait", name=d.name, reason=f"{d.name}: {soon}, so it starts again at {at}")  # one per wait
+        return Action(kind="wait", name=d.name, reason=f"{d.name}: {soon}, so it starts again at {_clock(restart)}")
     retry = memory.retry_at.get(d.name, 0.0)
     if retry > now:
-        return Action(kind="wait", name=d.name, reason=f"{why}; retrying in {retry - now:.0f}s after transient errors")
+        return Action(kind="wait", name=d.name, reason=f"{why}; retrying at {_clock(retry)} after transient errors")
     blocks = memory.active(now)
     for placement in d.placements:
         blocking = [b for b in blocks if placement.blocked_by(b)]
@@ -225,7 +228,7 @@ def _start(d: Desired, existed: bool, now: float, memory: Memory, config: Failov
         return Action(kind="give_up", name=d.name, reason=f"{d.name}: no placement can work: {forever[0].reason}")
     soonest = min((b.until for b in blocks if any(p.blocked_by(b) for p in d.placements)), default=now)
     reasons = "; ".join(sorted({b.reason for b in blocks if any(p.blocked_by(b) for p in d.placements)}))
-    blocked = f"{why}; every placement is blocked ({reasons}); next try in {soonest - now:.0f}s"
+    blocked = f"{why}; every placement is blocked ({reasons}); next try at {_clock(soonest)}"
     return Action(kind="wait", name=d.name, reason=blocked)
 
 
@@ -278,6 +281,12 @@ def ended(memory: Memory, name: str, started_at: float, now: float, config: Fail
         ends_seen={**memory.ends_seen, name: started_at},
         restart_at=restart,
     )
+
+
+def _clock(at: float) -> str:
+    """A wait's end as a time of day, not a count of seconds: the reason stays the same for every pass of one wait, so
+    the event log says it once (``Controller._act``)."""
+    return time.strftime("%H:%M:%S UTC", time.gmtime(at))
 
 
 def _jitter(name: str, attempt: int) -> float:
