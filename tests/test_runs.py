@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from ddctl.cli.app import app
 from ddctl.control.controller import Controller
-from ddctl.control.down import report
+from ddctl.control.down import down, report
 from ddctl.control.finish import parse_result
 from ddctl.control.rundir import RunDir
 from ddctl.control.runs import NoSuchRun, choose_run, dollars_so_far, list_runs, purge
@@ -108,6 +108,21 @@ def test_an_ended_run_stops_costing_when_it_ended(home: Path) -> None:
         assert record is not None
         state.update_run_detail("a", {"ended_at": record.created + 1800})
         assert dollars_so_far(state.run("a"), record.created + 99_999) == 1.0  # type: ignore[arg-type]
+        make_run(state, "k", "kept", dollars_per_hour=3600.0)  # $1 a second: finished, its machines kept
+        kept = state.run("k")
+        assert kept is not None
+        state.update_run_detail("k", {"ended_at": kept.created + 10})
+        rows = {r.run: r for r in list_runs(state, now=record.created + 99_999)}
+        assert rows["a"].dollars_per_hour == 0.0 and rows["a"].dollars_so_far == 1.0  # it holds no machine now
+        assert rows["k"].dollars_per_hour == 3600.0  # its machines were kept: they still cost, past the job's end
+        assert dollars_so_far(state.run("k"), kept.created + 50) == 50.0  # type: ignore[arg-type]
+        before = time.time()
+        down("k", state, owners=[])  # removes them: the bill stops there
+        released = state.run("k")
+        assert released is not None and released.state == "down"
+        assert before <= released.detail["released_at"] <= time.time()
+        later = dollars_so_far(released, released.detail["released_at"] + 99_999)
+        assert later == round(3600.0 * (released.detail["released_at"] - kept.created) / 3600, 4)
 
 
 def test_gc_deletes_ended_runs_directories_and_never_a_live_one(home: Path) -> None:

@@ -8,6 +8,7 @@ searched (the state file may be gone), and ``down`` is safe to repeat.
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -60,7 +61,9 @@ def down(
     left = [i.name for p in owners for i in p.list_run(run) if i.name not in spare]
     if left:
         raise DdctlError(f"{len(left)} instances of {run} survived termination: {left}")
-    if state.run(run) is not None:
+    if (record := state.run(run)) is not None:
+        if "released_at" not in record.detail:  # when its machines went: the bill stops there (``runs.dollars_so_far``)
+            state.update_run_detail(run, {"released_at": time.time()})
         state.set_run_state(run, "down")
     return {"run": run, "removed": {kind: sorted(names) for kind, names in sorted(removed.items())}}
 

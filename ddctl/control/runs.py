@@ -59,16 +59,21 @@ class RunRow:
     created: float
     age_s: float
     dollars_per_hour: float | None
+    """What it costs now: its plan's rate while it holds machines (it runs, or ended with them kept), 0 once ended."""
     dollars_so_far: float | None
     result: str
 
 
 def dollars_so_far(record: RunRecord, now: float) -> float | None:
-    """The run's price per hour (from its plan) times the hours it has held machines; None when a region is unpriced."""
+    """The run's price per hour (from its plan) times the hours it has held machines; None when a region is unpriced.
+
+    It holds them until ``down`` removes them (``released_at``; the end of a job removes them too), or, where no
+    removal was recorded, until its job ended; a run that keeps its machines after its end holds them still."""
     rate = record.detail.get("dollars_per_hour")
     if rate is None:
         return None
-    ended = float(record.detail.get("ended_at") or now)
+    ended_at = record.detail.get("ended_at") if record.state != "kept" else None
+    ended = float(record.detail.get("released_at") or ended_at or now)
     return round(float(rate) * max(ended - record.created, 0.0) / 3600, 4)
 
 
@@ -95,7 +100,7 @@ def list_runs(state: State, now: float | None = None) -> list[RunRow]:
                 instances_up=up,
                 created=record.created,
                 age_s=round(now - record.created, 1),
-                dollars_per_hour=record.detail.get("dollars_per_hour"),
+                dollars_per_hour=0.0 if record.state in ENDED else record.detail.get("dollars_per_hour"),
                 dollars_so_far=dollars_so_far(record, now),
                 result=str(summary.get("result") or summary.get("state_dir", "")),  # where it is on this machine
             )
