@@ -296,8 +296,11 @@ def test_a_regions_versions_cross_its_link_once_and_every_learner_gets_them(tmp_
     # the relayed learners read no stream of the synchronizer's, yet it knows their downlink: its stream to their relay
     rows = {row["id"]: row for row in status["learners"]}
     assert all(rows[name]["down_mbps"] for name in ("L0", "L1", "L2")), rows
-    # the region's learners received it all from the relay (it counts a frame once sent; a learner once read)
-    assert east <= health["bytes_out"] <= east + 2 * one_version
+    # the region's learners received it all from the relay (it counts a frame once sent; a learner once read): within
+    # two versions per reader, as L2 above, since each of the two may exit with its last frames unread (a CI run saw
+    # 2.4 versions between the relay's count and both learners')
+    readers = 2
+    assert east <= health["bytes_out"] <= east + readers * 2 * one_version
     # and each version crossed into the region once for both: they received more than crossed. Not twice as much: on
     # loopback the relay keeps up with every version, while each learner, busy on two cores, is sent only the newest
     # of each fragment when it reads (1.38x measured); over a shaped link the relay falls behind the same way
