@@ -130,7 +130,9 @@ def _halved_hub_run() -> str | None:
         and all(r["after"] < r["before"] * 0.8 for r in replans),
         "room for three more looks past the dwell": bool(replans) and replans[0]["t"] + 10 + 3 < row["last_look_t"],
         "each continuation waits out the dwell": all(later["t"] >= replans[0]["t"] + 10 for later in replans[1:]),
-        "every move h1 -> h2": bool(moves) and all((m["from"], m["to"], m["shard"]) == ("h1", "h2", "S1") for m in moves),
+        "the first re-plan moves, every move h1 -> h2": bool(replans)
+        and bool(replans[0]["moves"])
+        and all((m["from"], m["to"], m["shard"]) == ("h1", "h2", "S1") for m in moves),
         "the moved fragments end at h2": row["owned_at_end"][1] == sorted(set(row["owned_at_end"][1]) | moved)
         and not moved & set(row["owned_at_end"][0]),
         "books balanced, no failed look": row["balanced"] and row["ledger"]["pending"] == 0 and not row["failed_looks"],
