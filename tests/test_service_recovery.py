@@ -7,15 +7,18 @@ process is in test_service_e2e.py.
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 from ddctl_agents.core.messages import Update, decode_update, encode_update
-from ddctl_agents.core.packed import PackedSum
+from ddctl_agents.core.packed import BYTES_PER_VALUE, PackedSum
+from ddctl_agents.core.syncer import Synchronizer
 from ddctl_agents.core.syncer_state import STATE_LIMITS, SyncerState, capture, load, restore
 from ddctl_agents.errors import ConfigError
 from ddctl_agents.service.runtime import SyncerRuntime
@@ -183,6 +186,66 @@ def test_a_snapshots_packed_update_that_does_not_fit_its_fragment_is_refused(ass
     live.receive(1.0, *decode_update(encode_update(update, "int4", 64), STATE_LIMITS)[:1], 1)
     state = capture(live, {})
     [name] = [k for k in state.tensors if k.startswith("k/0/fresh/L0/0/")][:1]
-    for broken in (state.tensors[name][:-1], state.tensors[name] + 0.5, state.tensors[name] * 0 + 256):
+    values = state.tensors[name]
+    for broken in (values[:-1], values + 0.5, values * 0 + (1 << 24), values * 0 - 1):
         with pytest.raises(ValueError, match="not the .* bytes its record says"):
             restore(assembly.new_syncer(), SyncerState(meta=state.meta, tensors={**state.tensors, name: broken}))
+    # in blocks of 72 a tensor's bytes need not be a multiple of three: its last value is padded, with zero bytes
+    state = capture(packed_round(assembly, learners=1, block=72), {})
+    [spec] = state.meta["rounds"][0]["fresh"][0]["packed"]
+    n = next(n for n, (_, _, nbytes, _) in spec.items() if nbytes % BYTES_PER_VALUE)
+    padded = state.tensors[f"k/0/fresh/L0/0/{n}"].clone()
+    padded[-1] += 1 << 16  # the third byte of the last value: padding
+    with pytest.raises(ValueError, match="not the .* bytes its record says"):
+        restore(assembly.new_syncer(), SyncerState(meta=state.meta, tensors={**state.tensors, f"k/0/fresh/L0/0/{n}": padded}))
+    restore(assembly.new_syncer(), state)  # unbroken, it restores
+    spec[n][3] = 2
+    with pytest.raises(ValueError, match="2 bytes per value; 1 or 3 are read"):
+        restore(assembly.new_syncer(), state)
+
+
+def packed_round(assembly: Assembly, learners: int, block: int = 64) -> Synchronizer:
+    """A syncer holding one int4 update per learner for fragment 0, its round still open."""
+    live = assembly.new_syncer()
+    for m in range(learners):
+        live.register(0.0, f"L{m}", 1)
+        g = torch.Generator().manual_seed(m)
+        tensors = {n: torch.randn(t.shape, generator=g) * 0.01 for n, t in live.fragments[0].items()}
+        update = Update(learner=f"L{m}", fragment=0, base_version=0, update_id=f"L{m}.0", step=8, c_steps=8,
+                        c_tokens=4096, tensors=tensors)  # fmt: skip
+        body = encode_update(update, "int4", block)
+        assert live.receive(1.0, decode_update(body, STATE_LIMITS)[0], len(body))[0].status == "accepted"
+    return live
+
+
+def test_a_snapshot_keeps_three_bytes_of_a_pending_update_to_a_value_and_reads_the_one_byte_layout_of_older_ones(
+    assembly: Assembly,
+) -> None:
+    live = packed_round(assembly, learners=2)
+    state = capture(live, {})
+    codes = {k: t for k, t in state.tensors.items() if k.startswith("k/")}
+    wire = sum(len(p.buffer) for c in live.rounds[0].fresh.values() for p in c.tensors.packed.values())
+    # every byte of the two updates is kept, three to a float32 value (each tensor's last value padded)
+    assert wire <= sum(4 * t.numel() for t in codes.values()) * BYTES_PER_VALUE / 4 < wire + BYTES_PER_VALUE * len(codes)
+    # a snapshot from before (one byte to a value, no bytes-per-value in its record) restores to the same round
+    old = SyncerState(meta=copy.deepcopy(state.meta), tensors=dict(state.tensors))
+    for kept in old.meta["rounds"][0]["fresh"]:
+        for part, spec in enumerate(kept["packed"]):
+            for n, (codec, block, nbytes, _) in spec.items():
+                key = f"k/0/fresh/{kept['learner']}/{part}/{n}"
+                raw = live.rounds[0].fresh[kept["learner"]].tensors.packed[n].buffer
+                assert old.tensors[key].numel() < nbytes  # the new layout, which this replaces
+                old.tensors[key] = torch.from_numpy(raw.astype(np.float32))
+                spec[n] = [codec, block, nbytes]
+    for snapshot in (state, old, load(capture(live, {}).to_bytes())):
+        again = assembly.new_syncer()
+        restore(again, snapshot)
+        for learner, c in live.rounds[0].fresh.items():
+            kept = again.rounds[0].fresh[learner].tensors
+            assert {n: bytes(p.buffer) for n, p in kept.packed.items()} == {
+                n: bytes(p.buffer) for n, p in c.tensors.packed.items()
+            }
+        again.close_round(2.0, 0, "quorum", "")
+        other = packed_round(assembly, learners=2)
+        other.close_round(2.0, 0, "quorum", "")
+        assert params_sha256(again.global_params()) == params_sha256(other.global_params())

@@ -139,17 +139,44 @@ def absmax_of(tensors: Mapping[str, torch.Tensor], name: str) -> float | None:
     return None
 
 
+BYTES_PER_VALUE = 3
+"""Bytes of a packed buffer per float32 value of a snapshot: every integer below 2**24 is exact in float32."""
+
+
 def stored(parts: Sequence[PackedTensors], key: str) -> tuple[list[dict[str, list[Any]]], dict[str, torch.Tensor]]:
-    """A pending update's packed parts as a snapshot keeps them: each tensor's codec, block and byte count, and its
-    bytes as float32 values 0-255 (the state frame is fp32) under ``key/part/name``. Restored decoded, the round would
-    take the reference path where the live one took the fused path, and a recovered model would differ from the one
-    acknowledged in its last bits (``fused_round``: the two agree to rounding only)."""
+    """A pending update's packed parts as a snapshot keeps them: each tensor's codec, block, byte count and bytes per
+    value, and its bytes as float32 values (the state frame is fp32), three little-endian bytes to a value, under
+    ``key/part/name``. One byte to a value made an update 4x its wire size in every snapshot; three make it
+    4/3. Restored decoded, the round would take the reference path where the live one took the fused path, and a
+    recovered model would differ from the one acknowledged in its last bits (``fused_round``: they agree to rounding)."""
     specs: list[dict[str, list[Any]]] = []
     tensors: dict[str, torch.Tensor] = {}
     for i, part in enumerate(parts):
-        specs.append({n: [p.codec, p.block, len(p.buffer)] for n, p in part.packed.items()})
-        tensors.update({f"{key}/{i}/{n}": torch.from_numpy(p.buffer.astype(np.float32)) for n, p in part.packed.items()})
+        specs.append({n: [p.codec, p.block, len(p.buffer), BYTES_PER_VALUE] for n, p in part.packed.items()})
+        tensors.update({f"{key}/{i}/{n}": _as_values(p.buffer) for n, p in part.packed.items()})
     return specs, tensors
+
+
+def _as_values(buffer: np.ndarray) -> torch.Tensor:
+    """Three bytes to a value, the last one's missing bytes zero. Each value but the last reads the four bytes at its
+    offset in place (the fourth masked off), so the codes are not copied first."""
+    out = np.empty(-(-len(buffer) // BYTES_PER_VALUE), dtype=np.float32)
+    inside = max((len(buffer) - 1) // BYTES_PER_VALUE, 0)  # values whose four bytes all lie in the buffer
+    if inside:
+        out[:inside] = np.ndarray((inside,), dtype="<u4", buffer=buffer, strides=(BYTES_PER_VALUE,)) & 0xFFFFFF
+    if len(out) > inside:
+        out[inside] = int.from_bytes(buffer[inside * BYTES_PER_VALUE :].tobytes(), "little")
+    return torch.from_numpy(out)
+
+
+def _as_bytes(values: torch.Tensor, nbytes: int, per_value: int) -> bytes | None:
+    """``_as_values`` undone (or one byte a value, as snapshots before it kept them); None when ``values`` are not
+    exactly ``nbytes`` bytes so packed: a count, a value that is no whole number in range, a padding byte not zero."""
+    limit = 1 << (8 * per_value)
+    if values.numel() != -(-nbytes // per_value) or bool(((values < 0) | (values >= limit) | (values != values.round())).any()):
+        return None
+    words = values.to(torch.int64).numpy().astype("<u4").view(np.uint8).reshape(-1, 4)[:, :per_value].reshape(-1)
+    return None if words[nbytes:].any() else words[:nbytes].tobytes()
 
 
 def restored(
@@ -164,14 +191,16 @@ def restored(
             raise ValueError(f"{key}: part {i} has other tensors than the fragment's")
         packs = {}
         for n, shape in shapes.items():
-            codec, block, nbytes = spec[n]
+            codec, block, nbytes, *per = spec[n]
             numel = int(np.prod(shape, dtype=np.int64))
             if codec not in _native.NATIVE_CODECS or nbytes != codecs.encoded_nbytes(codec, numel, block):
                 raise ValueError(f"{key}/{i}/{n}: {nbytes} bytes of {codec!r:.20} in blocks of {block!r:.20}, not {shape}")
-            values = tensors[f"{key}/{i}/{n}"].reshape(-1)
-            if values.numel() != nbytes or bool(((values < 0) | (values > 255) | (values != values.round())).any()):
+            if per not in ([], [1], [BYTES_PER_VALUE]):
+                raise ValueError(f"{key}/{i}/{n}: {per[0]!r:.20} bytes per value; 1 or {BYTES_PER_VALUE} are read")
+            raw = _as_bytes(tensors[f"{key}/{i}/{n}"].reshape(-1), nbytes, per[0] if per else 1)
+            if raw is None:
                 raise ValueError(f"{key}/{i}/{n}: not the {nbytes} bytes its record says")
-            packs[n] = Packed(codec, memoryview(values.to(torch.uint8).numpy().tobytes()), shape, block)
+            packs[n] = Packed(codec, memoryview(raw), shape, block)
         parts.append(PackedTensors(packs))
     if not parts:
         raise ValueError(f"{key}: no parts")
