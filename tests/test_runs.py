@@ -99,6 +99,7 @@ def test_ls_lists_runs_with_their_state_regions_age_and_cost(home: Path) -> None
     assert listed.exit_code == 0 and [r["run"] for r in json.loads(listed.stdout)["runs"]] == ["a", "b"]
     table = runner.invoke(app, ["ls"])
     assert table.exit_code == 0 and "training" in table.stdout and "east,west" in table.stdout and "1.50" in table.stdout
+    assert "plan $/h" in table.stdout  # the plan's rate, egress included: not status's machines on the bill
 
 
 def test_an_ended_run_stops_costing_when_it_ended(home: Path) -> None:

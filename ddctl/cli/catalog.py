@@ -12,7 +12,8 @@ from ddctl.cli.selection import JsonOption
 
 
 def ls(json_out: JsonOption = False) -> None:
-    """List runs: state, regions, machines up (from the providers' labels), age, $/h and $ so far."""
+    """List runs: state, regions, machines up (from the providers' labels), age, and money at the plan's rate: $/h
+    (egress included, 0 once ended) and $ so far; ddctl status prices the machines on the bill now."""
     from dataclasses import asdict
 
     from ddctl.control.runs import list_runs
@@ -33,7 +34,7 @@ def ls(json_out: JsonOption = False) -> None:
 
     table = Table(box=None, pad_edge=False)
     for col, justify in (("run", "left"), ("state", "left"), ("regions", "left"), ("up", "right"), ("age", "right"),
-                         ("$/h", "right"), ("$ so far", "right")):  # fmt: skip
+                         ("plan $/h", "right"), ("$ so far", "right")):  # fmt: skip
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for r in rows:
         table.add_row(
