@@ -199,9 +199,17 @@ def test_a_snapshots_packed_update_that_does_not_fit_its_fragment_is_refused(ass
     with pytest.raises(ValueError, match="not the .* bytes its record says"):
         restore(assembly.new_syncer(), SyncerState(meta=state.meta, tensors={**state.tensors, f"k/0/fresh/L0/0/{n}": padded}))
     restore(assembly.new_syncer(), state)  # unbroken, it restores
+    good = list(spec[n])
     spec[n][3] = 2
     with pytest.raises(ValueError, match="2 bytes per value; 1 or 3 are read"):
         restore(assembly.new_syncer(), state)
+    # a record of another length or type, or a byte count that is not a whole number, is named as such
+    shapeless = "is not \\[codec, block, bytes"
+    cases = [(good[:2], shapeless), ([*good, 3], shapeless), (7, "7 is not"), ([*good[:2], float(good[2]), 3], "[.]0 bytes of")]
+    for record, why in cases:
+        spec[n] = record
+        with pytest.raises(ValueError, match=why):
+            restore(assembly.new_syncer(), state)
 
 
 def packed_round(assembly: Assembly, learners: int, block: int = 64) -> Synchronizer:

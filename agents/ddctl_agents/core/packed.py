@@ -191,13 +191,20 @@ def restored(
             raise ValueError(f"{key}: part {i} has other tensors than the fragment's")
         packs = {}
         for n, shape in shapes.items():
-            codec, block, nbytes, *per = spec[n]
+            record = spec[n]
+            if not isinstance(record, list) or len(record) not in (3, 4):
+                raise ValueError(f"{key}/{i}/{n}: {record!r:.60} is not [codec, block, bytes(, bytes per value)]")
+            codec, block, nbytes, per = [*record, 1][:4]  # records from before three bytes a value have no fourth
             numel = int(np.prod(shape, dtype=np.int64))
-            if codec not in _native.NATIVE_CODECS or nbytes != codecs.encoded_nbytes(codec, numel, block):
-                raise ValueError(f"{key}/{i}/{n}: {nbytes} bytes of {codec!r:.20} in blocks of {block!r:.20}, not {shape}")
-            if per not in ([], [1], [BYTES_PER_VALUE]):
-                raise ValueError(f"{key}/{i}/{n}: {per[0]!r:.20} bytes per value; 1 or {BYTES_PER_VALUE} are read")
-            raw = _as_bytes(tensors[f"{key}/{i}/{n}"].reshape(-1), nbytes, per[0] if per else 1)
+            if (
+                codec not in _native.NATIVE_CODECS
+                or type(nbytes) is not int
+                or nbytes != codecs.encoded_nbytes(codec, numel, block)
+            ):
+                raise ValueError(f"{key}/{i}/{n}: {nbytes!r:.20} bytes of {codec!r:.20} in blocks of {block!r:.20}, not {shape}")
+            if type(per) is not int or per not in (1, BYTES_PER_VALUE):
+                raise ValueError(f"{key}/{i}/{n}: {per!r:.20} bytes per value; 1 or {BYTES_PER_VALUE} are read")
+            raw = _as_bytes(tensors[f"{key}/{i}/{n}"].reshape(-1), nbytes, per)
             if raw is None:
                 raise ValueError(f"{key}/{i}/{n}: not the {nbytes} bytes its record says")
             packs[n] = Packed(codec, memoryview(raw), shape, block)
