@@ -6,6 +6,7 @@ The unit tests pin each rule; the last two run a real syncer process over HTTP/2
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 from collections.abc import Iterator
@@ -75,22 +76,27 @@ def advance(syncer, fragment: int, times: int) -> None:  # type: ignore[no-untyp
         syncer.close_round(0.0, fragment, "all_arrived", "test")
 
 
-FOLDED = [(1, 1, "late"), (1, 2, "dropped"), (2, 3, "late"), (2, 4, "dropped"),
-          (4, 7, "late"), (4, 8, "dropped"), (8, 15, "late"), (8, 16, "dropped")]  # fmt: skip
+FOLDED = [(1, 1, 1, "late"), (1, 1, 2, "dropped"), (2, 1, 3, "late"), (2, 1, 4, "dropped"),
+          (4, 1, 7, "late"), (4, 1, 8, "dropped"), (8, 1, 15, "late"), (8, 1, 16, "dropped"),
+          (1, 0, 1, "dropped"), (2, 0, 1, "late"), (2, 0, 2, "dropped"), (4, 0, 3, "late"), (4, 0, 4, "dropped"),
+          (8, 0, 7, "late"), (8, 0, 8, "dropped"), (8, None, 7, "late"), (8, None, 8, "dropped")]  # fmt: skip
+"""(cadence k, max_behind, versions behind, what becomes of the update); None: the default (0)."""
 
 
-@pytest.mark.parametrize(("cadence", "behind", "status"), FOLDED)
-def test_a_learner_at_cadence_k_may_be_k_minus_1_plus_k_versions_behind(cadence: int, behind: int, status: str) -> None:
-    """Its base is k - 1 versions old by design (the rounds the others closed in its period), and max_behind (1)
-    counts its own periods beyond that: at cadence 1 the old rule, one version."""
-    syncer = small_syncer()
+@pytest.mark.parametrize(("cadence", "max_behind", "behind", "status"), FOLDED)
+def test_a_learner_at_cadence_k_may_be_k_minus_1_plus_max_behind_times_k_versions_behind(
+    cadence: int, max_behind: int | None, behind: int, status: str
+) -> None:
+    """Its base is k - 1 versions old by design (the rounds the others closed in its period), and max_behind counts
+    its own periods beyond that: at cadence 1 and max_behind 1 the old rule, one version; by default (0) none."""
+    syncer = small_syncer() if max_behind is None else small_syncer(max_behind=max_behind)
     syncer.register(0.0, "L0")
     syncer.register(0.0, "L1", cadence=cadence)
     advance(syncer, 0, behind)
     ack, _ = syncer.receive(0.0, update_for(syncer, "L1", 0, base=0))
     assert ack.status == status, ack.reason
     if status == "dropped":
-        assert f"is {behind} behind {behind} (at most {2 * cadence - 1})" in ack.reason
+        assert f"is {behind} behind {behind} (at most {cadence - 1 + (max_behind or 0) * cadence})" in ack.reason
         assert syncer.ledger.dropped == 400
     else:
         assert syncer.rounds[0].late["L1"].c_tokens == 400  # folded into the open round
@@ -249,7 +255,7 @@ def test_a_held_learners_stream_carries_its_bootstrap_then_only_the_versions_it_
 
         assert push(l0, "L0", 0, 0) == "accepted"
         wait_until(lambda: job.status()["versions"][0] == 1, timeout_s=30, what="L0's round")
-        assert push(l1, "L1", 0, 0) == "late"  # one behind, within its allowance of 3: into the open round
+        assert push(l1, "L1", 0, 0) == "late"  # one behind, its cadence's own allowance (k - 1): into the open round
         assert push(l0, "L0", 0, 1) == "accepted"
         wait_until(lambda: (0, 2) in got, timeout_s=30, what="the version holding L1's update")
         assert (0, 1) not in got  # L0's round was never sent to L1
@@ -278,8 +284,10 @@ def test_a_held_learners_stream_carries_its_bootstrap_then_only_the_versions_it_
 @pytest.mark.slow
 def test_a_learner_at_cadence_2_trains_with_half_the_traffic_and_every_token_is_accounted(tmp_path: Path) -> None:
     """Real processes: L1 sends every 2 periods; it moves about half L0's bytes each way, nothing it sends is
-    dropped for staleness, and the books balance."""
-    job = Job.create(tmp_path, small_job(learners=2, tokens=200_000))
+    dropped for staleness within the allowance of one period late (``max_behind: 1``; by default, 0, an update
+    later than its cadence's own is dropped), and the books balance."""
+    job = small_job(learners=2, tokens=200_000)
+    job = Job.create(tmp_path, dataclasses.replace(job, syncer=dataclasses.replace(job.syncer, max_behind=1)))
     try:
         job.start_syncer()
         job.start_learner("L0")

@@ -95,7 +95,7 @@ def test_max_behind_is_a_job_knob_and_the_cli_refuses_a_negative_one() -> None:
     from ddctl.cli.app import app
     from ddctl.config.job import build_job
 
-    assert build_job({}).syncer.max_behind == 1 and build_job({"max_behind": 0}).syncer.max_behind == 0
+    assert build_job({}).syncer.max_behind == 0 and build_job({"max_behind": 1}).syncer.max_behind == 1
     with pytest.raises(ConfigError, match="max_behind must be >= 0, got -1"):
         build_job({"max_behind": -1})
     refused = CliRunner().invoke(app, ["train", "--tokens", "1000", "--max-behind", "-1"])

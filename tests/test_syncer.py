@@ -49,7 +49,7 @@ def test_quorum_two_waits_for_the_second_learner() -> None:
 
 
 def test_late_update_folds_into_the_next_round_and_too_stale_one_is_dropped() -> None:
-    s = joined(n=3)
+    s = joined(n=3, max_behind=1)
     s.receive(1.0, update_for(s, "L0", 0))
     s.poll(1.0)
     ack, _ = s.receive(2.0, update_for(s, "L1", 0, base=0))
@@ -64,6 +64,18 @@ def test_late_update_folds_into_the_next_round_and_too_stale_one_is_dropped() ->
     resync = [e for e in effects if isinstance(e, Send)]
     assert resync and resync[0].to == ("L2",) and resync[0].reason == "resync"
     assert s.ledger.balanced() and s.ledger.dropped == 400
+
+
+def test_by_default_an_update_one_version_behind_is_dropped_and_its_learner_resynced() -> None:
+    """max_behind 0: an update from a base the fragment has moved on from would step the direction the round before
+    already took; it is dropped, counted, and its learner sent the fragment (docs/benchmarks.md)."""
+    s = joined()
+    s.receive(1.0, update_for(s, "L0", 0))
+    s.poll(1.0)
+    ack, effects = s.receive(2.0, update_for(s, "L1", 0, base=0))
+    assert ack.status == "dropped" and "is 1 behind 1 (at most 0)" in ack.reason
+    assert [e.to for e in effects if isinstance(e, Send) and e.reason == "resync"] == [("L1",)]
+    assert s.rounds[0].late == {} and s.ledger.dropped == 400 and s.ledger.balanced()
 
 
 def test_same_update_id_is_applied_once() -> None:
@@ -153,7 +165,7 @@ def test_the_duplicate_window_is_bounded_per_learner() -> None:
 
 
 def test_late_updates_left_behind_by_departed_learners_are_merged() -> None:
-    s = small_syncer(quorum=1)
+    s = small_syncer(quorum=1, max_behind=1)
     for m in ("a", "b"):
         s.register(0.0, m)
     s.receive(1.0, update_for(s, "a", 0))

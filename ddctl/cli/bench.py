@@ -236,7 +236,11 @@ def wan(
     train: Annotated[int, typer.Option(help="Train for real, this many tokens in all, and report val_bpb (0: synthetic).")] = 0,
     preset: Annotated[str, typer.Option(help="Model preset (micro for synthetic steps; tiny to train).")] = "micro",
     max_behind: Annotated[
-        int, typer.Option(help="Rounds an update may lag beyond its cadence and still merge (late); 0 drops late ones.")
+        int,
+        typer.Option(
+            help="Rounds an update may lag beyond its cadence and still merge (late); 0 drops late ones. 1 here, where "
+            "the tables in docs/benchmarks.md were taken; a job's default is 0."
+        ),
     ] = 1,
     hubs: Annotated[
         float,

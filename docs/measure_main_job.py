@@ -1,0 +1,75 @@
+"""The example job (`ddctl up --dry-run` on regions.yaml) to its end, at each of several settings of one knob.
+
+    .venv/bin/python docs/measure_main_job.py [--knob max_behind] [--values 1,0] [--pairs 3] [--out FILE]
+
+Each repeat runs the example once per value, in the order given, as a run of its own (regions.yaml with the run
+renamed and ``training.<knob>: value``, in a ``DDCTL_HOME`` of its own), waits for `ddctl status --json` to say the
+job finished, and prints the summary's val_bpb, rounds and token books; `--out` keeps every run as JSON. The runs
+alternate, so a machine that gets busier costs each value alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+DDCTL = str(ROOT / ".venv" / "bin" / "ddctl")
+
+
+def run_once(knob: str, value: Any, name: str, deadline_s: float) -> dict[str, Any]:
+    """One run of the example with ``training.<knob>: value``; its finished summary."""
+    home = Path(tempfile.mkdtemp(prefix=f"ddctl-{name}-"))
+    spec = yaml.safe_load((ROOT / "regions.yaml").read_text())
+    spec["run"], spec["training"][knob] = name, value
+    (home / "regions.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    env = {**os.environ, "DDCTL_HOME": str(home / "home")}
+    started = time.monotonic()
+    subprocess.run([DDCTL, "up", "--dry-run", "-f", str(home / "regions.yaml"), "--json"], env=env, check=True,
+                   capture_output=True, cwd=ROOT)  # fmt: skip
+    while time.monotonic() - started < deadline_s:
+        status = subprocess.run([DDCTL, "status", "--run", name, "--json"], env=env, capture_output=True, text=True)
+        job = json.loads(status.stdout or "{}").get("job") or {}
+        if job.get("phase") == "finished":
+            return {"run": name, knob: value, "seconds": round(time.monotonic() - started, 1), **job["summary"]}
+        time.sleep(5)
+    subprocess.run([DDCTL, "down", "--run", name], env=env, capture_output=True)
+    raise TimeoutError(f"{name} did not finish in {deadline_s:.0f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--knob", default="max_behind")
+    parser.add_argument("--values", default="1,0", help="comma-separated, each read as YAML")
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--deadline", type=float, default=900.0, help="seconds a run may take")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    values = [yaml.safe_load(v) for v in args.values.split(",")]
+    runs = []
+    for i in range(args.pairs):
+        for value in values:
+            row = run_once(args.knob, value, f"m{i + 1}-{args.knob.replace('_', '')}{value}", args.deadline)
+            tokens = row["tokens"]
+            books = f"merged {tokens['merged']}, late-merged {tokens['late_merged']}, dropped {tokens['dropped']}"
+            print(f"{row['run']}: val_bpb {row['val_bpb']}, rounds {row['rounds']}, {books}, {row['seconds']} s", flush=True)
+            runs.append(row)
+    for value in values:
+        mine = [r["val_bpb"] for r in runs if r[args.knob] == value]
+        print(f"{args.knob} = {value}: val_bpb mean {sum(mine) / len(mine):.4f}, range {min(mine)}-{max(mine)}")
+    if args.out:
+        command = " ".join(["docs/measure_main_job.py", *sys.argv[1:]])
+        args.out.write_text(json.dumps({"command": command, "runs": runs}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
