@@ -169,7 +169,7 @@ def run_service(root: Path, *extra: str, link: linkshape.ShapedLink | None = Non
     """Two learner processes and the service, over HTTP/2 and TLS, to the end; the service's summary."""
     job = Job.create(root, small_job(learners=2, tokens=40_000, inner_steps=4), host=link.host_ip if link else "127.0.0.1")
     try:
-        job.start_syncer("--linger", "3")
+        job.start_syncer("--linger", "30")  # it is asked for its summary after the learners exit; stop_all ends it
         for name in ("L0", "L1"):
             job.start_learner(name, *extra, prefix=link.command() if link else ())
         job.wait_learners()

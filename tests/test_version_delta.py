@@ -320,7 +320,7 @@ def test_learners_train_on_int8_deltas_with_fewer_bytes_down_and_every_token_acc
         whole = sync_traffic(replace(config, down_codec=bootstrap)).down_bytes  # every fragment once
         job = Job.create(tmp_path / codec, config)
         try:
-            job.start_syncer("--linger", "3")
+            job.start_syncer("--linger", "30")  # it is asked for its summary after the learners exit; stop_all ends it
             for i in range(2):
                 job.start_learner(f"L{i}")
             job.wait_learners()
