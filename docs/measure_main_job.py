@@ -4,8 +4,8 @@
 
 Each repeat runs the example once per value, in the order given, as a run of its own (regions.yaml with the run
 renamed and ``training.<knob>: value``, in a ``DDCTL_HOME`` of its own), waits for `ddctl status --json` to say the
-job finished, and prints the summary's val_bpb, rounds and token books; `--out` keeps every run as JSON. The runs
-alternate, so a machine that gets busier costs each value alike.
+job finished, and prints the summary's val_bpb, goodput (beside what the learners' own exit summaries give), rounds and
+token books; `--out` keeps every run as JSON. The runs alternate, so a machine that gets busier costs each value alike.
 """
 
 from __future__ import annotations
@@ -40,10 +40,29 @@ def run_once(knob: str, value: Any, name: str, deadline_s: float) -> dict[str, A
         status = subprocess.run([DDCTL, "status", "--run", name, "--json"], env=env, capture_output=True, text=True)
         job = json.loads(status.stdout or "{}").get("job") or {}
         if job.get("phase") == "finished":
-            return {"run": name, knob: value, "seconds": round(time.monotonic() - started, 1), **job["summary"]}
+            summary = job["summary"]
+            learners = sum(int(region.get("learners", 0)) for region in spec["regions"])
+            said = learners_say(home / "home" / "runs" / name / "logs", learners, summary["uptime_s"])
+            return {"run": name, knob: value, "seconds": round(time.monotonic() - started, 1), **summary, "learners_say": said}
         time.sleep(5)
     subprocess.run([DDCTL, "down", "--run", name], env=env, capture_output=True)
     raise TimeoutError(f"{name} did not finish in {deadline_s:.0f} s")
+
+
+def learners_say(logs: Path, learners: int, uptime_s: float) -> float | None:
+    """The goodput the learners' own exit summaries give (``train_seconds``, in the logs the controller collects as
+    each learner retires): what the summary's goodput claims to measure. None if a log is not home within 60 s."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        seconds = []
+        for log in sorted(logs.glob("L*.log")):
+            lines = [line for line in log.read_text().splitlines() if line.startswith("{") and '"train_seconds"' in line]
+            if lines:
+                seconds.append(float(json.loads(lines[-1])["train_seconds"]))
+        if len(seconds) == learners:
+            return round(sum(seconds) / (learners * uptime_s), 4)
+        time.sleep(2)
+    return None
 
 
 def main() -> None:
@@ -61,7 +80,10 @@ def main() -> None:
             row = run_once(args.knob, value, f"m{i + 1}-{args.knob.replace('_', '')}{value}", args.deadline)
             tokens = row["tokens"]
             books = f"merged {tokens['merged']}, late-merged {tokens['late_merged']}, dropped {tokens['dropped']}"
-            print(f"{row['run']}: val_bpb {row['val_bpb']}, rounds {row['rounds']}, {books}, {row['seconds']} s", flush=True)
+            said = (
+                f"val_bpb {row['val_bpb']}, goodput {row['goodput']} (learners say {row['learners_say']}), rounds {row['rounds']}"
+            )
+            print(f"{row['run']}: {said}, {books}, {row['seconds']} s", flush=True)
             runs.append(row)
     for value in values:
         mine = [r["val_bpb"] for r in runs if r[args.knob] == value]

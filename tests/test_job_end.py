@@ -85,7 +85,14 @@ def test_a_job_ends_when_its_budget_is_trained_and_the_syncer_leaves(tmp_path: P
     assert trained == tokens["planned"] <= tokens["budget"] == 60_000
     assert tokens["merged"] + tokens["late_merged"] + tokens["dropped"] + tokens["rejected"] == tokens["received"]
     assert 0 < summary["val_bpb"] < 8.0 and summary["rounds"] == status["rounds"] > 0
-    assert 0 < summary["goodput"] <= 1.0 and summary["bytes_up"] > 0 and summary["snapshot_bytes"] > 0
+    assert summary["bytes_up"] > 0 and summary["snapshot_bytes"] > 0
+    # goodput: the seconds each learner's loop trained (its own summary's), as its heartbeats said them (every 0.5 s:
+    # the last steps may go unsaid), over learners x the syncer's uptime
+    trained_s = [job.summary(f"L{i}")["train_seconds"] for i in range(2)]
+    said = [entry["train_s"] for entry in status["learners"]]
+    assert all(own - 2.0 <= heard <= own + 0.01 for own, heard in zip(trained_s, said, strict=True)), (trained_s, said)
+    assert summary["goodput"] == pytest.approx(sum(said) / (2 * summary["uptime_s"]), abs=1e-3)
+    assert 0 < summary["goodput"] < 1.0
     assert [e["reason"] for e in events(status, "leave")] == [FINISHED, FINISHED]
     assert len(events(status, "finishing")) == 1 and len(events(status, "finished")) == 1
     assert {entry["state"] for entry in status["learners"]} == {"finished"}

@@ -213,6 +213,7 @@ def _train(opts: LearnerOptions, stop: threading.Event, ranks: Ranks, device: An
             accelerator=hardware.accelerator,
             devices=ranks.world,
             memory_gb=hardware.memory_gb,
+            train_s=round(pace.train_s, 3),
         )
         progress.report(time.monotonic(), learner, comms)
         waits.observe(time.monotonic(), [f.sent_since_adopt for f in learner.state], loop.outcome.adoptions)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ddctl_agents.core.ending import FINISHED, STOPPED
 from ddctl_agents.core.links import LearnerLinks, LinkEstimate
 from ddctl_agents.service.ending import tokens
+from ddctl_agents.service.roster import counted
 from ddctl_agents.train.flops import utilisation
 
 if TYPE_CHECKING:
@@ -83,6 +84,7 @@ def status(rt: SyncerRuntime) -> dict[str, Any]:
                 "cadence": s.cadence.get(name, 1),
                 "uploads_in_flight": info.uploads_in_flight or None,
                 "step_time_s": links.pace.step_time,
+                "train_s": counted(info),
                 "seen_s_ago": round(now - info.last_seen, 3),
                 "updates": dict(info.updates),
                 "rejections": standing.rejections if (standing := s.quarantine.standings.get(name)) else 0,

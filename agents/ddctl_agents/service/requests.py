@@ -26,6 +26,8 @@ MAX_COUNT = (1 << 62) - 1
 
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 Seconds = Annotated[float, Field(ge=0.0, le=86_400.0, allow_inf_nan=False)]
+Lifetime = Annotated[float, Field(ge=0.0, le=1e9, allow_inf_nan=False)]
+"""Seconds summed over a learner's life (a run may last weeks; 1e9 s is 31 years)."""
 Rate = Annotated[float, Field(ge=0.0, le=1e12, allow_inf_nan=False)]
 Loss = Annotated[float, Field(ge=0.0, le=1e6, allow_inf_nan=False)]
 Identity = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
@@ -110,6 +112,8 @@ class HeartbeatBody(_Body):
     """Memory of one device in GB as reported (0: unknown)."""
     uploads_in_flight: Annotated[int, Field(ge=0, le=MOST_IN_FLIGHT)] = 0
     """Uploads it keeps in flight now (its pacer's cap, ``core/pacing``); 0 from a learner too old to say."""
+    train_s: Lifetime | None = None
+    """Seconds this life of the learner has spent in its training loop (None: not said); the job's goodput."""
     region: Region = ""
     """The region it registered with, again: a syncer restarted from its log knows the learner is live but not where
     it is, and the learner does not register again (``roster.heard`` fills it in; registration's answer wins)."""

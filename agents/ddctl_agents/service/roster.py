@@ -55,6 +55,16 @@ class LearnerInfo:
     last_seen: float = 0.0
     joined_at: float = 0.0
     updates: dict[str, int] = field(default_factory=dict)
+    known_since: float = 0.0
+    """When this process first knew it (it joined, or was recovered from the log)."""
+    train_s: float = 0.0
+    """Seconds its lives spent training while this syncer process heard them (what its heartbeats' ``train_s`` rose
+    by), never more than ``known_since`` ago: the job's goodput."""
+    train_said: float | None = None
+    """The ``train_s`` its life last said (0 for a life that began here); None for a learner recovered from the log
+    until its first heartbeat, which includes training before this process began and so only sets where it counts from."""
+    train_heard: bool = False
+    """A heartbeat said ``train_s`` (an agent too old to never does)."""
 
 
 class Roster:
@@ -112,12 +122,20 @@ class Roster:
         regional = self.regions.get(region)
         if regional is not None and links.up.bytes_per_s is None:
             links.up.bytes_per_s, links.up.rtt_s = regional.up.bytes_per_s, regional.up.rtt_s
-        info = self.learner(name)
+        new, info = name not in self.info, self.learner(name)
         if info.incarnation != incarnation:  # a new life: the old one's tokens stay counted
             info.tokens_before, info.tokens = info.tokens_before + info.tokens, 0
+        if new or info.incarnation != incarnation:  # a life that began here: all its training counts
+            info.train_said = 0.0
+        if new:
+            info.known_since = now
         info.region, info.incarnation, info.state, info.last_seen, info.joined_at = region, incarnation, "training", now, now
         info.step = max(info.step, start_step)
         self.event(now, "join", learner=name, region=region, incarnation=incarnation, start_step=start_step)
+
+    def recovered(self, now: float, name: str, incarnation: int) -> None:
+        """A learner live in the log this process recovered: known from now, its region unknown until it says."""
+        self.info[name] = LearnerInfo(incarnation=incarnation, last_seen=now, joined_at=now, known_since=now, state="recovered")
 
     def heard(self, now: float, report: HeartbeatBody, links: LearnerLinks) -> tuple[LearnerLinks, LearnerLinks]:
         """A heartbeat: progress for the page; returns (learner's, region's) links for the measured figures. Its region
@@ -130,6 +148,8 @@ class Roster:
         info.loss, info.staleness, info.last_seen, info.state = report.loss, report.staleness, now, "training"
         info.accelerator, info.devices, info.memory_gb = report.accelerator, report.devices, report.memory_gb
         info.uploads_in_flight = report.uploads_in_flight
+        if report.train_s is not None:
+            trained(info, now, report.train_s)
         return links, self.regions.setdefault(info.region, LearnerLinks())
 
     def regional(self, name: str) -> LearnerLinks:
@@ -163,6 +183,21 @@ class Roster:
             self.event(now, "suspended", learner=record["learner"], reason=record["reason"])
             self.set_state(record["learner"], "suspended")
             log.error("learner %s suspended: %s", record["learner"], record["reason"])
+
+
+def counted(info: LearnerInfo) -> float | None:
+    """The seconds of ``info``'s training this process counted, or None where no heartbeat said any."""
+    return round(info.train_s, 3) if info.train_heard else None
+
+
+def trained(info: LearnerInfo, now: float, said: float) -> None:
+    """Count what a heartbeat's ``train_s`` rose by since the last one said. A figure below the last is a life that
+    began since (its learner registered again, or restarted before this syncer heard of it): all of it counts. The
+    total stays within the time this process has known the learner, whatever a learner claims."""
+    if info.train_said is not None:
+        info.train_s += said - info.train_said if said >= info.train_said else said
+        info.train_s = min(info.train_s, max(0.0, now - info.known_since))
+    info.train_said, info.train_heard = said, True
 
 
 def _shown(value: Any) -> Any:

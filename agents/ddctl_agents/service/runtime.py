@@ -42,7 +42,7 @@ from ddctl_agents.service.recovery import recover
 from ddctl_agents.service.relay_feeds import RelayFeeds
 from ddctl_agents.service.requests import Cadence, HeartbeatBody
 from ddctl_agents.service.resume import read_local, seed
-from ddctl_agents.service.roster import LearnerInfo, Roster
+from ddctl_agents.service.roster import Roster
 from ddctl_agents.service.settings import ServiceSettings
 from ddctl_agents.service.snapshots import take
 from ddctl_agents.service.supervise import supervise
@@ -134,7 +134,7 @@ class SyncerRuntime:
         )
         self.wal = Wal(self.settings.state_dir / "wal")
         for learner, incarnation in self.syncer.live.items():
-            self.roster.info[learner] = LearnerInfo(incarnation=incarnation, last_seen=now, joined_at=now, state="recovered")
+            self.roster.recovered(now, learner, incarnation)
             self.holds.joined(learner, self.syncer.cadence.get(learner, 1))
         self.cuts.marker = self.syncer.clock.get(CUT, 0)
         resumed = bool(self.recovered["snapshot"] or self.recovered["replayed"] or self.recovered["quarantined"])
