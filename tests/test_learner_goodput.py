@@ -88,3 +88,16 @@ def test_the_dashboard_shows_the_goodput_of_the_status_it_was_given() -> None:
     status = {"uptime_s": 40.0, "learners": [{"id": "L0", "step": 50, "step_time_s": 1.0, "train_s": 36.0},
                                              {"id": "L1", "step": 50, "step_time_s": 1.0, "train_s": 20.0}]}  # fmt: skip
     assert shown(status) == 0.7  # (36 + 20) / (2 x 40), not 100 steps x 1.0 s / 80 s (clipped to 1.0)
+
+
+def test_a_figure_that_is_not_seconds_counts_as_unsaid_and_the_dashboard_still_draws() -> None:
+    """The dashboard takes its status from another process: a broken one's figures must not turn goodput negative,
+    past one, or into an exception."""
+    from ddctl.dashboard.snapshot import goodput as shown
+
+    learners = [{"id": "L0", "train_s": -50.0}, {"id": "L1", "train_s": "30"}, {"id": "L2", "train_s": float("nan")},
+                {"id": "L3", "train_s": True}, {"id": "L4", "train_s": 30.0}]  # fmt: skip
+    assert goodput(learners, 50.0) == 0.12  # 30 / (5 x 50)
+    estimated = [{"id": "L0", "step": -100, "step_time_s": 1.0}, {"id": "L1", "step": 10, "step_time_s": -9.0}]
+    assert goodput(estimated, 10.0) == 0.5  # 10 steps x the median of the one real step time / (2 x 10)
+    assert shown({"uptime_s": "soon", "learners": learners}) is None and goodput(learners, float("inf")) is None

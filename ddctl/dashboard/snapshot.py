@@ -194,7 +194,7 @@ def rounds_per_min(recent: list[dict[str, Any]]) -> float | None:
 
 def goodput(status: dict[str, Any]) -> float | None:
     """Share of learner time spent in training steps so far (``service.ending.goodput``, the summary's figure)."""
-    return learner_goodput(status.get("learners", []), float(status.get("uptime_s") or 0.0))
+    return learner_goodput(status.get("learners", []), status.get("uptime_s"))
 
 
 def traffic(status: dict[str, Any]) -> dict[str, Any]:
