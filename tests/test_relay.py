@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,16 +65,20 @@ def test_a_relay_token_opens_its_own_regions_relay_only() -> None:
 class FakeShard:
     """A shard's stream: these frames, then (if ``breaks``) a broken connection."""
 
-    def __init__(self, frames: list[bytes], breaks: bool = False, located: str = "") -> None:
-        self.frames, self.breaks, self.located = frames, breaks, located
+    def __init__(self, frames: list[bytes], breaks: bool = False, located: str = "", history: str = "") -> None:
+        self.frames, self.breaks, self.located, self.history = frames, breaks, located, history
         self.asked: list[list[int]] = []
 
     def relay_address(self) -> str:
         """Where this shard says the region's relay is ("": none streams from it)."""
         return self.located
 
-    def fragments(self, since: list[int], chain: list[str] | None = None, at: str = "") -> Iterator[bytes]:
+    def fragments(
+        self, since: list[int], chain: list[str] | None = None, at: str = "", opened: Callable[[str], None] | None = None
+    ) -> Iterator[bytes]:
         self.asked.append(list(since))
+        if opened is not None:
+            opened(self.history)
         yield from self.frames
         self.frames = []
         if self.breaks:
@@ -114,6 +118,34 @@ def test_the_feed_publishes_whole_versions_and_drops_what_does_not_decode_or_is_
     assert feed.heard["https://s0"] is not None
 
 
+def test_a_feed_whose_shard_started_over_forgets_what_it_held_and_asks_again_from_none() -> None:
+    """A shard brought back without its state numbers its versions from 0 again: held, the old history's higher numbers
+    would hide every version of the new one from the region's learners."""
+
+    class Reborn(FakeShard):
+        def fragments(
+            self, since: list[int], chain: list[str] | None = None, at: str = "", opened: Callable[[str], None] | None = None
+        ) -> Iterator[bytes]:
+            if len(self.asked) == 1:  # the second stream reaches the shard's next life, which held nothing over
+                self.frames, self.history, self.breaks = [version_frame(0, 1)], "00000000000000aa", False
+            yield from super().fragments(since, chain, at, opened)
+
+    shard = Reborn([version_frame(0, 5), version_frame(1, 6)], breaks=True, history="0123456789abcdef")
+
+    async def run() -> tuple[list[int], Feed]:
+        publisher = Publisher(2)
+        feed = Feed(["https://s0"], lambda url: shard, publisher, 2, stale_after_s=60)  # type: ignore[arg-type,return-value]
+        feed.start(asyncio.get_running_loop())
+        await asyncio.to_thread(wait_until, lambda: len(shard.asked) >= 3 and publisher.versions()[0] == 1, timeout_s=10,
+                                what="the feed")  # fmt: skip
+        feed.stop()
+        return publisher.versions(), feed
+
+    versions, feed = asyncio.run(run())
+    assert shard.asked[:3] == [[-1, -1], [5, 6], [-1, -1]]  # the stream that named the new history is asked again
+    assert versions == [1, -1] and feed.forgotten == 1 and feed.histories == {"https://s0": "00000000000000aa"}
+
+
 class FlakyShard(FakeShard):
     """A shard that refuses its stream ``failures`` times, then sends its frames."""
 
@@ -121,11 +153,13 @@ class FlakyShard(FakeShard):
         super().__init__(frames)
         self.failures = failures
 
-    def fragments(self, since: list[int], chain: list[str] | None = None, at: str = "") -> Iterator[bytes]:
+    def fragments(
+        self, since: list[int], chain: list[str] | None = None, at: str = "", opened: Callable[[str], None] | None = None
+    ) -> Iterator[bytes]:
         if self.failures:
             self.failures -= 1
             raise Unavailable("connection refused")
-        yield from super().fragments(since, chain)
+        yield from super().fragments(since, chain, at, opened)
 
 
 def test_a_feed_logs_a_broken_stream_once_and_says_when_it_is_back(caplog: pytest.LogCaptureFixture) -> None:

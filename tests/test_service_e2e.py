@@ -63,6 +63,7 @@ def test_three_learners_train_and_status_shows_their_links(tmp_path: Path, job_f
     assert curve[-1] < curve[0] - 1.0, curve  # from ~7.8 (uniform bytes) down by more than a bit per byte
     summaries = [job.summary(f"L{i}") for i in range(3)]
     assert all(s["drained"] and s["reason"] == "finished" for s in summaries)
+    assert all(s["restarts"] == 0 for s in summaries)  # recovered from its state: the same history, no learner restarts
     ledger = status["ledger"]
     assert ledger["balanced"] and ledger["pending"] == 0
     assert ledger["received"] == sum(sum(s["acked_tokens"].values()) for s in summaries)
@@ -126,6 +127,7 @@ def test_a_killed_syncer_restarts_from_its_snapshot_and_loses_nothing(tmp_path: 
     assert status["rounds"] > before["rounds"]
     summaries = [job.summary(f"L{i}") for i in range(3)]
     assert all(s["drained"] and s["reason"] == "finished" for s in summaries)
+    assert all(s["restarts"] == 0 for s in summaries)  # recovered from its state: the same history, no learner restarts
     ledger = status["ledger"]
     acked = sum(sum(s["acked_tokens"].values()) for s in summaries)
     sent = sum(s["sent_tokens"] for s in summaries)

@@ -23,6 +23,7 @@ from ddctl_agents import relay, tcpinfo, waiting
 from ddctl_agents.core.links import SendCounters
 from ddctl_agents.core.text import printable
 from ddctl_agents.errors import ConfigError, Refused, Unavailable
+from ddctl_agents.service import history
 
 T = TypeVar("T")
 __all__ = ["Refused", "SyncerClient", "Unavailable", "retry"]
@@ -179,7 +180,9 @@ class SyncerClient:
         }
         return self._json("POST", "/v1/updates", content=chunks(), headers=headers)
 
-    def fragments(self, since: list[int], chain: list[str] | None = None, at: str = "") -> Iterator[bytes]:
+    def fragments(
+        self, since: list[int], chain: list[str] | None = None, at: str = "", opened: Callable[[str], None] | None = None
+    ) -> Iterator[bytes]:
         """The subscription stream, frame by frame; empty frames are keep-alives.
 
         With ``chain`` the stream may send versions as deltas (``core/version_delta.py``) from those in ``since``
@@ -190,6 +193,9 @@ class SyncerClient:
         syncer measures each learner's downlink from its own socket (``tcpinfo``).
 
         ``at``: a relay's address, which it tells the shards its stream comes from (``relay.address``).
+
+        ``opened``: called as the stream opens, with the history its versions count in (``service/history.py``; "" where
+        the server names none), before any frame is read.
 
         Left early (the caller breaks out), the stream ends at the server too: httpcore closes an HTTP/2 response
         without a RST_STREAM, so the server would go on feeding a stream nobody reads until its window filled, and
@@ -207,6 +213,8 @@ class SyncerClient:
                 _raise_for(r, r.read() if r.status_code >= 400 else b"")
                 if chain is not None:
                     chain[0] = r.headers.get("x-ddctl-chain", "")
+                if opened is not None:
+                    opened(r.headers.get(history.HEADER.decode(), ""))
                 buffer = bytearray()
                 for chunk in r.iter_raw():
                     buffer += chunk

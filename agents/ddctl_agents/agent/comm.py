@@ -45,13 +45,15 @@ from ddctl_agents.core.links import SoloTransfers, sent_between
 from ddctl_agents.core.messages import FragmentVersion, Update, absorb, encode_update
 from ddctl_agents.core.text import printable
 from ddctl_agents.core.wire import is_count
-from ddctl_agents.errors import HTTP, AgentError, ConfigError, JobOver, NotOwner
+from ddctl_agents.errors import HTTP, AgentError, ConfigError, ImpossibleVersion, JobOver, NotOwner
 
 log = logging.getLogger(__name__)
 JOB_OVER = HTTP[JobOver][1]
 """The syncer's code for a request it refuses because the job is finishing or finished."""
 NOT_OWNER = HTTP[NotOwner][1]
 """A shard's code for an update of a fragment it does not own (the map moved it)."""
+IMPOSSIBLE_VERSION = HTTP[ImpossibleVersion][1]
+"""The code for an update based on a version the syncer never produced: the syncer started over (``agent/again``)."""
 SUSPENDED_RETRY_S = 10.0
 """How often a suspended learner asks again whether it has been readmitted."""
 
@@ -294,6 +296,8 @@ class Comms:
             log.error("update %s refused: %s", update.update_id, exc)
             with self._lock:
                 self.ledger.rejected += update.c_tokens
+            if exc.code == IMPOSSIBLE_VERSION:  # its base is a version the syncer never produced: it lost its history
+                self.subscriber.lost(f"the synchronizer refused update {update.update_id}: {exc}")
         except Unavailable:
             self.outbox.put(update)  # stopping: leave it queued, drain() reports it unsent
             return

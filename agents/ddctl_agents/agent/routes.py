@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ddctl_agents import relay
+from ddctl_agents.agent.client import SyncerClient, retry
 from ddctl_agents.core import shardmap
 from ddctl_agents.core.shardmap import ShardMap
 from ddctl_agents.errors import ConfigError
@@ -86,6 +87,15 @@ def syncer_url_arg(text: str) -> str:
         return syncer_url(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def ask_shard(connect: Callable[[str], SyncerClient], url: str) -> dict[str, Any] | None:
+    """What the synchronizer at ``url`` says of its shard and map (None: it is not a shard); asked for two minutes."""
+    client = connect(url)
+    try:
+        return retry(client.shards, give_up_after_s=120.0)
+    finally:
+        client.close()
 
 
 def discover(urls: Sequence[str], ask: Ask) -> Routes:

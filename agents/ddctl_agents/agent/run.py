@@ -25,12 +25,12 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ddctl_agents.agent import relay_host
+from ddctl_agents.agent.again import STARTED_OVER, exit_code, rerun_codes, rerun_summaries
 from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable, retry
 from ddctl_agents.agent.comm import JOB_OVER, Comms, Identity
 from ddctl_agents.agent.launch import end_rank, own_address, report_exit, run_ranks
@@ -38,14 +38,14 @@ from ddctl_agents.agent.loop import GO, STOP, STOP_NOW, StepLoop
 from ddctl_agents.agent.notice import Stop, watch
 from ddctl_agents.agent.progress import Pace, Progress
 from ddctl_agents.agent.roundtrip import RoundTrips
-from ddctl_agents.agent.routes import discover, syncer_url_arg
+from ddctl_agents.agent.routes import ask_shard, discover, syncer_url_arg
 from ddctl_agents.agent.slots import in_flight_argument
 from ddctl_agents.agent.subscription import RelayLink
 from ddctl_agents.agent.summary import write as write_summary
 from ddctl_agents.core.ending import FINISHED, STOPPED
 from ddctl_agents.core.pacing import AUTO_MOST
 from ddctl_agents.core.schedule import CADENCES
-from ddctl_agents.entrypoint import EXIT_OK, EXIT_UNREACHABLE, Parser, add_label_option, configure_logging, report
+from ddctl_agents.entrypoint import Parser, add_label_option, configure_logging, report
 from ddctl_agents.errors import AgentError
 from ddctl_agents.jsonable import from_json
 from ddctl_agents.relay import server_name
@@ -109,7 +109,7 @@ def _register(opts: LearnerOptions) -> tuple[Assembly, Comms, dict[str, Any]]:
     def connect(url: str) -> SyncerClient:
         return SyncerClient(url, opts.token, opts.ca)
 
-    routes = discover((opts.syncer, *opts.other_shards), functools.partial(_ask_shard, connect))
+    routes = discover((opts.syncer, *opts.other_shards), functools.partial(ask_shard, connect))
     if routes.map is not None:
         routes.map.check_fragments(assembly.fragmentation.count)
     absorb = not job.sync.error_feedback
@@ -120,14 +120,6 @@ def _register(opts: LearnerOptions) -> tuple[Assembly, Comms, dict[str, Any]]:
     answer = comms.start(assembly.fragmentation.count)
     start = {"job": job_answer["job"], "model_files": model_files, "start_step": int(answer["start_step"])}
     return assembly, comms, start | {"incarnation": me.incarnation}
-
-
-def _ask_shard(connect: Callable[[str], SyncerClient], url: str) -> dict[str, Any] | None:
-    client = connect(url)
-    try:
-        return retry(client.shards, give_up_after_s=120.0)
-    finally:
-        client.close()
 
 
 def _assemble(job: Any, model_files: dict[str, str]) -> Assembly:
@@ -152,7 +144,7 @@ def _start(opts: LearnerOptions, ranks: Ranks, group: Any) -> tuple[Assembly, Co
     return assembly or _assemble(shared["job"], shared.get("model_files") or {}), comms, shared
 
 
-def run_learner(opts: LearnerOptions, stop: threading.Event | None = None) -> dict[str, Any]:
+def run_learner(opts: LearnerOptions, stop: threading.Event | None = None, restarts: int = 0) -> dict[str, Any]:
     """Train until the budget, ``stop`` or SIGTERM; returns the summary (also written to opts.summary).
 
     Under torchrun every rank runs this; only the leader (rank 0) talks to the syncer and writes the summary.
@@ -162,12 +154,12 @@ def run_learner(opts: LearnerOptions, stop: threading.Event | None = None) -> di
     device = resolve_device(opts.device, ranks.local_rank)
     group = join(ranks, device)
     try:
-        return _train(opts, stop, ranks, device, group)
+        return _train(opts, stop, ranks, device, group, restarts)
     finally:
         leave(ranks)
 
 
-def _train(opts: LearnerOptions, stop: threading.Event, ranks: Ranks, device: Any, group: Any) -> dict[str, Any]:
+def _train(opts: LearnerOptions, stop: threading.Event, ranks: Ranks, device: Any, group: Any, restarts: int) -> dict[str, Any]:
     born = time.time()
     assembly, comms, start = _start(opts, ranks, group)
     placement = Placement(device=device, ranks=ranks, shard=opts.shard, compile=opts.compile)
@@ -182,6 +174,8 @@ def _train(opts: LearnerOptions, stop: threading.Event, ranks: Ranks, device: An
             return STOP, stop.reason if isinstance(stop, Stop) else "sigterm"
         if opts.syncer_timeout_s and time.monotonic() - comms.last_contact > opts.syncer_timeout_s:
             return STOP_NOW, "syncer_gone"
+        if comms.subscriber.started_over.is_set():  # every update would be refused: start again (``agent/again``)
+            return STOP_NOW, STARTED_OVER
         return (STOP, STOPPED) if comms.stop_asked.is_set() else None
 
     loop = StepLoop(learner, Decisions(ranks, 1 + 2 * learner.fragmentation.count, group), comms, should_stop)
@@ -223,10 +217,10 @@ def _train(opts: LearnerOptions, stop: threading.Event, ranks: Ranks, device: An
     if comms is None:
         return {}
     reason = outcome.reason or FINISHED
-    drained = comms.drain(opts.drain_timeout_s) if reason != "syncer_gone" else False
+    drained = comms.drain(opts.drain_timeout_s) if reason not in ("syncer_gone", STARTED_OVER) else False  # none lands
     progress.finish(time.monotonic(), learner, comms, reason)
     trained = learner.ledger.trained // max(len(learner.state), 1)
-    comms.close(reason=reason if reason != "syncer_gone" else None, tokens=trained)
+    comms.close(reason=reason if reason not in ("syncer_gone", STARTED_OVER) else None, tokens=trained)  # none to hear
     summary = {
         "learner": opts.name,
         "incarnation": start["incarnation"],
@@ -255,6 +249,7 @@ def _train(opts: LearnerOptions, stop: threading.Event, ranks: Ranks, device: An
         "devices": ranks.world,
         "started_at": round(born, 3),
         "ended_at": round(time.time(), 3),
+        "restarts": restarts,
     }
     if opts.summary is not None:
         write_summary(opts.summary, summary)
@@ -349,7 +344,9 @@ def _learn(parser: Parser, args: argparse.Namespace, argv: list[str] | None) -> 
         try:
             command_line = list(sys.argv[1:] if argv is None else argv)
             here = own_address(args.rendezvous, args.syncer[0]) if args.nodes > 1 else ""
-            return run_ranks(args.gpus, args.nodes, args.rendezvous, f"ddctl-{args.name}", args.device, command_line, here)
+            return rerun_codes(
+                lambda: run_ranks(args.gpus, args.nodes, args.rendezvous, f"ddctl-{args.name}", args.device, command_line, here)
+            )
         except AgentError as exc:
             return report(parser.prog, exc)
     try:
@@ -384,7 +381,7 @@ def _learn(parser: Parser, args: argparse.Namespace, argv: list[str] | None) -> 
         signal.signal(signal.SIGTERM, lambda *_: stop.trigger("sigterm"))
         if args.notice_url and Ranks.from_env().leader:
             watch(args.notice_url, stop)
-        summary = run_learner(opts, stop)
+        summary = rerun_summaries(lambda restarts: run_learner(opts, stop, restarts), stop.is_set)
     except Refused as exc:
         if exc.code == JOB_OVER:  # nothing left to train: a learner started after the end has nothing to do
             print(f"the job is over: {exc.reason}", file=sys.stderr)
@@ -394,4 +391,4 @@ def _learn(parser: Parser, args: argparse.Namespace, argv: list[str] | None) -> 
         return report(parser.prog, exc, "syncer unreachable" if isinstance(exc, Unavailable) else "")
     if summary:  # the leader's; the other ranks have none
         print(json.dumps(summary), flush=True)
-    return EXIT_UNREACHABLE if summary.get("reason") == "syncer_gone" else EXIT_OK  # the dead-man switch ends as unreachable
+    return exit_code(summary)

@@ -43,6 +43,7 @@ from ddctl_agents.core.messages import FragmentVersion
 from ddctl_agents.core.text import printable
 from ddctl_agents.core.version_delta import Held, receive
 from ddctl_agents.errors import WireError
+from ddctl_agents.service import history
 
 log = logging.getLogger(__name__)
 FIRST_DELAY_S, MOST_DELAY_S = 0.1, 5.0
@@ -129,6 +130,11 @@ class Subscriber:
         self.most_ahead = MOST_AHEAD
         self.refused = 0
         """Versions refused here (other tensors, numbered implausibly far ahead)."""
+        self.histories: dict[str, str] = {}
+        """The history each shard's versions count in (by URL), as its first stream named it."""
+        self.started_over = threading.Event()
+        """Set once the versions held can never be continued (``agent/again.py``), with why in ``why_over``."""
+        self.why_over = ""
 
     def expect(self, specs: tuple[tuple[TensorSpec, ...], ...], most_ahead: int) -> None:
         """From now on refuse a version whose tensors are not its fragment's, or numbered more than ``most_ahead``
@@ -151,7 +157,7 @@ class Subscriber:
                     self.stopping.wait(0.2)
                     continue
                 try:
-                    for frame in client.fragments(list(self.versions), chain):
+                    for frame in client.fragments(list(self.versions), chain, opened=functools.partial(self._opened, url)):
                         self.heard(url)
                         delay = FIRST_DELAY_S
                         if self.stopping.is_set() or self.relayed.is_set():
@@ -209,6 +215,22 @@ class Subscriber:
             self.relayed.clear()
             if client is not None:
                 client.close()
+
+    def lost(self, why: str) -> None:
+        """The versions held will never be continued (the first ``why`` is kept): the learner starts over."""
+        if not self.started_over.is_set():
+            self.why_over = why
+            log.warning("%s", why)
+            self.started_over.set()
+
+    def _opened(self, url: str, said: str) -> None:
+        """A shard's stream opened naming the history of its versions: another than before means it started over."""
+        if not history.valid(said):  # a shard that names none (an older one), or not as an id
+            return
+        known = self.histories.setdefault(url, said)
+        if known != said:
+            self.lost(f"the synchronizer at {url} started over: its versions count in history {said}, the ones held "
+                      f"here in {known}, which it will never continue")  # fmt: skip
 
     def _moved(self, url: str, shards: list[str]) -> str:
         """The relay's URL as the first shard that knows says it is now, where that differs from ``url``; "" when it

@@ -7,7 +7,9 @@ before it is served on (sizes, checksum, header and tensor table; its tensors
 are not decoded): a frame that is not a whole fragment version, or names a
 fragment the job does not have, or a version numbered implausibly far past the one held
 (``subscription.MOST_AHEAD``), is counted and dropped,
-and the stream goes on. A shard not heard from (not even a keep-alive) for
+and the stream goes on. A shard whose stream names another history than before
+(``service/history.py``: it started over) makes the relay forget every version it
+holds and ask every shard again from none. A shard not heard from (not even a keep-alive) for
 ``stale_after_s`` makes the relay *stale*: its learners are refused (503) and
 pull from the shards themselves until it hears again.
 """
@@ -15,6 +17,7 @@ pull from the shards themselves until it hears again.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -25,6 +28,7 @@ from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable
 from ddctl_agents.agent.subscription import implausible
 from ddctl_agents.core.messages import fragment_of
 from ddctl_agents.errors import WireError
+from ddctl_agents.service import history
 from ddctl_agents.service.publisher import Published, Publisher
 
 log = logging.getLogger(__name__)
@@ -59,6 +63,10 @@ class Feed:
         """When each shard's stream last delivered a record (None: not yet)."""
         self.stopping = threading.Event()
         self._threads: list[threading.Thread] = []
+        self.histories: dict[str, str] = {}
+        """The history each shard's versions count in, as its stream last named it."""
+        self.forgotten = 0
+        """Times the relay forgot what it held because a shard started over: each stream opened before asks again."""
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """One thread per shard, publishing into ``loop`` (the one serving the learners)."""
@@ -86,7 +94,10 @@ class Feed:
         try:
             while not self.stopping.is_set():
                 try:
-                    for frame in client.fragments(self.publisher.versions(), at=self.at):
+                    opened, forgotten = functools.partial(self._opened, url, loop), self.forgotten
+                    for frame in client.fragments(self.publisher.versions(), at=self.at, opened=opened):
+                        if self.forgotten != forgotten:
+                            break  # asked for what the relay held before it forgot: ask again, from none
                         self.heard[url] = self.clock()
                         delay = 0.1
                         outage.over(url, self.clock())
@@ -100,6 +111,18 @@ class Feed:
                     delay = min(delay * 2, 5.0)
         finally:
             client.close()
+
+    def _opened(self, url: str, loop: asyncio.AbstractEventLoop, said: str) -> None:
+        """Shard ``url``'s stream names the history of its versions: another than before, and nothing held counts."""
+        if not history.valid(said):
+            return
+        known = self.histories.setdefault(url, said)
+        if known != said:
+            self.histories[url] = said
+            log.warning("shard %s started over (history %s, was %s): the relay forgets every version it holds", url, said,
+                        known)  # fmt: skip
+            asyncio.run_coroutine_threadsafe(self.publisher.forget(), loop).result()
+            self.forgotten += 1
 
     def _publish(self, url: str, frame: bytes, loop: asyncio.AbstractEventLoop) -> None:
         self.counts.bytes_in += len(frame)

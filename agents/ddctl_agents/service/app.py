@@ -25,7 +25,7 @@ from ddctl_agents.errors import (
     TooLarge,
 )
 from ddctl_agents.relay import address, region_of
-from ddctl_agents.service import cuts, h2tuning, handoffs
+from ddctl_agents.service import cuts, h2tuning, handoffs, history
 from ddctl_agents.service.asgi import (
     Handler,
     Receive,
@@ -244,6 +244,7 @@ class SyncerApp:
         await read_body(receive, MAX_JSON)  # a GET's (empty) body; what receive() says next is the disconnect
         chain = self.rt.publisher.chain.encode()  # a subscriber's deltas step from its versions only if they are of this chain
         headers = [(b"content-type", b"application/x-ddctl-stream"), (b"x-ddctl-chain", chain)]
+        headers.append((history.HEADER, self.rt.publisher.history.encode()))  # which history its version numbers count in
         sock, meter = h2tuning.connection_socket(scope), DeliveryMeter()
 
         def measure() -> None:

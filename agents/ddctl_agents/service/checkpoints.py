@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 INDEX = "index.json"
-_NAME = re.compile(r"ckpt-(\d{6})")
+NAME = re.compile(r"ckpt-(\d{6})")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,7 +79,7 @@ def numbers(root: Path) -> list[int]:
     """The complete checkpoints under ``root`` (those with a manifest), oldest first."""
     if not root.is_dir():
         return []
-    return sorted(int(m.group(1)) for p in root.iterdir() if (m := _NAME.fullmatch(p.name)) and (p / MANIFEST).exists())
+    return sorted(int(m.group(1)) for p in root.iterdir() if (m := NAME.fullmatch(p.name)) and (p / MANIFEST).exists())
 
 
 def due(policy: CheckpointPolicy, rounds: int, last_rounds: int, now: float, last_at: float) -> bool:
@@ -190,7 +190,7 @@ def _upload(policy: CheckpointPolicy, number: int, files: dict[str, bytes], keep
         for file, data in files.items():
             storage.put(storage.join(where, file), data)
         storage.put(storage.join(policy.url, INDEX), index)
-        present = {m.group(1) for url in storage.listing(policy.url) if (m := _NAME.search(url))}
+        present = {m.group(1) for url in storage.listing(policy.url) if (m := NAME.search(url))}
         for old in sorted(int(n) for n in present if int(n) not in keep):
             for url in storage.listing(storage.join(policy.url, name(old))):
                 storage.delete(url)

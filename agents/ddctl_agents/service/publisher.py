@@ -56,6 +56,8 @@ class Publisher:
         self._coding = threading.Lock()
         self.chain = secrets.token_hex(8) if isinstance(self.coder, Chains) else ""
         """This process's chain of versions: a subscriber's deltas step from what it holds only if it is of this one."""
+        self.history = ""
+        """The history its version numbers count in (``service/history.py``; set as the syncer starts)."""
         self.latest: list[Published | None] = [None] * count
         self._made: list[int] = [0] * count
         """When each fragment's newest version was published (a counter): the order subscribers are sent them in."""
@@ -78,6 +80,12 @@ class Publisher:
             self.latest[item.fragment] = item
             self._count += 1
             self._made[item.fragment] = self._count
+            self._changed.notify_all()
+
+    async def forget(self) -> None:
+        """Hold no version (a relay whose shard started over: its versions count in a history the old ones do not)."""
+        async with self._changed:
+            self.latest = [None] * len(self.latest)
             self._changed.notify_all()
 
     def get(self, fragment: int) -> Published | None:

@@ -8,10 +8,17 @@ the step the checkpoint recorded for them, so their schedules and data streams c
 sharded synchronizer is seeded from the same whole checkpoint and serves its own fragments of it, its
 books the share of the checkpoint's that its fragments carry (the shards' books add up to them). A
 checkpoint of another model is refused here, naming what differs, before anything is served.
+
+A run's own syncer whose state is gone (its machine replaced with a fresh disk) resumes the same way,
+from the run's newest checkpoint in object storage (``starting_point``), where it would otherwise
+start over from the initial model.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 from pathlib import Path
 
 from ddctl_agents import storage
@@ -19,12 +26,70 @@ from ddctl_agents.core.ledger import TokenLedger
 from ddctl_agents.core.links import LearnerLinks
 from ddctl_agents.core.shard_syncer import ShardSynchronizer
 from ddctl_agents.core.syncer import Synchronizer
+from ddctl_agents.core.text import printable
 from ddctl_agents.jsonable import to_json
+from ddctl_agents.service.checkpoints import INDEX, NAME
 from ddctl_agents.train.assembly import Assembly
-from ddctl_agents.train.checkpoint import Checkpoint, CheckpointError, load
+from ddctl_agents.train.checkpoint import MANIFEST, MAX_MANIFEST_BYTES, Checkpoint, CheckpointError, load, write_directory
+from ddctl_agents.train.job import JobConfig
 
+log = logging.getLogger(__name__)
+
+OWN = "resume"
+"""Where in its state directory a syncer keeps the checkpoint of its run it started from (``starting_point``)."""
 BOOKS = ("merged", "late_merged", "dropped", "rejected")
 """The ledger's settled books a resumed run carries over; what was pending in an open round is not in the model."""
+
+
+def job_digest(config: JobConfig) -> str:
+    """The sha256 a checkpoint and a state directory carry of the job they are of."""
+    return hashlib.sha256(json.dumps(to_json(config), sort_keys=True).encode()).hexdigest()
+
+
+def starting_point(state_dir: Path, checkpoint_url: str, given: Path | None, run: str, job: JobConfig) -> Path | None:
+    """Where a syncer starts its history: the checkpoint its state directory started from, kept there; else, for a
+    state directory that is new (the syncer's machine replaced with a fresh disk) of a run that checkpoints to object
+    storage (``checkpoint_url``), the newest there of this run and job that reads whole, copied in first so that every
+    recovery of this directory starts from the same one; else ``given`` (``--resume-from``). The learners start over
+    from it (``service/history.py``)."""
+    own = state_dir / OWN
+    if (own / MANIFEST).is_file():
+        return own
+    if not checkpoint_url or (state_dir.is_dir() and any(state_dir.iterdir())):
+        return given
+    for name in reversed(_listed(checkpoint_url)):
+        where, copied = storage.join(checkpoint_url, name), dict[str, bytes]()
+
+        def read(file: str, max_bytes: int, where: str = where, copied: dict[str, bytes] = copied) -> bytes:
+            copied[file] = storage.get(storage.join(where, file), max_bytes)
+            return copied[file]
+
+        try:
+            manifest = load(read).manifest
+            if (manifest.run, manifest.job_sha256) != (run, job_digest(job)):
+                raise CheckpointError(f"it is of run {printable(manifest.run, 80)} or of another job")
+        except (CheckpointError, storage.StorageError) as exc:
+            log.warning("the run's checkpoint %s cannot be started from (%s); trying the one before it", where, exc)
+            continue
+        write_directory(own, {f: copied[f] for f in sorted(copied, key=lambda f: f == MANIFEST)})  # the manifest last
+        log.info("a new state directory: this syncer starts from the run's newest checkpoint, %s", where)
+        return own
+    return given
+
+
+def _listed(checkpoint_url: str) -> list[str]:
+    """The checkpoints the run's index in object storage lists, oldest first: only names a checkpoint can have."""
+    try:
+        index = json.loads(storage.get(storage.join(checkpoint_url, INDEX), MAX_MANIFEST_BYTES))
+    except storage.StorageError as exc:
+        log.info("no checkpoint of this run to start from at %s: %s", checkpoint_url, exc)
+        return []
+    except ValueError:
+        log.warning("the checkpoint index at %s is not JSON: starting without it", checkpoint_url)
+        return []
+    entries = index.get("checkpoints") if isinstance(index, dict) else None
+    names = [e.get("name") for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+    return [n for n in names if isinstance(n, str) and NAME.fullmatch(n)]
 
 
 def read_local(path: Path, assembly: Assembly) -> Checkpoint:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -32,7 +30,7 @@ from ddctl_agents.core.wire import WireLimits
 from ddctl_agents.errors import BadRequest, Forbidden, JobOver, UnknownLearner
 from ddctl_agents.jsonable import to_json
 from ddctl_agents.relay import region_of
-from ddctl_agents.service import taping
+from ddctl_agents.service import history, taping
 from ddctl_agents.service.checkpoints import checkpoint_loop, eval_loop, take_checkpoint
 from ddctl_agents.service.cuts import Cuts, colour
 from ddctl_agents.service.ending import Ending, ending_loop, linger, read_summary
@@ -41,7 +39,7 @@ from ddctl_agents.service.publisher import Publisher
 from ddctl_agents.service.recovery import recover
 from ddctl_agents.service.relay_feeds import RelayFeeds
 from ddctl_agents.service.requests import Cadence, HeartbeatBody
-from ddctl_agents.service.resume import read_local, seed
+from ddctl_agents.service.resume import job_digest, read_local, seed
 from ddctl_agents.service.roster import Roster
 from ddctl_agents.service.settings import ServiceSettings
 from ddctl_agents.service.snapshots import take
@@ -60,7 +58,7 @@ class SyncerRuntime:
         self.assembly, self.settings, self.clock = assembly, settings, clock
         self.syncer = assembly.new_syncer(settings.shard)
         self.job_json = to_json(assembly.config)
-        self.job_sha = hashlib.sha256(json.dumps(self.job_json, sort_keys=True).encode()).hexdigest()
+        self.job_sha = job_digest(assembly.config)
         largest = max(sum(t.numel() for t in frag.values()) for frag in self.syncer.fragments)
         self.max_update_bytes = settings.max_update_bytes or 8 * largest + (1 << 20)
         self.limits = WireLimits(max_payload=self.max_update_bytes, max_tensors=4 * len(assembly.initial) + 16)
@@ -101,7 +99,7 @@ class SyncerRuntime:
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
-        self.settings.state_dir.mkdir(parents=True, exist_ok=True)
+        self.publisher.history = history.of(self.settings.state_dir)
         await self._on_core(self._recover)
         for p in range(self.assembly.fragmentation.count):
             await self.publish(self.syncer.fragment_message(p))

@@ -32,6 +32,7 @@ from ddctl_agents.service import h2tuning
 from ddctl_agents.service.app import SyncerApp
 from ddctl_agents.service.auth import read_secret
 from ddctl_agents.service.checkpoints import checkpoint_policy
+from ddctl_agents.service.resume import starting_point
 from ddctl_agents.service.runtime import SyncerRuntime
 from ddctl_agents.service.settings import ServiceSettings
 from ddctl_agents.train.assembly import Assembly
@@ -238,8 +239,9 @@ def main(argv: list[str] | None = None) -> int:
         checkpoints = checkpoint_policy(
             args.checkpoint_every_rounds, every_s, args.keep_last, args.keep_every, args.checkpoint_url
         )
+        state_dir = args.state_dir or args.job_dir / "state"
         settings = ServiceSettings(
-            state_dir=args.state_dir or args.job_dir / "state",
+            state_dir=state_dir,
             run=files.run,
             snapshot_every_s=args.snapshot_every,
             heartbeat_timeout_s=args.heartbeat_timeout,
@@ -248,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             linger_s=args.linger,
             finish_timeout_s=args.finish_timeout,
             checkpoints=checkpoints,
-            resume_from=args.resume_from,
+            resume_from=starting_point(state_dir, checkpoints.url, args.resume_from, files.run, files.job),
             shard=shard,
             site=site_name(args.site),
         )

@@ -1,0 +1,51 @@
+"""Which history of versions this synchronizer serves: an id kept in its state directory.
+
+Version numbers mean something only within one history. A syncer that recovers
+from its state directory continues its history (same id, versions only grow);
+one whose state is gone (its VM replaced with a fresh disk, a new state
+directory) starts another one from its initial model or resume checkpoint, and
+numbers its versions from there. Each fragment stream names the history in its
+``x-ddctl-history`` header, so a learner that held versions of the old one
+learns they will never be continued (``agent/subscription.py``) and starts over
+from the new one, where otherwise every update it sent would be refused as based
+on a version this syncer never produced.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from pathlib import Path
+
+FILE = "history"
+HEADER = b"x-ddctl-history"
+_ID = re.compile(r"[0-9a-f]{16}")
+
+
+def of(state_dir: Path) -> str:
+    """The id of the history ``state_dir`` holds (made if it is new): read, or made durable before any version is served."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_dir / FILE
+    if path.is_file():
+        held = path.read_text(errors="replace").strip()
+        if _ID.fullmatch(held):
+            return held
+    made = secrets.token_hex(8)
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w") as out:
+        out.write(made + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+    descriptor = os.open(state_dir, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+    return made
+
+
+def valid(text: str) -> bool:
+    """Whether ``text`` (a header another process sent) is a history id: 16 lowercase hex digits."""
+    return bool(_ID.fullmatch(text))

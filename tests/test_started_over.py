@@ -1,0 +1,182 @@
+"""A synchronizer that lost its state starts another history; its learners start over from it.
+
+Real processes on loopback for the end-to-end case (a syncer killed and brought back on a fresh state
+directory, as a cloud VM replaced with a new disk), and the pieces on their own: the history id kept in
+the state directory, the learner's subscriber and uploads noticing, the relay forgetting, the reruns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddctl_agents.agent import again
+from ddctl_agents.agent.subscription import Subscriber
+from ddctl_agents.relay.feed import Feed
+from ddctl_agents.service import history
+from ddctl_agents.service.checkpoints import CheckpointPolicy, store
+from ddctl_agents.service.publisher import Published, Publisher
+from ddctl_agents.service.resume import OWN, job_digest, read_local, starting_point
+from ddctl_agents.train.assembly import Assembly
+from ddctl_agents.train.checkpoint import MANIFEST, MODEL, encode
+from tests.builders import small_run
+from tests.service_harness import Job, small_job
+from tests.test_checkpoints import _manifest
+
+
+def test_a_state_directory_keeps_its_history_and_a_fresh_one_starts_another(tmp_path: Path) -> None:
+    first = history.of(tmp_path / "state")
+    assert history.valid(first) and (tmp_path / "state" / history.FILE).read_text().strip() == first
+    assert history.of(tmp_path / "state") == first  # recovered from its state: the same history
+    assert history.of(tmp_path / "other") != first  # state gone: another
+    (tmp_path / "state" / history.FILE).write_text("not an id\n")
+    remade = history.of(tmp_path / "state")
+    assert history.valid(remade) and remade != first
+
+
+@pytest.mark.parametrize("said", ["", "ABCDEF0123456789", "0123", "0123456789abcdef0", "../etc/passwd", "0123456789abcdeg"])
+def test_only_sixteen_lowercase_hex_digits_are_a_history(said: str) -> None:
+    assert not history.valid(said)
+
+
+class _Counted:
+    def came_down(self, nbytes: int) -> None:
+        pass
+
+
+def _subscriber() -> Subscriber:
+    return Subscriber(lambda url: None, 1, threading.Event(), lambda url: None, _Counted())  # type: ignore[arg-type,return-value]
+
+
+def test_a_learner_notices_a_shard_whose_stream_names_another_history() -> None:
+    sub = _subscriber()
+    sub._opened("https://a:1", "")  # an older syncer names none: nothing is known, nothing happens
+    sub._opened("https://a:1", "x" * 16)  # not an id: ignored
+    sub._opened("https://a:1", "0123456789abcdef")
+    sub._opened("https://b:1", "fedcba9876543210")  # another shard, its own history
+    sub._opened("https://a:1", "0123456789abcdef")  # reconnected to the same history (recovered from its state)
+    assert not sub.started_over.is_set()
+    sub._opened("https://a:1", "00000000000000aa")
+    assert sub.started_over.is_set()
+    assert "https://a:1 started over" in sub.why_over and "00000000000000aa" in sub.why_over
+    sub.lost("a later reason")
+    assert "a:1" in sub.why_over  # the first reason is kept
+
+
+def test_reruns_while_the_synchronizer_started_over_and_not_past_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    reasons = iter([again.STARTED_OVER, again.STARTED_OVER, "finished"])
+    runs: list[int] = []
+
+    def run(restarts: int) -> dict[str, Any]:
+        runs.append(restarts)
+        return {"reason": next(reasons), "restarts": restarts}
+
+    assert again.rerun_summaries(run, lambda: False) == {"reason": "finished", "restarts": 2}
+    assert runs == [0, 1, 2]
+    forever = again.rerun_summaries(lambda n: {"reason": again.STARTED_OVER, "restarts": n}, lambda: False)
+    assert forever["restarts"] == again.MOST_RESTARTS and again.exit_code(forever) == again.EXIT_RESTART
+    stopped = again.rerun_summaries(lambda n: {"reason": again.STARTED_OVER, "restarts": n}, lambda: True)
+    assert stopped["restarts"] == 0  # a stop (SIGTERM, a notice) is never overridden by a rerun
+    monkeypatch.setenv("WORLD_SIZE", "2")  # a rank under torchrun: the launcher reruns the ranks
+    assert again.rerun_summaries(lambda n: {"reason": again.STARTED_OVER, "restarts": n}, lambda: False)["restarts"] == 0
+    codes = iter([again.EXIT_RESTART, 0])
+    assert again.rerun_codes(lambda: next(codes)) == 0
+    assert again.rerun_codes(lambda: again.EXIT_RESTART) == again.EXIT_RESTART
+    assert [again.exit_code({"reason": r}) for r in ("finished", "syncer_gone", again.STARTED_OVER)] == [0, 6, 75]
+
+
+def test_a_relay_forgets_what_it_holds_when_a_shard_started_over() -> None:
+    async def scenario() -> tuple[list[int], list[int], int]:
+        publisher = Publisher(2)
+        await publisher.publish(Published(fragment=0, version=7, frame=b"x"))
+        await publisher.publish(Published(fragment=1, version=9, frame=b"y"))
+        feed = Feed(["https://a:1"], lambda url: None, publisher, 2, 30.0)  # type: ignore[arg-type,return-value]
+        loop = asyncio.get_running_loop()
+        await asyncio.to_thread(feed._opened, "https://a:1", loop, "0123456789abcdef")
+        await asyncio.to_thread(feed._opened, "https://a:1", loop, "")  # names none: nothing changes
+        held = publisher.versions()
+        await asyncio.to_thread(feed._opened, "https://a:1", loop, "00000000000000aa")
+        await publisher.publish(Published(fragment=0, version=1, frame=b"z"))  # the new history's, lower numbered
+        return held, publisher.versions(), feed.forgotten
+
+    held, after, forgotten = asyncio.run(scenario())
+    assert held == [7, 9] and after == [1, -1] and forgotten == 1
+
+
+def test_a_new_state_directory_starts_from_the_runs_newest_checkpoint_that_reads_whole(tmp_path: Path) -> None:
+    assembly = Assembly.build(small_run(learners=2))
+    sha = job_digest(assembly.config)
+    bucket, state = tmp_path / "bucket", tmp_path / "state"
+    policy = CheckpointPolicy(url=str(bucket), keep_last=5)
+
+    def checkpoint(**manifest: Any) -> None:
+        store(tmp_path / "local", encode(assembly.initial, None, _manifest(assembly, job_sha256=sha, **manifest)), policy)
+
+    given = tmp_path / "given"
+    assert starting_point(state, str(bucket), given, "r", assembly.config) == given  # nothing there yet
+    checkpoint(versions=[3, 3, 2, 2])
+    checkpoint(versions=[5, 5, 4, 4])
+    checkpoint(versions=[6, 6, 6, 6], run="another")  # the same bucket, another run's: never a start
+    checkpoint(versions=[7, 7, 7, 7])
+    (bucket / "ckpt-000004" / MODEL).write_bytes(b"damaged")  # the newest does not read whole
+    assert starting_point(state, str(bucket), given, "r", assembly.config) == state / OWN
+    assert read_local(state / OWN, assembly).manifest.versions == [5, 5, 4, 4]
+    shutil.rmtree(bucket)
+    assert starting_point(state, str(bucket), given, "r", assembly.config) == state / OWN  # kept: every recovery's start
+    used = tmp_path / "used"
+    (used / "wal").mkdir(parents=True)
+    assert starting_point(used, str(bucket), given, "r", assembly.config) == given  # a state of its own: recovered
+    assert starting_point(tmp_path / "fresh", "", None, "r", assembly.config) is None  # no checkpoints: the initial model
+
+
+@pytest.mark.parametrize(
+    "index",
+    [b"not json", b"[]", b'{"checkpoints": 5}', b'{"checkpoints": [{"name": "../../etc"}, {"name": 5}, "ckpt-000001"]}'],
+)
+def test_an_index_that_lists_no_checkpoint_is_no_start(tmp_path: Path, index: bytes) -> None:
+    assembly = Assembly.build(small_run(learners=2))
+    (tmp_path / "bucket").mkdir()
+    (tmp_path / "bucket" / "index.json").write_bytes(index)
+    assert starting_point(tmp_path / "state", str(tmp_path / "bucket"), None, "r", assembly.config) is None
+    assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.slow
+def test_a_syncer_that_lost_its_state_gets_its_learners_back(tmp_path: Path) -> None:
+    """Killed and brought back on a fresh state directory (a cloud VM replaced, its disk new), the syncer starts over
+    from the run's newest checkpoint in object storage, at its versions. The learner held later versions: without
+    starting over itself, every update it sent would be refused for ever (409 impossible_version) and nothing it
+    trained would reach the model."""
+    job = Job.create(tmp_path, small_job(learners=1, tokens=400_000))
+    try:
+        checkpoints = ("--checkpoint-url", str(tmp_path / "bucket"), "--checkpoint-every-rounds", "2")
+        job.start_syncer(*checkpoints)
+        learner = job.start_learner("L0")
+        index = tmp_path / "bucket" / "index.json"
+        taken = lambda: len(json.loads(index.read_text())["checkpoints"]) if index.is_file() else 0  # noqa: E731
+        before = job.wait_for(lambda s: s["rounds"] >= 4 and taken() >= 2, 180, "checkpoints in the first history")
+        job.local.kill()
+        shutil.rmtree(job.job_dir / "state")
+        job.start_syncer(*checkpoints)
+        resumed = job.status()["versions"]  # before the learner is back: only its refused updates arrived
+        after = job.wait_for(lambda s: s["ledger"]["merged"] > 0 and s["rounds"] >= 2, 180, "the learner merged again")
+        assert learner.wait(timeout=300) == 0, job.log("L0")[-3000:]
+    finally:
+        job.stop_all()
+    lives = [json.loads(line) for line in job.summary_path("L0").with_suffix(".history.jsonl").read_text().splitlines()]
+    assert [life["reason"] for life in lives] == [again.STARTED_OVER, "finished"]
+    assert lives[0]["rejected_tokens"] > 0 or "started over" in job.log("L0")
+    final = job.summary("L0")
+    assert final["restarts"] == 1 and final["drained"]
+    assert final["incarnation"] != lives[0]["incarnation"]  # registered again, as a fresh learner of the new history
+    started = json.loads((job.job_dir / "state" / OWN / MANIFEST).read_text())  # the checkpoint it started from
+    assert started["rounds"] >= 2 and resumed == started["versions"] and sum(resumed) > 0  # not the initial model's
+    assert final["start_step"] >= started["steps"]["L0"] > 0  # its data goes on where it had come to
+    assert before["rounds"] >= 4 and after["ledger"]["merged"] > 0  # the new history's rounds took its updates
