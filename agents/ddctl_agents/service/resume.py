@@ -81,8 +81,8 @@ def _listed(checkpoint_url: str) -> list[str]:
     """The checkpoints the run's index in object storage lists, oldest first: only names a checkpoint can have."""
     try:
         index = json.loads(storage.get(storage.join(checkpoint_url, INDEX), MAX_MANIFEST_BYTES))
-    except storage.StorageError as exc:
-        log.info("no checkpoint of this run to start from at %s: %s", checkpoint_url, exc)
+    except storage.StorageError as exc:  # none yet is the usual first start; anything else, the operator should know
+        (log.info if exc.kind == "missing" else log.warning)("no checkpoint of this run to start from: %s", exc)
         return []
     except ValueError:
         log.warning("the checkpoint index at %s is not JSON: starting without it", checkpoint_url)
