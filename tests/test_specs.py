@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from ddctl.config.regions import Region
+from ddctl.config.regions import Checkpoints, Region
 from ddctl.control.credentials import make_tls
 from ddctl.control.rundir import RunDir
 from ddctl.control.specs import RELAY_PORT, learner_spec, syncer_spec
@@ -102,6 +102,24 @@ def test_a_cloud_learner_is_pointed_at_each_shards_own_address() -> None:
     assert at == [f"https://{hosts[0]}:{8443}", f"https://{hosts[1]}:{8443}"]
     made = syncer_spec("r", cloud, 8443, CLOUD_EAST, shard=("syncer-s1", "S1"))
     assert "--shard" in made.argv and made.disks  # its state on a disk of its own
+
+
+def test_a_replaced_syncer_looks_for_the_runs_newest_checkpoint_where_the_run_keeps_them() -> None:
+    """``service/resume.starting_point``: one syncer writes its own checkpoints there and starts from them; a shard writes
+    none (the controller's global ones go there), so it is told where to look, and only that."""
+    cloud = RegionInfo(region="east", provider="aws", python="python3", remote=True, syncer_host="100.100.0.10",
+                       shard_hosts=("100.100.0.10",), syncer_port=8443)  # fmt: skip
+    kept = Checkpoints(url="s3://bucket/ckpt")
+
+    def flag(argv: tuple[str, ...], name: str) -> str | None:
+        return argv[argv.index(name) + 1] if name in argv else None
+
+    one = syncer_spec("r", cloud, 8443, CLOUD_EAST, checkpoints=kept).argv
+    assert flag(one, "--checkpoint-url") == "s3://bucket/ckpt/r" and flag(one, "--resume-url") is None
+    shard = syncer_spec("r", cloud, 8443, CLOUD_EAST, checkpoints=kept, shard=("syncer-s1", "S1")).argv
+    assert flag(shard, "--resume-url") == "s3://bucket/ckpt/r" and flag(shard, "--checkpoint-url") is None
+    bare = syncer_spec("r", cloud, 8443, CLOUD_EAST, shard=("syncer-s1", "S1")).argv
+    assert flag(bare, "--resume-url") is None  # no url: a replaced shard starts from the initial model
 
 
 def test_a_cloud_relay_host_gets_its_relays_files_and_listens_on_every_interface(tmp_path: Path) -> None:

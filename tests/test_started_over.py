@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import subprocess
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ddctl.control.global_checkpoint import take
 from ddctl_agents.agent import again
 from ddctl_agents.agent.subscription import Subscriber
 from ddctl_agents.relay.feed import Feed
@@ -25,8 +27,10 @@ from ddctl_agents.service.publisher import Published, Publisher
 from ddctl_agents.service.resume import OWN, job_digest, read_local, starting_point
 from ddctl_agents.train.assembly import Assembly
 from ddctl_agents.train.checkpoint import MANIFEST, MODEL, encode
+from ddctl_agents.waiting import wait_until
 from tests.builders import small_run
 from tests.service_harness import Job, small_job
+from tests.shard_harness import kill_left, start_learner, start_shards, status, wait_finished, wait_learners
 from tests.test_checkpoints import _manifest
 
 
@@ -180,3 +184,35 @@ def test_a_syncer_that_lost_its_state_gets_its_learners_back(tmp_path: Path) -> 
     assert started["rounds"] >= 2 and resumed == started["versions"] and sum(resumed) > 0  # not the initial model's
     assert final["start_step"] >= started["steps"]["L0"] > 0  # its data goes on where it had come to
     assert before["rounds"] >= 4 and after["ledger"]["merged"] > 0  # the new history's rounds took its updates
+
+
+@pytest.mark.slow
+def test_a_shard_that_lost_its_state_starts_from_the_runs_newest_global_checkpoint(tmp_path: Path) -> None:
+    """A shard writes no checkpoint of its own: brought back on a fresh state directory with ``--resume-url`` (what the
+    controller gives a shard where the run keeps checkpoints), it serves its fragments of the newest global one, and
+    the learners, seeing its new history, start over and train the job to its end with both shards."""
+    shards = start_shards(tmp_path, tokens=400_000)
+    learners: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        learners = {name: start_learner(tmp_path, shards, name) for name in ("L0", "L1")}
+        wait_until(lambda: all(status(s)["rounds"] >= 3 for s in shards), timeout_s=180, what="rounds on both shards")
+        taken = take([s.url for s in shards], shards[0].connector(), tmp_path / "global")
+        files = {p.name: p.read_bytes() for p in (tmp_path / "global").iterdir()}
+        store(tmp_path / "controller", {**{n: d for n, d in files.items() if n != MANIFEST}, MANIFEST: files[MANIFEST]},
+              CheckpointPolicy(url=str(tmp_path / "bucket")))  # fmt: skip
+        shards[1].kill()
+        shutil.rmtree(shards[1].root / "state")
+        shards[1].start("--shard-map", str(shards[1].job_dir / "shards.json"), "--shard", "S1", "--state-dir",
+                        str(shards[1].root / "state"), "--linger", "60", "--resume-url", str(tmp_path / "bucket"))  # fmt: skip
+        wait_learners(tmp_path, learners)
+        finished = wait_finished(shards)
+    finally:
+        kill_left(learners)
+        for shard in shards:
+            shard.kill()
+    started = json.loads((shards[1].root / "state" / OWN / MANIFEST).read_text())
+    assert started["cut"] == taken["cut"] and started["part"] is None  # the whole global checkpoint, joined
+    for name in ("L0", "L1"):
+        lives = [json.loads(line) for line in (tmp_path / f"{name}.summary.history.jsonl").read_text().splitlines()]
+        assert [life["reason"] for life in lives] == [again.STARTED_OVER, "finished"], name
+    assert all(s["job"]["phase"] == "finished" for s in finished)

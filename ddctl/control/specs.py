@@ -80,6 +80,8 @@ def syncer_spec(
         argv += ("--checkpoint-every-rounds", str(policy.every_rounds), "--checkpoint-every", f"{policy.every_minutes * 60:g}")
         argv += ("--keep-last", str(policy.keep_last), "--keep-every", str(policy.keep_every))
         argv += ("--checkpoint-url", storage.join(policy.url, run)) if policy.url else ()
+    else:  # a shard whose state is gone starts from the controller's newest global checkpoint there (``resume.py``)
+        argv += ("--resume-url", storage.join(policy.url, run)) if policy.url else ()
     resume = sorted(p.name for p in rundir.resume.iterdir()) if rundir.resume.is_dir() else []
     argv += ("--resume-from", f"{job}/resume") if resume else ()
     names = [

@@ -218,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-every", type=int, default=policy.keep_every, help="Also keep every Nth checkpoint (0: none).")
     parser.add_argument("--checkpoint-url", default="", help="Also write checkpoints here: s3://B/P, gs://B/P or a directory.")
     parser.add_argument("--resume-from", type=Path, help="A checkpoint directory a fresh state directory starts from.")
+    parser.add_argument("--resume-url", default="", help="Where a new state directory looks for the run's newest checkpoint "
+                        "to start from (default: --checkpoint-url; a shard's are the controller's global ones).")  # fmt: skip
     parser.add_argument("--shard-map", type=Path, help="Serve one shard of a sharded synchronizer: the shard map (JSON).")
     parser.add_argument("--shard", default="", help="This process's shard in --shard-map (S0, S1, ...).")
     parser.add_argument("--site", default="", help="The region this process runs in (its learners' transfers stay inside).")
@@ -250,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             linger_s=args.linger,
             finish_timeout_s=args.finish_timeout,
             checkpoints=checkpoints,
-            resume_from=starting_point(state_dir, checkpoints.url, args.resume_from, files.run, files.job),
+            resume_from=starting_point(state_dir, args.resume_url or checkpoints.url, args.resume_from, files.run, files.job),
             shard=shard,
             site=site_name(args.site),
         )
