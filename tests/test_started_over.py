@@ -142,7 +142,14 @@ def test_a_new_state_directory_starts_from_the_runs_newest_checkpoint_that_reads
 
 @pytest.mark.parametrize(
     "index",
-    [b"not json", b"[]", b'{"checkpoints": 5}', b'{"checkpoints": [{"name": "../../etc"}, {"name": 5}, "ckpt-000001"]}'],
+    [
+        b"not json",
+        b"\xff\xfe",
+        b"[" * 200_000,  # nested past the parser's depth: RecursionError, not ValueError
+        b"[]",
+        b'{"checkpoints": 5}',
+        b'{"checkpoints": [{"name": "../../etc"}, {"name": 5}, "ckpt-000001"]}',
+    ],
 )
 def test_an_index_that_lists_no_checkpoint_is_no_start(tmp_path: Path, index: bytes) -> None:
     assembly = Assembly.build(small_run(learners=2))

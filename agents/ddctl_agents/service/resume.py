@@ -84,7 +84,7 @@ def _listed(checkpoint_url: str) -> list[str]:
     except storage.StorageError as exc:  # none yet is the usual first start; anything else, the operator should know
         (log.info if exc.kind == "missing" else log.warning)("no checkpoint of this run to start from: %s", exc)
         return []
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
         log.warning("the checkpoint index at %s is not JSON: starting without it", checkpoint_url)
         return []
     entries = index.get("checkpoints") if isinstance(index, dict) else None
