@@ -189,6 +189,12 @@ def merged(row: dict[str, Any]) -> int:
     return int(row["updates"].get("accepted", 0) + row["updates"].get("late", 0))
 
 
+def decided(row: dict[str, Any]) -> int:
+    """A learner's updates the syncer took and decided on: merged, or dropped as based on a version already merged past
+    (``max_behind``, 0 by default: a push on a spot notice often is)."""
+    return merged(row) + int(row["updates"].get("dropped", 0))
+
+
 def shard_statuses(run: str) -> list[dict[str, Any]]:
     """Every shard's own status of a sharded run (``RUN/shards.url``), asked with the admin token."""
     from ddctl.control.rundir import RunDir

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from aws_cloud import AwsCloud
 from aws_hypervisor import HV_LABEL, Hypervisor
-from builders import merged, status_json, syncer_row
+from builders import decided, merged, status_json, syncer_row
 from ddctl.cli.app import app
 from ddctl.providers.docker.engine import Engine, engine_unavailable
 from ddctl_agents.waiting import wait_until
@@ -115,7 +115,7 @@ def test_two_aws_regions_train_survive_an_interruption_with_failover_and_leave_n
                 return row if row["incarnation"] != before["incarnation"] else None
 
             first = wait_until(joined, timeout_s=240, every_s=0.25, what="the replacement to register")
-            assert merged(first) > merged(before)  # the first incarnation's early push was merged
+            assert decided(first) > decided(before)  # the first incarnation's early push arrived and was decided
             wait_until(
                 lambda: merged(syncer_row(run, "L0")) > merged(first), timeout_s=120, every_s=0.25,
                 what="the replacement's first accepted update",

@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 import gcp_shapes
 from aws_cloud import AwsCloud
 from aws_hypervisor import HV_LABEL, Hypervisor
-from builders import merged, status_json, syncer_row
+from builders import decided, merged, status_json, syncer_row
 from ddctl.cli.app import app
 from ddctl.providers.docker.engine import Engine, engine_unavailable
 from ddctl_agents.waiting import wait_until
@@ -132,7 +132,7 @@ def test_one_job_spans_aws_and_gcp_survives_a_preemption_in_each_and_down_leaves
             assert chaos.exit_code == 0, chaos.output
             first = _replaced(run, "L1", before)
             print(f"\ngcp: preemption -> the replacement's first accepted update: {time.monotonic() - noticed:.1f} s")
-            assert merged(first) > merged(before)  # the preempted incarnation's early push was merged
+            assert decided(first) > decided(before)  # the preempted incarnation's early push arrived and was decided
             replacement = _gcp_live(gcp)["L1"]
             assert replacement["zone"].endswith("/us-central1-b")
             after = status_json()
