@@ -20,6 +20,7 @@ import torch
 
 from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable
 from ddctl_agents.core.messages import Update, decode_fragment, encode_update
+from ddctl_agents.service import history
 from ddctl_agents.train.assembly import Assembly
 from tests.service_harness import Job, small_job
 
@@ -166,6 +167,21 @@ def test_409_for_an_impossible_version(job: Job, l0: SyncerClient, assembly: Ass
     ahead = current_version(job) + 5
     err = refusal(lambda: l0.push(encode_update(make_update(assembly, base=ahead), "int4", 64), 0))
     assert (err.status, err.code) == (409, "impossible_version") and "ahead" in err.reason
+
+
+def test_409_for_an_update_based_in_another_history(job: Job, l0: SyncerClient, assembly: Assembly) -> None:
+    """Its base number may be one this syncer has, but of a history it does not continue (it started over)."""
+    own = (job.job_dir / "state" / history.FILE).read_text().strip()
+    other = "0" * 16 if own != "0" * 16 else "1" * 16
+    before = job.status()["ledger"]["received"]
+    fresh = lambda: encode_update(make_update(assembly, fragment=1, base=current_version(job, 1)), "int4", 64)  # noqa: E731
+    err = refusal(lambda: l0.push(fresh(), 1, other))
+    assert (err.status, err.code) == (409, "impossible_version") and other in err.reason and own in err.reason
+    err = refusal(lambda: l0.push(fresh(), 1, "../../" + own))
+    assert err.status == 400 and "x-ddctl-history must be a history id (16 lowercase hex digits)" in err.reason
+    assert job.status()["ledger"]["received"] == before  # neither was taken in
+    assert l0.push(fresh(), 1, own)["status"] in ("accepted", "late")
+    assert job.status()["ledger"]["received"] == before + 8192
 
 
 def test_the_same_update_id_is_applied_once(job: Job, l0: SyncerClient, assembly: Assembly) -> None:

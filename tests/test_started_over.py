@@ -12,6 +12,7 @@ import json
 import shutil
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from tests.builders import small_run
 from tests.service_harness import Job, small_job
 from tests.shard_harness import kill_left, start_learner, start_shards, status, wait_finished, wait_learners
 from tests.test_checkpoints import _manifest
+from tests.test_upload_acks import comms
 
 
 def test_a_state_directory_keeps_its_history_and_a_fresh_one_starts_another(tmp_path: Path) -> None:
@@ -94,6 +96,19 @@ def test_reruns_while_the_synchronizer_started_over_and_not_past_the_limit(monke
     assert again.rerun_codes(lambda: next(codes)) == 0
     assert again.rerun_codes(lambda: again.EXIT_RESTART) == again.EXIT_RESTART
     assert [again.exit_code({"reason": r}) for r in ("finished", "syncer_gone", again.STARTED_OVER)] == [0, 6, 75]
+
+
+def test_a_life_that_ends_unheard_does_not_wait_for_its_streams() -> None:
+    """A stream ends at its next frame or keep-alive (5 s): the next life, or the exit, does not wait for it (the
+    restart took 5.3 s from the syncer's return to training, 5.0 s of it this wait)."""
+    c, release = comms(), threading.Event()
+    stream = threading.Thread(target=release.wait, args=(30.0,), daemon=True)
+    stream.start()
+    c._streams.append(stream)
+    started = time.monotonic()
+    c.close(reason=None)
+    assert time.monotonic() - started < 1.0 and stream.is_alive() and c.stopping.is_set()
+    release.set()
 
 
 def test_a_relay_forgets_what_it_holds_when_a_shard_started_over() -> None:

@@ -68,3 +68,25 @@ def test_every_status_the_synchronizer_gives_is_counted_as_it_says() -> None:
         from ddctl_agents.agent.comm import acknowledged
 
         acknowledged(answering({"status": "x" * 500})[1], b"", update())
+
+
+class _Recording:
+    """A client that says what each push named as the history of its base versions."""
+
+    def __init__(self) -> None:
+        self.named: list[str] = []
+
+    def push(self, frame: bytes, fragment: int, based_in: str = "") -> dict[str, Any]:
+        self.named.append(based_in)
+        return {"status": "accepted", "reason": "", "version": 1}
+
+
+def test_an_update_names_the_history_its_shards_stream_named() -> None:
+    """A syncer that started over refuses an update of the old history even where its base number is one the new
+    history also has (the content under it is not the same): it can only if the update says which it is of."""
+    c, client, url = comms(), _Recording(), "http://127.0.0.1:9"
+    c._push(client, url, b"", 0)  # type: ignore[arg-type]  # its stream has not opened: none to name
+    c.subscriber._opened(url, "0123456789abcdef")
+    c._push(client, url, b"", 0)  # type: ignore[arg-type]
+    c._push(client, "http://127.0.0.1:10", b"", 0)  # type: ignore[arg-type]  # another shard's stream named none
+    assert client.named == ["", "0123456789abcdef", ""]

@@ -165,8 +165,11 @@ class SyncerClient:
     def metrics(self) -> str:
         return self._request("GET", "/metrics").text
 
-    def push(self, frame: bytes, fragment: int) -> dict[str, Any]:
-        """Upload one update frame, streamed in chunks; the answer is the syncer's ack."""
+    def push(self, frame: bytes, fragment: int, based_in: str = "") -> dict[str, Any]:
+        """Upload one update frame, streamed in chunks; the answer is the syncer's ack.
+
+        ``based_in``: the history its base versions count in (``service/history.py``), where the shard's stream named
+        one; the shard refuses the update if it is not its own."""
 
         def chunks() -> Iterator[bytes]:
             view = memoryview(frame)
@@ -177,7 +180,7 @@ class SyncerClient:
             "content-length": str(len(frame)),
             "x-ddctl-fragment": str(fragment),
             "content-type": "application/x-ddctl-frame",
-        }
+        } | ({history.HEADER.decode(): based_in} if based_in else {})
         return self._json("POST", "/v1/updates", content=chunks(), headers=headers)
 
     def fragments(

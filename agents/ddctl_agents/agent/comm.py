@@ -135,6 +135,7 @@ class Comms:
         not summed, since one upload that went well and one that did not would average into a figure neither was."""
         self._rtt: float | None = None
         self._threads: list[threading.Thread] = []
+        self._streams: list[threading.Thread] = []
         self.register_answer: dict[str, Any] = {}
         self._contact = dict.fromkeys(routes.urls(), time.monotonic())
         self.suspension = ""
@@ -159,13 +160,14 @@ class Comms:
             raise ConfigError(f"the synchronizer answered a start step that is none ({shown}): an integer in [0, 2**62) is")
         self.register_answer = {**answers[0], "start_step": max(steps)}
         self.subscriber.versions = [-1] * fragments
-        loops = self.subscriber.loops(self.routes.urls())
-        loops += [("heartbeat", functools.partial(self._heartbeat_loop, url)) for url in self.routes.urls()]
+        urls = self.routes.urls()
+        streams = self.subscriber.loops(urls)
+        loops: list[tuple[str, Callable[[], None]]] = [("heartbeat", functools.partial(self._heartbeat_loop, u)) for u in urls]
         loops += [("upload", self._upload_loop)] * self.slots.most
-        for n, (name, target) in enumerate(loops):
+        for n, (name, target) in enumerate(streams + loops):
             thread = threading.Thread(target=target, name=f"ddctl-{name}-{n}", daemon=True)
             thread.start()
-            self._threads.append(thread)
+            (self._streams if n < len(streams) else self._threads).append(thread)
         return self.register_answer
 
     def _register(self, url: str) -> dict[str, Any]:
@@ -230,7 +232,10 @@ class Comms:
         return True
 
     def close(self, reason: str | None = "left", tokens: int | None = None) -> None:
-        """Stop the threads; with a ``reason``, say goodbye first (``tokens``: what this life trained in all)."""
+        """Stop the threads; with a ``reason``, say goodbye first (``tokens``: what this life trained in all).
+
+        Without one (the syncer is gone, or started over) the streams are not waited for: each ends at its next frame
+        or keep-alive (up to ``keepalive_s``, 5 s), feeding a queue nobody reads, while the next life starts."""
         self.stopping.set()
         for url in self.routes.urls():
             if reason is None:
@@ -242,7 +247,7 @@ class Comms:
                 log.warning("could not say goodbye to %s: %s", url, exc)
             finally:
                 client.close()
-        for thread in self._threads:
+        for thread in self._threads + (self._streams if reason is not None else []):
             thread.join(timeout=5.0)
 
     # -- threads --------------------------------------------------------------------------------
@@ -332,8 +337,9 @@ class Comms:
                 self._timings[key] = (timing, alone)
 
     def _push(self, client: SyncerClient, url: str, frame: bytes, fragment: int) -> dict[str, Any]:
+        based_in = self.subscriber.histories.get(url, "")  # the shard's history as its stream named it, if it has
         try:
-            answer = client.push(frame, fragment)
+            answer = client.push(frame, fragment, based_in)
         except Refused as exc:
             if exc.code == NOT_OWNER:  # ownership moved, or is moving: retried (at the new owner once a map says so)
                 try:
@@ -344,7 +350,7 @@ class Comms:
             if exc.code != "unknown_learner":
                 raise
             self._reregister(client)
-            answer = client.push(frame, fragment)
+            answer = client.push(frame, fragment, based_in)
         self._heard(url)
         return answer
 

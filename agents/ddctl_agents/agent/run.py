@@ -217,10 +217,11 @@ def _train(opts: LearnerOptions, stop: threading.Event, ranks: Ranks, device: An
     if comms is None:
         return {}
     reason = outcome.reason or FINISHED
-    drained = comms.drain(opts.drain_timeout_s) if reason not in ("syncer_gone", STARTED_OVER) else False  # none lands
+    heard = reason not in ("syncer_gone", STARTED_OVER)  # otherwise nothing pushed would land, and none hears goodbye
+    drained = comms.drain(opts.drain_timeout_s) if heard else False
     progress.finish(time.monotonic(), learner, comms, reason)
     trained = learner.ledger.trained // max(len(learner.state), 1)
-    comms.close(reason=reason if reason not in ("syncer_gone", STARTED_OVER) else None, tokens=trained)  # none to hear
+    comms.close(reason=reason if heard else None, tokens=trained)
     summary = {
         "learner": opts.name,
         "incarnation": start["incarnation"],

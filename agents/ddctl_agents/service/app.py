@@ -176,6 +176,7 @@ class SyncerApp:
         frag = None if fragment is None else parse_count(fragment, "header x-ddctl-fragment", maximum=count - 1)
         if frag is not None:
             refuse_unless_owned(self.rt.role, frag)  # before the body: a misrouted upload costs its headers
+        history.check(header(scope, history.HEADER), self.rt.publisher.history)  # before the body, too
         meter = self.rt.meters.setdefault(who, TransferMeter())
         meter.start(self.rt.clock())
         reported = 0

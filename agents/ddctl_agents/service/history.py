@@ -8,7 +8,10 @@ numbers its versions from there. Each fragment stream names the history in its
 ``x-ddctl-history`` header, so a learner that held versions of the old one
 learns they will never be continued (``agent/subscription.py``) and starts over
 from the new one, where otherwise every update it sent would be refused as based
-on a version this syncer never produced.
+on a version this syncer never produced. A learner names the history its versions
+count in on each update too: one based on a version of another history is refused
+(``check``) even where its number is one the new history also has, since the
+content under that number is not the same.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import os
 import re
 import secrets
 from pathlib import Path
+
+from ddctl_agents.errors import BadRequest, ImpossibleVersion
 
 FILE = "history"
 HEADER = b"x-ddctl-history"
@@ -49,3 +54,15 @@ def of(state_dir: Path) -> str:
 def valid(text: str) -> bool:
     """Whether ``text`` (a header another process sent) is a history id: 16 lowercase hex digits."""
     return bool(_ID.fullmatch(text))
+
+
+def check(said: str | None, own: str) -> None:
+    """Refuse an update whose header names another history than ``own`` (its base versions are not this syncer's);
+    one that names none (an older learner, or one whose stream has not opened yet) is taken as before."""
+    if said is None:
+        return
+    if not valid(said):
+        raise BadRequest(f"header {HEADER.decode()} must be a history id (16 lowercase hex digits), got {said!r:.40}")
+    if said != own:
+        raise ImpossibleVersion(f"the update's base versions count in history {said}, this synchronizer's in {own}: "
+                                f"it started over and will never continue them")  # fmt: skip
