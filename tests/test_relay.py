@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import shutil
 import struct
 import subprocess
 import sys
@@ -26,14 +27,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from ddctl.control.credentials import relay_key_for, relay_token_for, token_for
 from ddctl.local.relay import LocalRelay
 from ddctl.local.service import LocalSyncer, tiny_job
+from ddctl_agents.agent import again
 from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable
 from ddctl_agents.agent.subscription import RelayLink, Subscriber
 from ddctl_agents.core.messages import FragmentVersion, encode_fragment
 from ddctl_agents.errors import Unauthorized, WireError
 from ddctl_agents.relay import server_name
 from ddctl_agents.relay.feed import Feed
+from ddctl_agents.service import history
 from ddctl_agents.service.auth import derive_token, relay_key, verify_token
-from ddctl_agents.service.publisher import Publisher
+from ddctl_agents.service.publisher import Published, Publisher
 from ddctl_agents.waiting import wait_until
 from tests.service_harness import ENV
 
@@ -144,6 +147,65 @@ def test_a_feed_whose_shard_started_over_forgets_what_it_held_and_asks_again_fro
     versions, feed = asyncio.run(run())
     assert shard.asked[:3] == [[-1, -1], [5, 6], [-1, -1]]  # the stream that named the new history is asked again
     assert versions == [1, -1] and feed.forgotten == 1 and feed.histories == {"https://s0": "00000000000000aa"}
+    assert feed.history_id() == history.combined(["00000000000000aa"]) != history.combined(["0123456789abcdef"])
+
+
+def test_a_relays_history_is_one_of_every_shards_and_none_until_each_has_named_its_own() -> None:
+    feed = Feed(["https://s0", "https://s1"], lambda url: None, Publisher(2), 2, stale_after_s=60)  # type: ignore[arg-type,return-value]
+    assert feed.history_id() == ""
+    feed.histories["https://s0"] = "0123456789abcdef"
+    assert feed.history_id() == ""  # naming s0's alone, it would change when s1's came, though none started over
+    feed.histories["https://s1"] = "fedcba9876543210"
+    both = feed.history_id()
+    assert history.valid(both)
+    feed.histories["https://s1"] = "00000000000000aa"
+    assert history.valid(feed.history_id()) and feed.history_id() != both
+
+
+def test_a_publisher_that_forgets_ends_every_stream_following_it() -> None:
+    """A relay's learner reading on would never see the new history's versions (numbered below what it holds), nor
+    learn that it started over: its stream ends, and opens again naming the new history."""
+
+    async def run() -> list[int | None]:
+        publisher, got = Publisher(1), []
+        await publisher.publish(Published(fragment=0, version=4, frame=b"x"))
+
+        async def follow() -> None:
+            async for item in publisher.follow([-1], keepalive_s=30.0):
+                got.append(None if item is None else item.version)
+
+        task = asyncio.create_task(follow())
+        await asyncio.sleep(0.05)
+        await publisher.forget()
+        await asyncio.wait_for(task, timeout=5.0)  # ended, not waiting for the next version or keep-alive
+        return got
+
+    assert asyncio.run(run()) == [4]
+
+
+def test_a_relayed_learner_starts_over_when_its_relay_names_another_history() -> None:
+    class Renamed(FakeShard):
+        def fragments(
+            self, since: list[int], chain: list[str] | None = None, at: str = "", opened: Callable[[str], None] | None = None
+        ) -> Iterator[bytes]:
+            if self.asked:  # its stream ended as a shard behind it started over; it opens again naming the new history
+                self.history = "00000000000000aa"
+            yield from super().fragments(since, chain, at, opened)
+
+    stopping = threading.Event()
+    relay = Renamed([version_frame(0, 1)], breaks=True, history="0123456789abcdef")
+    link = RelayLink("https://r", lambda url: relay)  # type: ignore[arg-type,return-value]
+    subscriber = Subscriber(lambda url: FakeShard([]), 1, stopping, lambda url: None, Counter(), relay=link)  # type: ignore[arg-type]
+    subscriber.versions = [-1]
+    threads = [threading.Thread(target=target, daemon=True) for _, target in subscriber.loops(["https://s0"])]
+    for thread in threads:
+        thread.start()
+    try:
+        assert subscriber.started_over.wait(timeout=10)
+    finally:
+        stopping.set()
+    assert "a shard behind the relay at https://r started over" in subscriber.why_over
+    assert "00000000000000aa" in subscriber.why_over and "0123456789abcdef" in subscriber.why_over
 
 
 class FlakyShard(FakeShard):
@@ -346,6 +408,26 @@ def test_a_regions_versions_cross_its_link_once_and_every_learner_gets_them(tmp_
 
 
 @pytest.mark.slow
+def test_a_relayed_learner_starts_over_with_a_synchronizer_that_lost_its_state(tmp_path: Path) -> None:
+    """The relay forgets what it held and ends its stream; the learner, reading the relay's new history (or refused an
+    update), starts over as a fresh learner of the new history and finishes the job."""
+    with relayed(tmp_path, 1, 600_000) as (syncer, relay):
+        procs = {"L0": start_learner(syncer, tmp_path, "L0", "east", relay, 0.03)}
+        behind = lambda: relay.health()["subscribers"] == 1 and status_of(syncer)["rounds"] >= 3  # noqa: E731
+        wait_until(behind, timeout_s=120, what="rounds with the learner behind the relay")
+        syncer.kill()
+        shutil.rmtree(syncer.job_dir / "state")
+        syncer.start()
+        summaries = finished(procs, tmp_path)
+        final = status_of(syncer)
+    lives = [json.loads(line) for line in (tmp_path / "L0.history.jsonl").read_text().splitlines()]
+    assert [life["reason"] for life in lives] == [again.STARTED_OVER, "finished"]
+    assert summaries["L0"]["restarts"] == 1 and summaries["L0"]["rejected_tokens"] == 0
+    assert "the relay forgets every version it holds" in relay.log_path.read_text()
+    assert final["ledger"]["merged"] > 0 and final["ledger"]["balanced"]
+
+
+@pytest.mark.slow
 def test_when_the_relay_dies_its_learners_pull_from_the_synchronizer_and_finish(tmp_path: Path) -> None:
     with relayed(tmp_path, 2, 600_000) as (syncer, relay):  # about 9 s of steps: the relay dies in the middle
         procs = {name: start_learner(syncer, tmp_path, name, "east", relay, 0.03) for name in ("L0", "L1")}
@@ -381,8 +463,10 @@ def test_a_relay_refuses_other_tokens_and_a_stale_relay_sends_its_learners_away(
             with pytest.raises(Unavailable, match="CERTIFICATE_VERIFY_FAILED"):
                 client.health()
             client.close()
-        client = relay.client("L0")
-        assert len(next(f for f in client.fragments([-1] * 4) if f)) > 0  # its own region's learner is served
+        client, named = relay.client("L0"), []
+        assert len(next(f for f in client.fragments([-1] * 4, opened=named.append) if f)) > 0  # its own region's learner
+        own = (syncer.job_dir / "state" / history.FILE).read_text().strip()
+        assert named == [history.combined([own])]  # the relay names the history of its one shard's versions
         syncer.kill()
         wait_until(lambda: relay.health()["stale"] != "", timeout_s=30, what="the relay to notice")
         with pytest.raises(Unavailable, match="503 upstream_down"):

@@ -21,6 +21,7 @@ import pytest
 from ddctl.control.global_checkpoint import take
 from ddctl_agents.agent import again
 from ddctl_agents.agent.subscription import Subscriber
+from ddctl_agents.errors import HTTP, BadRequest, ImpossibleVersion
 from ddctl_agents.relay.feed import Feed
 from ddctl_agents.service import history
 from ddctl_agents.service.checkpoints import CheckpointPolicy, store
@@ -49,6 +50,35 @@ def test_a_state_directory_keeps_its_history_and_a_fresh_one_starts_another(tmp_
 @pytest.mark.parametrize("said", ["", "ABCDEF0123456789", "0123", "0123456789abcdef0", "../etc/passwd", "0123456789abcdeg"])
 def test_only_sixteen_lowercase_hex_digits_are_a_history(said: str) -> None:
     assert not history.valid(said)
+
+
+def test_a_source_has_changed_history_only_when_it_names_another_id_than_before() -> None:
+    known: dict[str, str] = {}
+    assert history.changed(known, "a", "") == "" and known == {}  # names none: nothing is known
+    assert history.changed(known, "a", "0123456789abcdef") == ""  # the first
+    assert history.changed(known, "a", "0123456789abcdef") == ""  # the same again
+    assert history.changed(known, "a", "not an id") == "" and known == {"a": "0123456789abcdef"}
+    assert history.changed(known, "a", "00000000000000aa") == "0123456789abcdef"
+    assert history.changed(known, "a", "00000000000000aa") == "" and known == {"a": "00000000000000aa"}
+
+
+def test_several_shards_histories_combine_into_one_only_when_each_is_known() -> None:
+    a, b, c = "0123456789abcdef", "fedcba9876543210", "00000000000000aa"
+    assert history.combined([]) == "" and history.combined([a, ""]) == ""
+    assert history.valid(history.combined([a, b])) and history.combined([a, b]) == history.combined([a, b])
+    assert len({history.combined([a, b]), history.combined([a, c]), history.combined([b, a]), history.combined([a])}) == 4
+
+
+@pytest.mark.parametrize(
+    ("said", "status"), [("00000000000000aa", 409), ("ABCDEF0123456789", 400), ("../../etc/passwd", 400), ("", 400)]
+)
+def test_an_update_of_another_history_or_naming_none_as_an_id_is_refused(said: str, status: int) -> None:
+    own = "0123456789abcdef"
+    history.check(None, own)  # an older learner, or one whose stream has not opened: judged by its base version
+    history.check(own, own)
+    with pytest.raises((ImpossibleVersion, BadRequest)) as refused:
+        history.check(said, own)
+    assert HTTP[type(refused.value)][0] == status
 
 
 class _Counted:

@@ -186,7 +186,8 @@ class Subscriber:
                     if not urlsplit(link.url).hostname:
                         raise Unavailable("where the region's relay is is not known yet")
                     client = client or link.connect(link.url)
-                    for frame in client.fragments(list(self.versions)):
+                    opened = functools.partial(self._opened, link.url)
+                    for frame in client.fragments(list(self.versions), opened=opened):
                         if not self.relayed.is_set():
                             log.info("the region's relay delivers: the shards' streams stand by")
                             self.relayed.set()
@@ -224,13 +225,12 @@ class Subscriber:
             self.started_over.set()
 
     def _opened(self, url: str, said: str) -> None:
-        """A shard's stream opened naming the history of its versions: another than before means it started over."""
-        if not history.valid(said):  # a shard that names none (an older one), or not as an id
-            return
-        known = self.histories.setdefault(url, said)
-        if known != said:
-            self.lost(f"the synchronizer at {url} started over: its versions count in history {said}, the ones held "
-                      f"here in {known}, which it will never continue")  # fmt: skip
+        """A stream opened naming the history of its versions (a shard's, or the relay's of all of them): another than
+        before means a synchronizer started over."""
+        if known := history.changed(self.histories, url, said):
+            who = "the synchronizer" if self.relay is None or url != self.relay.url else "a shard behind the relay"
+            self.lost(f"{who} at {url} started over: its versions count in history {said}, the ones held here in "
+                      f"{known}, which it will never continue")  # fmt: skip
 
     def _moved(self, url: str, shards: list[str]) -> str:
         """The relay's URL as the first shard that knows says it is now, where that differs from ``url``; "" when it

@@ -5,7 +5,9 @@ and reads the same records, so the learner's client and the service's stream
 plumbing (``service/asgi``, ``service/publisher``) serve both. Tokens are the
 region's (``auth.relay_key``); the versions are whole (no delta chains), and a
 relay that has lost a shard refuses (503) or ends its streams, which sends its
-learners to the shards until it recovers.
+learners to the shards until it recovers. Its streams name one history for all the
+shards' versions (``Feed.history_id``) and end when a shard started over, so its
+learners learn it as if they read the shards themselves.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 from ddctl_agents.errors import MethodNotAllowed, NotFound, UpstreamDown
 from ddctl_agents.relay.feed import Feed
+from ddctl_agents.service import history
 from ddctl_agents.service.asgi import (
     Handler,
     Receive,
@@ -80,7 +83,8 @@ class RelayApp:
         await json_response(send, 200, answer | {"bytes_out": self.bytes_out, "refusals": self.refusals})
 
     async def stream(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Every version newer than ``since``, as the feed brings it; the stream ends if the feed goes stale."""
+        """Every version newer than ``since``, as the feed brings it; the stream ends if the feed goes stale, or forgets
+        what it held (a shard started over)."""
         verify_token(self.key, header(scope, b"authorization"))
         since = parse_versions(parse_query(scope.get("query_string", b"")).get("since", ""), self.feed.fragments)
         await read_body(receive, MAX_GET_BODY)
@@ -97,6 +101,7 @@ class RelayApp:
 
         self.subscribers += 1
         try:
-            await stream_records(receive, send, [(b"content-type", b"application/x-ddctl-stream")], records(), lambda: None)
+            headers = [(b"content-type", b"application/x-ddctl-stream"), (history.HEADER, self.feed.history_id().encode())]
+            await stream_records(receive, send, headers, records(), lambda: None)
         finally:
             self.subscribers -= 1

@@ -9,7 +9,9 @@ fragment the job does not have, or a version numbered implausibly far past the o
 (``subscription.MOST_AHEAD``), is counted and dropped,
 and the stream goes on. A shard whose stream names another history than before
 (``service/history.py``: it started over) makes the relay forget every version it
-holds and ask every shard again from none. A shard not heard from (not even a keep-alive) for
+holds and ask every shard again from none; its learners' streams end, and open again
+naming the relay's new history (one of all the shards', ``history_id``), so that
+they start over too. A shard not heard from (not even a keep-alive) for
 ``stale_after_s`` makes the relay *stale*: its learners are refused (503) and
 pull from the shards themselves until it hears again.
 """
@@ -114,15 +116,15 @@ class Feed:
 
     def _opened(self, url: str, loop: asyncio.AbstractEventLoop, said: str) -> None:
         """Shard ``url``'s stream names the history of its versions: another than before, and nothing held counts."""
-        if not history.valid(said):
-            return
-        known = self.histories.setdefault(url, said)
-        if known != said:
-            self.histories[url] = said
+        if known := history.changed(self.histories, url, said):
             log.warning("shard %s started over (history %s, was %s): the relay forgets every version it holds", url, said,
                         known)  # fmt: skip
             asyncio.run_coroutine_threadsafe(self.publisher.forget(), loop).result()
             self.forgotten += 1
+
+    def history_id(self) -> str:
+        """The history the relay's versions count in: one of every shard's, "" until each has named its own."""
+        return history.combined([self.histories.get(url, "") for url in self.urls])
 
     def _publish(self, url: str, frame: bytes, loop: asyncio.AbstractEventLoop) -> None:
         self.counts.bytes_in += len(frame)

@@ -16,6 +16,7 @@ content under that number is not the same.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import secrets
@@ -54,6 +55,24 @@ def of(state_dir: Path) -> str:
 def valid(text: str) -> bool:
     """Whether ``text`` (a header another process sent) is a history id: 16 lowercase hex digits."""
     return bool(_ID.fullmatch(text))
+
+
+def changed(known: dict[str, str], source: str, said: str) -> str:
+    """The history ``source`` named before, where ``said`` (what it names now) is another (``said`` is kept as known
+    from now); "" when it is the same, the first, or not a history at all (an older syncer names none)."""
+    if not valid(said):
+        return ""
+    before = known.setdefault(source, said)
+    known[source] = said
+    return before if before != said else ""
+
+
+def combined(histories: list[str]) -> str:
+    """One history for versions from several shards (a relay's): another as soon as any of them is; "" while any is
+    not known (naming the ones known, it would change when the rest became known, though none started over)."""
+    if not histories or not all(valid(h) for h in histories):
+        return ""
+    return hashlib.sha256(" ".join(histories).encode()).hexdigest()[:16]
 
 
 def check(said: str | None, own: str) -> None:

@@ -63,6 +63,7 @@ class Publisher:
         """When each fragment's newest version was published (a counter): the order subscribers are sent them in."""
         self._count = 0
         self._changed = asyncio.Condition()
+        self._forgets = 0
         self.closed = False
 
     def code(self, message: FragmentVersion) -> Published:
@@ -83,9 +84,11 @@ class Publisher:
             self._changed.notify_all()
 
     async def forget(self) -> None:
-        """Hold no version (a relay whose shard started over: its versions count in a history the old ones do not)."""
+        """Hold no version (a relay whose shard started over: its versions count in a history the old ones do not);
+        every stream following ends, since what it was sent counts in that old history."""
         async with self._changed:
             self.latest = [None] * len(self.latest)
+            self._forgets += 1
             self._changed.notify_all()
 
     def get(self, fragment: int) -> Published | None:
@@ -105,9 +108,9 @@ class Publisher:
 
     async def follow(self, since: list[int], keepalive_s: float, wanted: Wanted | None = None) -> AsyncIterator[Published | None]:
         """Yield every fragment newer than ``since`` as it appears (those ``wanted`` says); ``None`` after
-        ``keepalive_s`` of quiet."""
-        seen = list(since)
-        while not self.closed:
+        ``keepalive_s`` of quiet. Ends when the publisher closes or forgets what it held."""
+        seen, forgets = list(since), self._forgets
+        while not self.closed and self._forgets == forgets:
             quiet = False
             async with self._changed:
                 fresh = self._newer(seen, wanted)
