@@ -184,6 +184,18 @@ def test_409_for_an_update_based_in_another_history(job: Job, l0: SyncerClient, 
     assert job.status()["ledger"]["received"] == before + 8192
 
 
+def test_409_for_a_heartbeat_of_another_history(job: Job, l0: SyncerClient) -> None:
+    """The steps it reports are of a life whose versions this syncer does not continue: they must not count."""
+    own = (job.job_dir / "state" / history.FILE).read_text().strip()
+    other = "0" * 16 if own != "0" * 16 else "1" * 16
+    beat = {"learner": "L0", "step": 3, "step_time": 0.1, "tokens": 0, "tokens_per_s": 0}
+    err = refusal(lambda: l0.heartbeat(beat, other))
+    assert (err.status, err.code) == (409, "impossible_version") and own in err.reason
+    err = refusal(lambda: l0.heartbeat(beat, "x" * 16))
+    assert err.status == 400 and "x-ddctl-history must be a history id" in err.reason
+    assert "versions" in l0.heartbeat(beat, own)
+
+
 def test_the_same_update_id_is_applied_once(job: Job, l0: SyncerClient, assembly: Assembly) -> None:
     before = job.status()["ledger"]["received"]
     frame = encode_update(make_update(assembly, fragment=1, base=current_version(job, 1)), "int4", 64)

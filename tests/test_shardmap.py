@@ -160,7 +160,7 @@ class FakeShard:
     def __init__(self, name: str, served: ShardMap) -> None:
         self.name, self.served, self.pushed = name, served, []  # type: list[int]
 
-    def push(self, frame: bytes, fragment: int) -> dict[str, Any]:
+    def push(self, frame: bytes, fragment: int, based_in: str = "") -> dict[str, Any]:
         if self.served.owner(fragment) != self.name:
             raise Refused(409, "not_owner", f"shard {self.name} does not own fragment {fragment}")
         self.pushed.append(fragment)

@@ -20,8 +20,10 @@ import pytest
 
 from ddctl.control.global_checkpoint import take
 from ddctl_agents.agent import again
+from ddctl_agents.agent.comm import Comms, Identity
+from ddctl_agents.agent.routes import Routes
 from ddctl_agents.agent.subscription import Subscriber
-from ddctl_agents.errors import HTTP, BadRequest, ImpossibleVersion
+from ddctl_agents.errors import HTTP, BadRequest, ImpossibleVersion, Refused
 from ddctl_agents.relay.feed import Feed
 from ddctl_agents.service import history
 from ddctl_agents.service.checkpoints import CheckpointPolicy, store
@@ -59,7 +61,7 @@ def test_a_source_has_changed_history_only_when_it_names_another_id_than_before(
     assert history.changed(known, "a", "0123456789abcdef") == ""  # the same again
     assert history.changed(known, "a", "not an id") == "" and known == {"a": "0123456789abcdef"}
     assert history.changed(known, "a", "00000000000000aa") == "0123456789abcdef"
-    assert history.changed(known, "a", "00000000000000aa") == "" and known == {"a": "00000000000000aa"}
+    assert known == {"a": "0123456789abcdef"}  # the one held: a learner's updates go on naming it until it starts over
 
 
 def test_several_shards_histories_combine_into_one_only_when_each_is_known() -> None:
@@ -101,6 +103,7 @@ def test_a_learner_notices_a_shard_whose_stream_names_another_history() -> None:
     sub._opened("https://a:1", "00000000000000aa")
     assert sub.started_over.is_set()
     assert "https://a:1 started over" in sub.why_over and "00000000000000aa" in sub.why_over
+    assert sub.histories["https://a:1"] == "0123456789abcdef"  # its updates and heartbeats name the one it holds
     sub.lost("a later reason")
     assert "a:1" in sub.why_over  # the first reason is kept
 
@@ -139,6 +142,35 @@ def test_a_life_that_ends_unheard_does_not_wait_for_its_streams() -> None:
     c.close(reason=None)
     assert time.monotonic() - started < 1.0 and stream.is_alive() and c.stopping.is_set()
     release.set()
+
+
+def test_a_heartbeat_names_the_shards_history_and_one_refused_for_it_starts_the_learner_over() -> None:
+    """Before it notices, a learner's heartbeats of its old life would move the new history's record of its step on
+    (and with it where its data starts again): they name their history, and one refused for it is a notice."""
+
+    class Refusing:
+        def __init__(self) -> None:
+            self.named: list[str] = []
+
+        def heartbeat(self, report: dict[str, Any], based_in: str = "") -> dict[str, Any]:
+            self.named.append(based_in)
+            raise Refused(409, "impossible_version", "the heartbeat's history is 0123456789abcdef, this one's 00000000000000aa")
+
+        def close(self) -> None:
+            pass
+
+    url, client = "http://127.0.0.1:9", Refusing()
+    c = Comms(lambda u: client, Routes({"": url}), Identity(name="L0", incarnation=1, region="r"), "fp32", 64, interval_s=0.01)  # type: ignore[arg-type,return-value]
+    c.report = {"step": 5}
+    c.subscriber._opened(url, "0123456789abcdef")
+    beating = threading.Thread(target=c._heartbeat_loop, args=(url,), daemon=True)
+    beating.start()
+    try:
+        assert c.subscriber.started_over.wait(timeout=10)
+    finally:
+        c.stopping.set()
+    beating.join(timeout=5)
+    assert client.named[0] == "0123456789abcdef" and "refused a heartbeat" in c.subscriber.why_over
 
 
 def test_a_relay_forgets_what_it_holds_when_a_shard_started_over() -> None:
@@ -235,7 +267,9 @@ def test_a_syncer_that_lost_its_state_gets_its_learners_back(tmp_path: Path) -> 
     started = json.loads((job.job_dir / "state" / OWN / MANIFEST).read_text())  # the checkpoint it started from
     assert started["rounds"] >= 2 and sum(started["versions"]) > 0  # a checkpoint past the initial model
     assert all(now >= then for now, then in zip(resumed, started["versions"], strict=True))  # served from there on
-    assert final["start_step"] >= started["steps"]["L0"] > 0  # its data goes on where it had come to
+    # its data starts again where the checkpoint had it: its old life's heartbeats name their history and are refused,
+    # so none moved the new history's record of its step on (until they did, it went on from where it had come to)
+    assert final["start_step"] == started["steps"]["L0"] > 0
     assert before["rounds"] >= 4 and after["ledger"]["merged"] > 0  # the new history's rounds took its updates
 
 

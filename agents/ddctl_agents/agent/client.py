@@ -108,8 +108,10 @@ class SyncerClient:
             body["tokens"] = tokens
         return self._json("POST", "/v1/leave", json=body)
 
-    def heartbeat(self, report: dict[str, Any]) -> dict[str, Any]:
-        return self._json("POST", "/v1/heartbeat", json=report)
+    def heartbeat(self, report: dict[str, Any], based_in: str = "") -> dict[str, Any]:
+        """Progress in (``based_in`` as for ``push``: a heartbeat of another history is refused, not counted)."""
+        headers = {history.HEADER.decode(): based_in} if based_in else {}
+        return self._json("POST", "/v1/heartbeat", json=report, headers=headers)
 
     def shards(self) -> dict[str, Any] | None:
         """This shard's name and its shard map; None from a synchronizer that is not sharded."""

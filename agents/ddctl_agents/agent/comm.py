@@ -367,7 +367,7 @@ class Comms:
                 report.update(up_bytes=up_bytes, up_seconds=up_seconds, uploads_in_flight=self.slots.cap())
                 started = time.perf_counter()
                 try:
-                    if client.heartbeat(report).get("stop") is True:
+                    if client.heartbeat(report, self.subscriber.histories.get(url, "")).get("stop") is True:
                         self.stop_asked.set()
                     self.suspension = ""
                     self._rtt = time.perf_counter() - started
@@ -382,6 +382,8 @@ class Comms:
                             log.info("re-register failed: %s", again)
                     elif exc.code == "suspended":
                         self._suspended(url, exc)
+                    elif exc.code == IMPOSSIBLE_VERSION:  # the shard started over: this life's steps count for nothing
+                        self.subscriber.lost(f"the synchronizer at {url} refused a heartbeat: {exc}")
                     else:
                         log.warning("heartbeat refused: %s", exc)
                 except Unavailable as exc:

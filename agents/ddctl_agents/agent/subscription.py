@@ -227,7 +227,7 @@ class Subscriber:
     def _opened(self, url: str, said: str) -> None:
         """A stream opened naming the history of its versions (a shard's, or the relay's of all of them): another than
         before means a synchronizer started over."""
-        if known := history.changed(self.histories, url, said):
+        if known := history.changed(self.histories, url, said):  # the one held stays named: this life's updates are of it
             who = "the synchronizer" if self.relay is None or url != self.relay.url else "a shard behind the relay"
             self.lost(f"{who} at {url} started over: its versions count in history {said}, the ones held here in "
                       f"{known}, which it will never continue")  # fmt: skip

@@ -117,6 +117,7 @@ class Feed:
     def _opened(self, url: str, loop: asyncio.AbstractEventLoop, said: str) -> None:
         """Shard ``url``'s stream names the history of its versions: another than before, and nothing held counts."""
         if known := history.changed(self.histories, url, said):
+            self.histories[url] = said  # what it holds from now on counts in the new one
             log.warning("shard %s started over (history %s, was %s): the relay forgets every version it holds", url, said,
                         known)  # fmt: skip
             asyncio.run_coroutine_threadsafe(self.publisher.forget(), loop).result()

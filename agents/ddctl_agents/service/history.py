@@ -58,12 +58,11 @@ def valid(text: str) -> bool:
 
 
 def changed(known: dict[str, str], source: str, said: str) -> str:
-    """The history ``source`` named before, where ``said`` (what it names now) is another (``said`` is kept as known
-    from now); "" when it is the same, the first, or not a history at all (an older syncer names none)."""
+    """The history ``source`` named before (``known``, where the first it names is kept), where ``said`` (what it
+    names now) is another; "" when it is the same, the first, or not a history at all (an older syncer names none)."""
     if not valid(said):
         return ""
     before = known.setdefault(source, said)
-    known[source] = said
     return before if before != said else ""
 
 
