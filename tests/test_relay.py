@@ -70,6 +70,8 @@ class FakeShard:
 
     def __init__(self, frames: list[bytes], breaks: bool = False, located: str = "", history: str = "") -> None:
         self.frames, self.breaks, self.located, self.history = frames, breaks, located, history
+        self.listed = ""
+        """As a relay: its shards' histories (``history.LISTED``)."""
         self.asked: list[list[int]] = []
 
     def relay_address(self) -> str:
@@ -77,11 +79,18 @@ class FakeShard:
         return self.located
 
     def fragments(
-        self, since: list[int], chain: list[str] | None = None, at: str = "", opened: Callable[[str], None] | None = None
+        self,
+        since: list[int],
+        chain: list[str] | None = None,
+        at: str = "",
+        opened: Callable[[str], None] | None = None,
+        listed: Callable[[str], None] | None = None,
     ) -> Iterator[bytes]:
         self.asked.append(list(since))
         if opened is not None:
             opened(self.history)
+        if listed is not None:
+            listed(self.listed)
         yield from self.frames
         self.frames = []
         if self.breaks:
@@ -127,11 +136,16 @@ def test_a_feed_whose_shard_started_over_forgets_what_it_held_and_asks_again_fro
 
     class Reborn(FakeShard):
         def fragments(
-            self, since: list[int], chain: list[str] | None = None, at: str = "", opened: Callable[[str], None] | None = None
+            self,
+            since: list[int],
+            chain: list[str] | None = None,
+            at: str = "",
+            opened: Callable[[str], None] | None = None,
+            listed: Callable[[str], None] | None = None,
         ) -> Iterator[bytes]:
             if len(self.asked) == 1:  # the second stream reaches the shard's next life, which held nothing over
                 self.frames, self.history, self.breaks = [version_frame(0, 1)], "00000000000000aa", False
-            yield from super().fragments(since, chain, at, opened)
+            yield from super().fragments(since, chain, at, opened, listed)
 
     shard = Reborn([version_frame(0, 5), version_frame(1, 6)], breaks=True, history="0123456789abcdef")
 
@@ -183,14 +197,59 @@ def test_a_publisher_that_forgets_ends_every_stream_following_it() -> None:
     assert asyncio.run(run()) == [4]
 
 
+def test_a_relayed_learner_names_each_shards_history_as_its_relay_lists_them() -> None:
+    """Behind a relay a learner reads no shard's stream: the relay lists their histories, and the learner's updates and
+    heartbeats name them (a shard that started over refuses them); one listed anew means that shard started over."""
+
+    class Relisted(FakeShard):
+        def fragments(
+            self,
+            since: list[int],
+            chain: list[str] | None = None,
+            at: str = "",
+            opened: Callable[[str], None] | None = None,
+            listed: Callable[[str], None] | None = None,
+        ) -> Iterator[bytes]:
+            if self.asked:  # its stream ended as the shard started over; it opens again listing the new history
+                self.listed = "https://s0=00000000000000aa"
+            yield from super().fragments(since, chain, at, opened, listed)
+            release.wait(10)  # the first stream stays open until the test ends it
+
+    stopping, seen, release = threading.Event(), threading.Event(), threading.Event()
+    relay = Relisted([version_frame(0, 1)])
+    relay.listed = "https://s0=0123456789abcdef,https://other=fedcba9876543210"
+    link = RelayLink("https://r", lambda url: relay)  # type: ignore[arg-type,return-value]
+    subscriber = Subscriber(lambda url: FakeShard([]), 1, stopping, lambda url: None, Counter(), relay=link)  # type: ignore[arg-type]
+    subscriber.versions = [-1]
+    named = subscriber._opened
+    subscriber._opened = lambda url, said: (named(url, said), url == "https://s0" and seen.set())  # type: ignore[method-assign]
+    threads = [threading.Thread(target=target, daemon=True) for _, target in subscriber.loops(["https://s0"])]
+    for thread in threads:
+        thread.start()
+    try:
+        assert seen.wait(timeout=10)
+        assert subscriber.histories == {"https://s0": "0123456789abcdef"}  # not another learner's shard
+        assert not subscriber.started_over.is_set()
+        release.set()  # the relay ends its stream; opened again, it lists s0's new history
+        assert subscriber.started_over.wait(timeout=10)
+    finally:
+        stopping.set()
+    assert "the synchronizer at https://s0 started over" in subscriber.why_over
+
+
 def test_a_relayed_learner_starts_over_when_its_relay_names_another_history() -> None:
     class Renamed(FakeShard):
         def fragments(
-            self, since: list[int], chain: list[str] | None = None, at: str = "", opened: Callable[[str], None] | None = None
+            self,
+            since: list[int],
+            chain: list[str] | None = None,
+            at: str = "",
+            opened: Callable[[str], None] | None = None,
+            listed: Callable[[str], None] | None = None,
         ) -> Iterator[bytes]:
             if self.asked:  # its stream ended as a shard behind it started over; it opens again naming the new history
                 self.history = "00000000000000aa"
-            yield from super().fragments(since, chain, at, opened)
+            yield from super().fragments(since, chain, at, opened, listed)
 
     stopping = threading.Event()
     relay = Renamed([version_frame(0, 1)], breaks=True, history="0123456789abcdef")
@@ -463,10 +522,12 @@ def test_a_relay_refuses_other_tokens_and_a_stale_relay_sends_its_learners_away(
             with pytest.raises(Unavailable, match="CERTIFICATE_VERIFY_FAILED"):
                 client.health()
             client.close()
-        client, named = relay.client("L0"), []
-        assert len(next(f for f in client.fragments([-1] * 4, opened=named.append) if f)) > 0  # its own region's learner
+        client, named, listed = relay.client("L0"), [], []
+        frames = client.fragments([-1] * 4, opened=named.append, listed=listed.append)
+        assert len(next(f for f in frames if f)) > 0  # its own region's learner is served
         own = (syncer.job_dir / "state" / history.FILE).read_text().strip()
         assert named == [history.combined([own])]  # the relay names the history of its one shard's versions
+        assert listed == [f"{syncer.url}={own}"]  # and that shard's own, by the URL its learners give it
         syncer.kill()
         wait_until(lambda: relay.health()["stale"] != "", timeout_s=30, what="the relay to notice")
         with pytest.raises(Unavailable, match="503 upstream_down"):

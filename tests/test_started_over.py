@@ -83,6 +83,17 @@ def test_an_update_of_another_history_or_naming_none_as_an_id_is_refused(said: s
     assert HTTP[type(refused.value)][0] == status
 
 
+def test_a_relays_list_of_its_shards_histories_names_only_the_learners_shards_and_ids() -> None:
+    a, b = "0123456789abcdef", "fedcba9876543210"
+    urls = ["https://s0:1", "https://s1:1"]
+    text = history.listing({"https://s0:1": a, "https://s1:1": b, "https://s2:1": ""})
+    assert text == f"https://s0:1={a},https://s1:1={b}" and history.listed(text, urls) == dict(zip(urls, (a, b), strict=True))
+    assert history.listed(f"https://elsewhere:1={a},https://s1:1=../../etc", urls) == {}  # not its shard; not an id
+    assert history.listed(f"https://s0:1={a}," * 3, urls) == {"https://s0:1": a}  # past as many entries as shards: cut
+    assert history.listed("x" * 5000 + f",https://s0:1={a}", urls) == {}  # longer than shards' entries can be
+    assert history.listed("", urls) == {} and history.listed("=,=", urls) == {}
+
+
 class _Counted:
     def came_down(self, nbytes: int) -> None:
         pass

@@ -186,7 +186,12 @@ class SyncerClient:
         return self._json("POST", "/v1/updates", content=chunks(), headers=headers)
 
     def fragments(
-        self, since: list[int], chain: list[str] | None = None, at: str = "", opened: Callable[[str], None] | None = None
+        self,
+        since: list[int],
+        chain: list[str] | None = None,
+        at: str = "",
+        opened: Callable[[str], None] | None = None,
+        listed: Callable[[str], None] | None = None,
     ) -> Iterator[bytes]:
         """The subscription stream, frame by frame; empty frames are keep-alives.
 
@@ -200,7 +205,8 @@ class SyncerClient:
         ``at``: a relay's address, which it tells the shards its stream comes from (``relay.address``).
 
         ``opened``: called as the stream opens, with the history its versions count in (``service/history.py``; "" where
-        the server names none), before any frame is read.
+        the server names none), before any frame is read. ``listed``: called then with a relay's list of its shards'
+        histories (``history.LISTED``; "" where none is named).
 
         Left early (the caller breaks out), the stream ends at the server too: httpcore closes an HTTP/2 response
         without a RST_STREAM, so the server would go on feeding a stream nobody reads until its window filled, and
@@ -220,6 +226,8 @@ class SyncerClient:
                     chain[0] = r.headers.get("x-ddctl-chain", "")
                 if opened is not None:
                     opened(r.headers.get(history.HEADER.decode(), ""))
+                if listed is not None:
+                    listed(r.headers.get(history.LISTED.decode(), ""))
                 buffer = bytearray()
                 for chunk in r.iter_raw():
                     buffer += chunk

@@ -186,8 +186,8 @@ class Subscriber:
                     if not urlsplit(link.url).hostname:
                         raise Unavailable("where the region's relay is is not known yet")
                     client = client or link.connect(link.url)
-                    opened = functools.partial(self._opened, link.url)
-                    for frame in client.fragments(list(self.versions), opened=opened):
+                    opened, listed = functools.partial(self._opened, link.url), functools.partial(self._listed, shards)
+                    for frame in client.fragments(list(self.versions), opened=opened, listed=listed):
                         if not self.relayed.is_set():
                             log.info("the region's relay delivers: the shards' streams stand by")
                             self.relayed.set()
@@ -231,6 +231,12 @@ class Subscriber:
             who = "the synchronizer" if self.relay is None or url != self.relay.url else "a shard behind the relay"
             self.lost(f"{who} at {url} started over: its versions count in history {said}, the ones held here in "
                       f"{known}, which it will never continue")  # fmt: skip
+
+    def _listed(self, shards: list[str], text: str) -> None:
+        """The relay's stream names each shard's history: kept as if read from the shard (this learner's updates and
+        heartbeats name it), and another than before means that shard started over."""
+        for url, said in history.listed(text, shards).items():
+            self._opened(url, said)
 
     def _moved(self, url: str, shards: list[str]) -> str:
         """The relay's URL as the first shard that knows says it is now, where that differs from ``url``; "" when it

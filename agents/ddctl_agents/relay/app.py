@@ -102,6 +102,7 @@ class RelayApp:
         self.subscribers += 1
         try:
             headers = [(b"content-type", b"application/x-ddctl-stream"), (history.HEADER, self.feed.history_id().encode())]
+            headers.append((history.LISTED, history.listing(self.feed.histories).encode()))
             await stream_records(receive, send, headers, records(), lambda: None)
         finally:
             self.subscribers -= 1

@@ -26,6 +26,9 @@ from ddctl_agents.errors import BadRequest, ImpossibleVersion
 
 FILE = "history"
 HEADER = b"x-ddctl-history"
+LISTED = b"x-ddctl-shard-histories"
+"""A relay's streams: each shard's history by its URL (``URL=ID,URL=ID``), so its learners name them as if they read
+the shards themselves."""
 _ID = re.compile(r"[0-9a-f]{16}")
 
 
@@ -84,3 +87,19 @@ def check(said: str | None, own: str) -> None:
     if said != own:
         raise ImpossibleVersion(f"the update's base versions count in history {said}, this synchronizer's in {own}: "
                                 f"it started over and will never continue them")  # fmt: skip
+
+
+def listing(histories: dict[str, str]) -> str:
+    """The ``LISTED`` header for these shards' histories (by URL)."""
+    return ",".join(f"{url}={said}" for url, said in histories.items() if valid(said))
+
+
+def listed(text: str, urls: list[str]) -> dict[str, str]:
+    """The histories a relay's ``LISTED`` header names for the shards at ``urls`` (the ones this learner sends to);
+    anything else in it (another URL, an id that is not one, more entries than shards) is left out."""
+    out: dict[str, str] = {}
+    for entry in text.split(",")[: len(urls)] if len(text) <= len(urls) * 2048 else []:
+        url, _, said = entry.rpartition("=")
+        if url in urls and valid(said):
+            out[url] = said
+    return out
