@@ -177,6 +177,7 @@ def test_409_for_an_update_based_in_another_history(job: Job, l0: SyncerClient, 
     fresh = lambda: encode_update(make_update(assembly, fragment=1, base=current_version(job, 1)), "int4", 64)  # noqa: E731
     err = refusal(lambda: l0.push(fresh(), 1, other))
     assert (err.status, err.code) == (409, "impossible_version") and other in err.reason and own in err.reason
+    assert "the update's sender holds versions of history" in err.reason
     err = refusal(lambda: l0.push(fresh(), 1, "../../" + own))
     assert err.status == 400 and "x-ddctl-history must be a history id (16 lowercase hex digits)" in err.reason
     assert job.status()["ledger"]["received"] == before  # neither was taken in
@@ -190,7 +191,7 @@ def test_409_for_a_heartbeat_of_another_history(job: Job, l0: SyncerClient) -> N
     other = "0" * 16 if own != "0" * 16 else "1" * 16
     beat = {"learner": "L0", "step": 3, "step_time": 0.1, "tokens": 0, "tokens_per_s": 0}
     err = refusal(lambda: l0.heartbeat(beat, other))
-    assert (err.status, err.code) == (409, "impossible_version") and own in err.reason
+    assert (err.status, err.code) == (409, "impossible_version") and own in err.reason and "heartbeat's sender" in err.reason
     err = refusal(lambda: l0.heartbeat(beat, "x" * 16))
     assert err.status == 400 and "x-ddctl-history must be a history id" in err.reason
     assert "versions" in l0.heartbeat(beat, own)

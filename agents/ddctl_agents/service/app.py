@@ -158,7 +158,7 @@ class SyncerApp:
 
     async def heartbeat(self, scope: Scope, receive: Receive, send: Send) -> None:
         who = self.identity(scope)
-        history.check(header(scope, history.HEADER), self.rt.publisher.history)  # its steps are of another life
+        history.check(header(scope, history.HEADER), self.rt.publisher.history, "heartbeat")  # steps of another life
         body = parse_body(HeartbeatBody, await read_body(receive, MAX_JSON))
         self._own(who, body.learner)
         await json_response(send, 200, await self.rt.heartbeat(body))

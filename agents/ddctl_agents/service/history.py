@@ -77,16 +77,17 @@ def combined(histories: list[str]) -> str:
     return hashlib.sha256(" ".join(histories).encode()).hexdigest()[:16]
 
 
-def check(said: str | None, own: str) -> None:
-    """Refuse an update whose header names another history than ``own`` (its base versions are not this syncer's);
-    one that names none (an older learner, or one whose stream has not opened yet) is taken as before."""
+def check(said: str | None, own: str, what: str = "update") -> None:
+    """Refuse an update (or heartbeat: ``what``) whose header names another history than ``own`` (the versions its
+    sender holds are not this syncer's); one that names none (an older learner, or one whose stream has not opened
+    yet) is taken as before."""
     if said is None:
         return
     if not valid(said):
         raise BadRequest(f"header {HEADER.decode()} must be a history id (16 lowercase hex digits), got {said!r:.40}")
     if said != own:
-        raise ImpossibleVersion(f"the update's base versions count in history {said}, this synchronizer's in {own}: "
-                                f"it started over and will never continue them")  # fmt: skip
+        raise ImpossibleVersion(f"the {what}'s sender holds versions of history {said}, this synchronizer's count in "
+                                f"{own}: it started over and will never continue them")  # fmt: skip
 
 
 def listing(histories: dict[str, str]) -> str:
