@@ -66,10 +66,21 @@ def test_a_relay_token_opens_its_own_regions_relay_only() -> None:
 
 
 class FakeShard:
-    """A shard's stream: these frames, then (if ``breaks``) a broken connection."""
+    """A shard's stream (or a relay's): these frames, then (if ``hold``) a wait until it is set, then (if ``breaks``) a
+    broken connection. ``on_open`` sees the fake as each stream opens, before it is counted in ``asked``: it may change
+    what this stream sends, or raise as a refused stream does."""
 
-    def __init__(self, frames: list[bytes], breaks: bool = False, located: str = "", history: str = "") -> None:
+    def __init__(
+        self,
+        frames: list[bytes],
+        breaks: bool = False,
+        located: str = "",
+        history: str = "",
+        on_open: Callable[[FakeShard], None] | None = None,
+        hold: threading.Event | None = None,
+    ) -> None:
         self.frames, self.breaks, self.located, self.history = frames, breaks, located, history
+        self.on_open, self.hold = on_open, hold
         self.listed = ""
         """As a relay: its shards' histories (``history.LISTED``)."""
         self.asked: list[list[int]] = []
@@ -86,6 +97,8 @@ class FakeShard:
         opened: Callable[[str], None] | None = None,
         listed: Callable[[str], None] | None = None,
     ) -> Iterator[bytes]:
+        if self.on_open is not None:
+            self.on_open(self)
         self.asked.append(list(since))
         if opened is not None:
             opened(self.history)
@@ -93,6 +106,8 @@ class FakeShard:
             listed(self.listed)
         yield from self.frames
         self.frames = []
+        if self.hold is not None:
+            self.hold.wait(10)
         if self.breaks:
             raise Unavailable("the connection broke")
 
@@ -134,20 +149,11 @@ def test_a_feed_whose_shard_started_over_forgets_what_it_held_and_asks_again_fro
     """A shard brought back without its state numbers its versions from 0 again: held, the old history's higher numbers
     would hide every version of the new one from the region's learners."""
 
-    class Reborn(FakeShard):
-        def fragments(
-            self,
-            since: list[int],
-            chain: list[str] | None = None,
-            at: str = "",
-            opened: Callable[[str], None] | None = None,
-            listed: Callable[[str], None] | None = None,
-        ) -> Iterator[bytes]:
-            if len(self.asked) == 1:  # the second stream reaches the shard's next life, which held nothing over
-                self.frames, self.history, self.breaks = [version_frame(0, 1)], "00000000000000aa", False
-            yield from super().fragments(since, chain, at, opened, listed)
+    def reborn(shard: FakeShard) -> None:
+        if len(shard.asked) == 1:  # the second stream reaches the shard's next life, which held nothing over
+            shard.frames, shard.history, shard.breaks = [version_frame(0, 1)], "00000000000000aa", False
 
-    shard = Reborn([version_frame(0, 5), version_frame(1, 6)], breaks=True, history="0123456789abcdef")
+    shard = FakeShard([version_frame(0, 5), version_frame(1, 6)], breaks=True, history="0123456789abcdef", on_open=reborn)
 
     async def run() -> tuple[list[int], Feed]:
         publisher = Publisher(2)
@@ -161,19 +167,7 @@ def test_a_feed_whose_shard_started_over_forgets_what_it_held_and_asks_again_fro
     versions, feed = asyncio.run(run())
     assert shard.asked[:3] == [[-1, -1], [5, 6], [-1, -1]]  # the stream that named the new history is asked again
     assert versions == [1, -1] and feed.forgotten == 1 and feed.histories == {"https://s0": "00000000000000aa"}
-    assert feed.history_id() == history.combined(["00000000000000aa"]) != history.combined(["0123456789abcdef"])
-
-
-def test_a_relays_history_is_one_of_every_shards_and_none_until_each_has_named_its_own() -> None:
-    feed = Feed(["https://s0", "https://s1"], lambda url: None, Publisher(2), 2, stale_after_s=60)  # type: ignore[arg-type,return-value]
-    assert feed.history_id() == ""
-    feed.histories["https://s0"] = "0123456789abcdef"
-    assert feed.history_id() == ""  # naming s0's alone, it would change when s1's came, though none started over
-    feed.histories["https://s1"] = "fedcba9876543210"
-    both = feed.history_id()
-    assert history.valid(both)
-    feed.histories["https://s1"] = "00000000000000aa"
-    assert history.valid(feed.history_id()) and feed.history_id() != both
+    assert history.listing(feed.histories) == "https://s0=00000000000000aa"  # what its learners' streams list now
 
 
 def test_a_publisher_that_forgets_ends_every_stream_following_it() -> None:
@@ -199,92 +193,58 @@ def test_a_publisher_that_forgets_ends_every_stream_following_it() -> None:
 
 def test_a_relayed_learner_names_each_shards_history_as_its_relay_lists_them() -> None:
     """Behind a relay a learner reads no shard's stream: the relay lists their histories, and the learner's updates and
-    heartbeats name them (a shard that started over refuses them); one listed anew means that shard started over."""
+    heartbeats name them (a shard that started over refuses them). A shard listed for the first time later is no
+    change; one listed anew is: that shard started over."""
+    lists = iter(["https://s0=0123456789abcdef,https://other=fedcba9876543210",  # not this learner's shard: left out
+                  "https://s0=0123456789abcdef,https://s1=fedcba9876543210",  # s1 known now: nothing started over
+                  "https://s0=00000000000000aa,https://s1=fedcba9876543210"])  # fmt: skip
+    holds = [threading.Event() for _ in range(3)]
 
-    class Relisted(FakeShard):
-        def fragments(
-            self,
-            since: list[int],
-            chain: list[str] | None = None,
-            at: str = "",
-            opened: Callable[[str], None] | None = None,
-            listed: Callable[[str], None] | None = None,
-        ) -> Iterator[bytes]:
-            if self.asked:  # its stream ended as the shard started over; it opens again listing the new history
-                self.listed = "https://s0=00000000000000aa"
-            yield from super().fragments(since, chain, at, opened, listed)
-            release.wait(10)  # the first stream stays open until the test ends it
+    def relist(relay: FakeShard) -> None:  # each stream ends (the test sets its hold) and the next lists anew
+        relay.listed, relay.hold, relay.frames = next(lists), holds[len(relay.asked)], [version_frame(0, 1)]
 
-    stopping, seen, release = threading.Event(), threading.Event(), threading.Event()
-    relay = Relisted([version_frame(0, 1)])
-    relay.listed = "https://s0=0123456789abcdef,https://other=fedcba9876543210"
+    stopping, named = threading.Event(), threading.Semaphore(0)
+    relay = FakeShard([], breaks=True, on_open=relist)
     link = RelayLink("https://r", lambda url: relay)  # type: ignore[arg-type,return-value]
-    subscriber = Subscriber(lambda url: FakeShard([]), 1, stopping, lambda url: None, Counter(), relay=link)  # type: ignore[arg-type]
+    subscriber = Subscriber(lambda url: FakeShard([], hold=stopping), 1, stopping, lambda url: None, Counter(), relay=link)  # type: ignore[arg-type,return-value]
     subscriber.versions = [-1]
-    named = subscriber._opened
-    subscriber._opened = lambda url, said: (named(url, said), url == "https://s0" and seen.set())  # type: ignore[method-assign]
-    threads = [threading.Thread(target=target, daemon=True) for _, target in subscriber.loops(["https://s0"])]
+    listed = subscriber._listed
+    subscriber._listed = lambda *args: (listed(*args), named.release())  # type: ignore[method-assign]
+    threads = [threading.Thread(target=target, daemon=True) for _, target in subscriber.loops(["https://s0", "https://s1"])]
     for thread in threads:
         thread.start()
     try:
-        assert seen.wait(timeout=10)
+        assert named.acquire(timeout=10)
         assert subscriber.histories == {"https://s0": "0123456789abcdef"}  # not another learner's shard
+        holds[0].set()  # the relay ends its stream; opened again, it lists s1 too
+        assert named.acquire(timeout=10)
+        assert subscriber.histories == {"https://s0": "0123456789abcdef", "https://s1": "fedcba9876543210"}
         assert not subscriber.started_over.is_set()
-        release.set()  # the relay ends its stream; opened again, it lists s0's new history
+        holds[1].set()  # ended again as s0 started over; opened again, it lists s0's new history
         assert subscriber.started_over.wait(timeout=10)
     finally:
         stopping.set()
-    assert "the synchronizer at https://s0 started over" in subscriber.why_over
-
-
-def test_a_relayed_learner_starts_over_when_its_relay_names_another_history() -> None:
-    class Renamed(FakeShard):
-        def fragments(
-            self,
-            since: list[int],
-            chain: list[str] | None = None,
-            at: str = "",
-            opened: Callable[[str], None] | None = None,
-            listed: Callable[[str], None] | None = None,
-        ) -> Iterator[bytes]:
-            if self.asked:  # its stream ended as a shard behind it started over; it opens again naming the new history
-                self.history = "00000000000000aa"
-            yield from super().fragments(since, chain, at, opened, listed)
-
-    stopping = threading.Event()
-    relay = Renamed([version_frame(0, 1)], breaks=True, history="0123456789abcdef")
-    link = RelayLink("https://r", lambda url: relay)  # type: ignore[arg-type,return-value]
-    subscriber = Subscriber(lambda url: FakeShard([]), 1, stopping, lambda url: None, Counter(), relay=link)  # type: ignore[arg-type]
-    subscriber.versions = [-1]
-    threads = [threading.Thread(target=target, daemon=True) for _, target in subscriber.loops(["https://s0"])]
-    for thread in threads:
-        thread.start()
-    try:
-        assert subscriber.started_over.wait(timeout=10)
-    finally:
-        stopping.set()
-    assert "a shard behind the relay at https://r started over" in subscriber.why_over
+        for hold in holds:
+            hold.set()
+    assert "the synchronizer at https://s0 (as the relay at https://r lists it) started over" in subscriber.why_over
     assert "00000000000000aa" in subscriber.why_over and "0123456789abcdef" in subscriber.why_over
+    assert subscriber.histories["https://s0"] == "0123456789abcdef"  # the one held: this life's updates go on naming it
 
 
-class FlakyShard(FakeShard):
+def flaky_shard(frames: list[bytes], failures: int) -> FakeShard:
     """A shard that refuses its stream ``failures`` times, then sends its frames."""
+    left = [failures]
 
-    def __init__(self, frames: list[bytes], failures: int) -> None:
-        super().__init__(frames)
-        self.failures = failures
-
-    def fragments(
-        self, since: list[int], chain: list[str] | None = None, at: str = "", opened: Callable[[str], None] | None = None
-    ) -> Iterator[bytes]:
-        if self.failures:
-            self.failures -= 1
+    def refuse(shard: FakeShard) -> None:
+        if left[0]:
+            left[0] -= 1
             raise Unavailable("connection refused")
-        yield from super().fragments(since, chain, at, opened)
+
+    return FakeShard(frames, on_open=refuse)
 
 
 def test_a_feed_logs_a_broken_stream_once_and_says_when_it_is_back(caplog: pytest.LogCaptureFixture) -> None:
-    shard = FlakyShard([version_frame(0, 1)], failures=4)
+    shard = flaky_shard([version_frame(0, 1)], failures=4)
 
     async def run() -> Feed:
         feed = Feed(["https://s0"], lambda url: shard, Publisher(1), 1, stale_after_s=60)  # type: ignore[arg-type,return-value]
@@ -526,7 +486,7 @@ def test_a_relay_refuses_other_tokens_and_a_stale_relay_sends_its_learners_away(
         frames = client.fragments([-1] * 4, opened=named.append, listed=listed.append)
         assert len(next(f for f in frames if f)) > 0  # its own region's learner is served
         own = (syncer.job_dir / "state" / history.FILE).read_text().strip()
-        assert named == [history.combined([own])]  # the relay names the history of its one shard's versions
+        assert named == [""]  # a relay names no history of its own: its versions are its shards'
         assert listed == [f"{syncer.url}={own}"]  # and that shard's own, by the URL its learners give it
         syncer.kill()
         wait_until(lambda: relay.health()["stale"] != "", timeout_s=30, what="the relay to notice")

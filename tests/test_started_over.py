@@ -64,13 +64,6 @@ def test_a_source_has_changed_history_only_when_it_names_another_id_than_before(
     assert known == {"a": "0123456789abcdef"}  # the one held: a learner's updates go on naming it until it starts over
 
 
-def test_several_shards_histories_combine_into_one_only_when_each_is_known() -> None:
-    a, b, c = "0123456789abcdef", "fedcba9876543210", "00000000000000aa"
-    assert history.combined([]) == "" and history.combined([a, ""]) == ""
-    assert history.valid(history.combined([a, b])) and history.combined([a, b]) == history.combined([a, b])
-    assert len({history.combined([a, b]), history.combined([a, c]), history.combined([b, a]), history.combined([a])}) == 4
-
-
 @pytest.mark.parametrize(
     ("said", "status"), [("00000000000000aa", 409), ("ABCDEF0123456789", 400), ("../../etc/passwd", 400), ("", 400)]
 )

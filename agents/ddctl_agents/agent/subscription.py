@@ -186,8 +186,8 @@ class Subscriber:
                     if not urlsplit(link.url).hostname:
                         raise Unavailable("where the region's relay is is not known yet")
                     client = client or link.connect(link.url)
-                    opened, listed = functools.partial(self._opened, link.url), functools.partial(self._listed, shards)
-                    for frame in client.fragments(list(self.versions), opened=opened, listed=listed):
+                    listed = functools.partial(self._listed, shards, link.url)
+                    for frame in client.fragments(list(self.versions), listed=listed):
                         if not self.relayed.is_set():
                             log.info("the region's relay delivers: the shards' streams stand by")
                             self.relayed.set()
@@ -224,19 +224,19 @@ class Subscriber:
             log.warning("%s", why)
             self.started_over.set()
 
-    def _opened(self, url: str, said: str) -> None:
-        """A stream opened naming the history of its versions (a shard's, or the relay's of all of them): another than
-        before means a synchronizer started over."""
+    def _opened(self, url: str, said: str, via: str = "") -> None:
+        """A shard's stream opened naming the history of its versions (or the relay's at ``via`` named it): another
+        than before means that shard started over."""
         if known := history.changed(self.histories, url, said):  # the one held stays named: this life's updates are of it
-            who = "the synchronizer" if self.relay is None or url != self.relay.url else "a shard behind the relay"
-            self.lost(f"{who} at {url} started over: its versions count in history {said}, the ones held here in "
-                      f"{known}, which it will never continue")  # fmt: skip
+            where = f"{url} (as the relay at {via} lists it)" if via else url
+            self.lost(f"the synchronizer at {where} started over: its versions count in history {said}, the ones held "
+                      f"here in {known}, which it will never continue")  # fmt: skip
 
-    def _listed(self, shards: list[str], text: str) -> None:
-        """The relay's stream names each shard's history: kept as if read from the shard (this learner's updates and
+    def _listed(self, shards: list[str], relay_url: str, text: str) -> None:
+        """The relay's stream lists each shard's history: kept as if read from the shard (this learner's updates and
         heartbeats name it), and another than before means that shard started over."""
         for url, said in history.listed(text, shards).items():
-            self._opened(url, said)
+            self._opened(url, said, via=relay_url)
 
     def _moved(self, url: str, shards: list[str]) -> str:
         """The relay's URL as the first shard that knows says it is now, where that differs from ``url``; "" when it

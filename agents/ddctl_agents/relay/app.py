@@ -5,9 +5,9 @@ and reads the same records, so the learner's client and the service's stream
 plumbing (``service/asgi``, ``service/publisher``) serve both. Tokens are the
 region's (``auth.relay_key``); the versions are whole (no delta chains), and a
 relay that has lost a shard refuses (503) or ends its streams, which sends its
-learners to the shards until it recovers. Its streams name one history for all the
-shards' versions (``Feed.history_id``) and end when a shard started over, so its
-learners learn it as if they read the shards themselves.
+learners to the shards until it recovers. Its streams list each shard's history
+(``history.LISTED``) and end when a shard started over, so its learners learn it
+as if they read the shards themselves.
 """
 
 from __future__ import annotations
@@ -101,8 +101,8 @@ class RelayApp:
 
         self.subscribers += 1
         try:
-            headers = [(b"content-type", b"application/x-ddctl-stream"), (history.HEADER, self.feed.history_id().encode())]
-            headers.append((history.LISTED, history.listing(self.feed.histories).encode()))
+            listed = history.listing(self.feed.histories).encode()
+            headers = [(b"content-type", b"application/x-ddctl-stream"), (history.LISTED, listed)]
             await stream_records(receive, send, headers, records(), lambda: None)
         finally:
             self.subscribers -= 1

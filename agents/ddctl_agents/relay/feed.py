@@ -10,8 +10,7 @@ fragment the job does not have, or a version numbered implausibly far past the o
 and the stream goes on. A shard whose stream names another history than before
 (``service/history.py``: it started over) makes the relay forget every version it
 holds and ask every shard again from none; its learners' streams end, and open again
-naming the relay's new history (one of all the shards', ``history_id``) and each
-shard's (``history.LISTED``), so that they start over too. A shard not heard from (not even a keep-alive) for
+listing each shard's history (``history.LISTED``), so that they start over too. A shard not heard from (not even a keep-alive) for
 ``stale_after_s`` makes the relay *stale*: its learners are refused (503) and
 pull from the shards themselves until it hears again.
 """
@@ -122,10 +121,6 @@ class Feed:
                         known)  # fmt: skip
             asyncio.run_coroutine_threadsafe(self.publisher.forget(), loop).result()
             self.forgotten += 1
-
-    def history_id(self) -> str:
-        """The history the relay's versions count in: one of every shard's, "" until each has named its own."""
-        return history.combined([self.histories.get(url, "") for url in self.urls])
 
     def _publish(self, url: str, frame: bytes, loop: asyncio.AbstractEventLoop) -> None:
         self.counts.bytes_in += len(frame)

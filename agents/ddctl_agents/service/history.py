@@ -16,7 +16,6 @@ content under that number is not the same.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import secrets
@@ -27,8 +26,8 @@ from ddctl_agents.errors import BadRequest, ImpossibleVersion
 FILE = "history"
 HEADER = b"x-ddctl-history"
 LISTED = b"x-ddctl-shard-histories"
-"""A relay's streams: each shard's history by its URL (``URL=ID,URL=ID``), so its learners name them as if they read
-the shards themselves."""
+"""A relay's streams: each shard's history by its URL (``URL=ID,URL=ID``), so its learners name them (and see one
+start over) as if they read the shards themselves; a relay names no history of its own."""
 _ID = re.compile(r"[0-9a-f]{16}")
 
 
@@ -69,14 +68,6 @@ def changed(known: dict[str, str], source: str, said: str) -> str:
     return before if before != said else ""
 
 
-def combined(histories: list[str]) -> str:
-    """One history for versions from several shards (a relay's): another as soon as any of them is; "" while any is
-    not known (naming the ones known, it would change when the rest became known, though none started over)."""
-    if not histories or not all(valid(h) for h in histories):
-        return ""
-    return hashlib.sha256(" ".join(histories).encode()).hexdigest()[:16]
-
-
 def check(said: str | None, own: str, what: str = "update") -> None:
     """Refuse an update (or heartbeat: ``what``) whose header names another history than ``own`` (the versions its
     sender holds are not this syncer's); one that names none (an older learner, or one whose stream has not opened
@@ -98,8 +89,10 @@ def listing(histories: dict[str, str]) -> str:
 def listed(text: str, urls: list[str]) -> dict[str, str]:
     """The histories a relay's ``LISTED`` header names for the shards at ``urls`` (the ones this learner sends to);
     anything else in it (another URL, an id that is not one, more entries than shards) is left out."""
+    if len(text) > len(urls) * 2048:  # longer than that many entries can be
+        return {}
     out: dict[str, str] = {}
-    for entry in text.split(",")[: len(urls)] if len(text) <= len(urls) * 2048 else []:
+    for entry in text.split(",")[: len(urls)]:
         url, _, said = entry.rpartition("=")
         if url in urls and valid(said):
             out[url] = said
