@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -141,5 +142,7 @@ def test_bytes_acked_over_busy_time_reads_a_shaped_link_whenever_it_is_read() ->
             peer.communicate()
     assert last is not None  # idle at the end: the last window is read
     mbit = [nbytes * 8 / seconds / 1e6 for nbytes, seconds in [*samples, last]]
-    # four windows of 1.2 MB, each read within the rate's bounds
-    assert len(mbit) >= 3 and all(0.85 * rate_mbit <= m <= 1.05 * rate_mbit for m in mbit), mbit
+    # four windows of 1.2 MB: their median within the rate's bounds, and none far from it. A thread-timed figure is off
+    # by several times; one window under CI load read 0.80x ([19.2, 16.1, 19.2, 19.2]: tbf's queue, or a late reader)
+    assert len(mbit) >= 3 and 0.9 * rate_mbit <= statistics.median(mbit) <= 1.05 * rate_mbit, mbit
+    assert all(0.7 * rate_mbit <= m <= 1.05 * rate_mbit for m in mbit), mbit
