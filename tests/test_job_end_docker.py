@@ -21,6 +21,9 @@ from tests.builders import check_finished, dry_run_up, run_to_its_end, status_js
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(engine_unavailable() is not None, reason=f"{engine_unavailable()}")]
 runner = CliRunner()
 BUDGET = 150_000
+RESUMED = "again"
+"""The run resumed from the pulled model (``test_up_sharded.py`` has a run "resumed" of its own: ``down`` finds runs by
+name on every local provider)."""
 
 
 def test_a_docker_dry_run_finishes_its_budget_and_removes_every_container(
@@ -80,7 +83,7 @@ def _pull_reproduces_the_final_val_bpb(run: str, out: Path, summary: dict[str, A
 def _a_new_run_resumes_from_it(regions: Path, model: Path, manifest: dict[str, Any]) -> None:
     """A new run (twice the budget) from the pulled checkpoint: its books and its learners' loss go on from there."""
     raw = yaml.safe_load(regions.read_text())
-    raw["run"], raw["training"]["tokens"] = "resumed", 2 * BUDGET
+    raw["run"], raw["training"]["tokens"] = RESUMED, 2 * BUDGET
     regions.write_text(yaml.safe_dump(raw))
     fresh_loss = math.log(256)  # nats per byte of a model that knows nothing
     up = runner.invoke(app, ["up", "-f", str(regions), "--dry-run", "--resume-from", str(model), "--json"])
@@ -99,5 +102,5 @@ def _a_new_run_resumes_from_it(regions: Path, model: Path, manifest: dict[str, A
         assert all(e["loss"] < 0.8 * fresh_loss for e in learners), learners  # so does the loss curve
         assert status["tokens"]["merged"] >= manifest["tokens"]["merged"]  # and the books
     finally:
-        down = runner.invoke(app, ["down", "--run", "resumed", "--json"])
+        down = runner.invoke(app, ["down", "--run", RESUMED, "--json"])
     assert down.exit_code == 0, down.output

@@ -9,10 +9,11 @@ fragment the job does not have, or a version numbered implausibly far past the o
 (``subscription.MOST_AHEAD``), is counted and dropped,
 and the stream goes on. A shard whose stream names another history than before
 (``service/history.py``: it started over) makes the relay forget every version it
-holds and ask every shard again from none; its learners' streams end, and open again
-listing each shard's history (``history.LISTED``), so that they start over too. A shard not heard from (not even a keep-alive) for
-``stale_after_s`` makes the relay *stale*: its learners are refused (503) and
-pull from the shards themselves until it hears again.
+holds and ask every shard again from none; its learners' streams end, and open
+again listing each shard's history (``history.LISTED``), so that they start over
+too. A shard not heard from (not even a keep-alive) for ``stale_after_s`` makes
+the relay *stale*: its learners are refused (503) and pull from the shards
+themselves until it hears again.
 """
 
 from __future__ import annotations
