@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +18,17 @@ if TYPE_CHECKING:
 settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
 settings.register_profile("dev", deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+def pytest_configure() -> None:
+    """Let Ctrl-C reach the CLIs the tests interrupt, as a terminal delivers it.
+
+    A shell starts a background job (``pytest &``) with SIGINT ignored, and every process it starts inherits that:
+    an interrupted ``up`` ran on to its end and ``logs --follow`` followed on. A handled signal is reset to its
+    default across exec, so with the handler back here each child starts with Python's own KeyboardInterrupt.
+    """
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
