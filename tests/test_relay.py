@@ -6,31 +6,22 @@ Real processes: the synchronizer, the relay and synthetic learners speak HTTP/2 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import shutil
 import struct
-import subprocess
-import sys
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-from prometheus_client.parser import text_string_to_metric_families
 
 from ddctl.control.credentials import relay_key_for, relay_token_for, token_for
-from ddctl.local.relay import LocalRelay
-from ddctl.local.service import LocalSyncer, tiny_job
 from ddctl_agents.agent import again
 from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable
 from ddctl_agents.agent.subscription import RelayLink, Subscriber
-from ddctl_agents.core.messages import FragmentVersion, encode_fragment
 from ddctl_agents.errors import Unauthorized, WireError
 from ddctl_agents.relay import server_name
 from ddctl_agents.relay.feed import Feed
@@ -38,13 +29,18 @@ from ddctl_agents.service import history
 from ddctl_agents.service.auth import derive_token, relay_key, verify_token
 from ddctl_agents.service.publisher import Published, Publisher
 from ddctl_agents.waiting import wait_until
-from tests.service_harness import ENV
-
-
-def version_frame(fragment: int, version: int) -> bytes:
-    message = FragmentVersion(fragment=fragment, version=version, tensors={"w": torch.full((4,), float(version))})
-    return encode_fragment(message, "fp32", 64)
-
+from tests.relay_harness import (
+    Counter,
+    FakeShard,
+    finished,
+    flaky_shard,
+    relay_metrics,
+    relayed,
+    start_learner,
+    status_of,
+    subscribed_until,
+    version_frame,
+)
 
 # -- tokens -----------------------------------------------------------------------------------------
 
@@ -63,56 +59,6 @@ def test_a_relay_token_opens_its_own_regions_relay_only() -> None:
 
 
 # -- the feed: what a shard sends is checked before the region gets it --------------------------------------
-
-
-class FakeShard:
-    """A shard's stream (or a relay's): these frames, then (if ``hold``) a wait until it is set, then (if ``breaks``) a
-    broken connection. ``on_open`` sees the fake as each stream opens, before it is counted in ``asked``: it may change
-    what this stream sends, or raise as a refused stream does."""
-
-    def __init__(
-        self,
-        frames: list[bytes],
-        breaks: bool = False,
-        located: str = "",
-        history: str = "",
-        on_open: Callable[[FakeShard], None] | None = None,
-        hold: threading.Event | None = None,
-    ) -> None:
-        self.frames, self.breaks, self.located, self.history = frames, breaks, located, history
-        self.on_open, self.hold = on_open, hold
-        self.listed = ""
-        """As a relay: its shards' histories (``history.LISTED``)."""
-        self.asked: list[list[int]] = []
-
-    def relay_address(self) -> str:
-        """Where this shard says the region's relay is ("": none streams from it)."""
-        return self.located
-
-    def fragments(
-        self,
-        since: list[int],
-        chain: list[str] | None = None,
-        at: str = "",
-        opened: Callable[[str], None] | None = None,
-        listed: Callable[[str], None] | None = None,
-    ) -> Iterator[bytes]:
-        if self.on_open is not None:
-            self.on_open(self)
-        self.asked.append(list(since))
-        if opened is not None:
-            opened(self.history)
-        if listed is not None:
-            listed(self.listed)
-        yield from self.frames
-        self.frames = []
-        if self.hold is not None:
-            self.hold.wait(10)
-        if self.breaks:
-            raise Unavailable("the connection broke")
-
-    def close(self) -> None:
-        pass
 
 
 def test_the_feed_publishes_whole_versions_and_drops_what_does_not_decode_or_is_not_the_jobs() -> None:
@@ -231,18 +177,6 @@ def test_a_relayed_learner_names_each_shards_history_as_its_relay_lists_them() -
     assert subscriber.histories["https://s0"] == "0123456789abcdef"  # the one held: this life's updates go on naming it
 
 
-def flaky_shard(frames: list[bytes], failures: int) -> FakeShard:
-    """A shard that refuses its stream ``failures`` times, then sends its frames."""
-    left = [failures]
-
-    def refuse(shard: FakeShard) -> None:
-        if left[0]:
-            left[0] -= 1
-            raise Unavailable("connection refused")
-
-    return FakeShard(frames, on_open=refuse)
-
-
 def test_a_feed_logs_a_broken_stream_once_and_says_when_it_is_back(caplog: pytest.LogCaptureFixture) -> None:
     shard = flaky_shard([version_frame(0, 1)], failures=4)
 
@@ -277,14 +211,6 @@ def test_a_feed_is_stale_once_a_shard_is_silent_past_the_limit() -> None:
 # -- the learner's side ---------------------------------------------------------------------------------------
 
 
-class Counter:
-    def __init__(self) -> None:
-        self.down = 0
-
-    def came_down(self, nbytes: int) -> None:
-        self.down += nbytes
-
-
 def test_a_learner_refuses_a_version_of_a_fragment_the_job_does_not_have() -> None:
     subscriber = Subscriber(lambda url: None, 1, threading.Event(), lambda url: None, Counter())  # type: ignore[arg-type,return-value]
     subscriber.versions = [-1, -1]
@@ -312,78 +238,7 @@ def test_the_shards_streams_stand_by_while_the_relay_delivers_and_take_over_when
     assert counter.down == sum(map(len, (version_frame(0, 1), version_frame(1, 1), version_frame(0, 2), version_frame(1, 2))))
 
 
-def subscribed_until(subscriber: Subscriber, versions: list[int], what: str) -> None:
-    """``subscriber``'s threads (one shard, and its relay) run from no versions until it holds ``versions``."""
-    subscriber.versions = [-1] * len(versions)
-    threads = [threading.Thread(target=target, daemon=True) for _, target in subscriber.loops(["https://s0"])]
-    for thread in threads:
-        thread.start()
-    wait_until(lambda: subscriber.versions == versions, timeout_s=10, what=what)
-    subscriber.stopping.set()
-    for thread in threads:
-        thread.join(timeout=10)
-
-
 # -- real processes -------------------------------------------------------------------------------------------
-
-
-def start_learner(
-    syncer: LocalSyncer, root: Path, name: str, region: str, relay: LocalRelay | None, step_s: float, relay_url: str = ""
-) -> subprocess.Popen[bytes]:
-    """A synthetic learner; behind ``relay``, which it dials at ``relay_url`` where one is given."""
-    argv = [sys.executable, "-m", "ddctl_agents.agent", "--syncer", syncer.url, "--name", name, "--token", syncer.token(name),
-            "--ca", str(syncer.ca), "--summary", str(root / f"{name}.json"), "--region", region]  # fmt: skip
-    argv += ["--synthetic-step", str(step_s)]
-    if relay is not None:
-        argv += ["--relay", relay_url or relay.url, "--relay-token-file", str(relay.learner_token_file(name))]
-    with (root / f"{name}.log").open("ab") as log:
-        return subprocess.Popen(argv, stdout=log, stderr=log, env=ENV)
-
-
-def finished(procs: dict[str, subprocess.Popen[bytes]], root: Path) -> dict[str, dict[str, Any]]:
-    for name, proc in procs.items():
-        code = proc.wait(timeout=300)
-        assert code == 0, (root / f"{name}.log").read_text()[-3000:]
-    return {name: json.loads((root / f"{name}.json").read_text()) for name in procs}
-
-
-def relay_metrics(syncer: LocalSyncer) -> dict[str, float]:
-    """Region east's relay families on the synchronizer's ``/metrics``."""
-    client = syncer.client()
-    try:
-        text = client.metrics()
-    finally:
-        client.close()
-    return {
-        f.name: sample.value
-        for f in text_string_to_metric_families(text)
-        if f.name.startswith("ddctl_relay_")
-        for sample in f.samples
-        if sample.labels.get("region") == "east" and not sample.name.endswith("_created")
-    }
-
-
-def status_of(syncer: LocalSyncer) -> dict[str, Any]:
-    client = syncer.client()
-    try:
-        return client.status()
-    finally:
-        client.close()
-
-
-@contextlib.contextmanager
-def relayed(tmp_path: Path, learners: int, tokens: int, *relay_flags: str) -> Iterator[tuple[LocalSyncer, LocalRelay]]:
-    """A job's synchronizer and region east's relay, both serving until the block ends."""
-    with LocalSyncer(tmp_path, tiny_job(learners=learners, tokens=tokens, inner_steps=4), run="relay") as syncer:
-        syncer.start()
-        relay = LocalRelay(syncer, "east").start(*relay_flags)
-        try:
-            # it holds the bootstrap versions before a learner asks: on a loaded machine a relay still waiting for them
-            # passed the learners' 5 s for its first answer, and they pulled the bootstrap from the shards too
-            wait_until(lambda: relay.health()["frames_in"] > 0, timeout_s=60, what="the relay to hold the first versions")
-            yield syncer, relay
-        finally:
-            relay.stop()
 
 
 @pytest.mark.slow
@@ -496,60 +351,6 @@ def test_a_relay_refuses_other_tokens_and_a_stale_relay_sends_its_learners_away(
         assert relay_key_for(syncer.job_dir, "east") != relay_key_for(syncer.job_dir, "west")
 
 
-# -- bad command lines ---------------------------------------------------------------------------------------
-
-
-def run_module(module: str, *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True, env=ENV, timeout=120)
-
-
-@pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        (["--region", "bad region"], "identity 'bad region' must be 1-64 characters"),
-        (["--key-file", "/nonexistent/key"], "cannot read /nonexistent/key"),
-        (["--stale-after", "0"], "--stale-after must be in (0, 3600] seconds, got 0.0"),
-        (["--keepalive", "20"], "--keepalive (20 s) must be shorter than --stale-after (15 s)"),
-        (["--plaintext", "--bind", "0.0.0.0:0"], "plaintext is refused on 0.0.0.0: it is not a loopback address"),
-        (["--plaintext", "--advertise", "0.0.0.0:5"], "--advertise 0.0.0.0:5: 0.0.0.0 is not an address a learner can reach"),
-        (["--plaintext", "--advertise", "east:0"], "--advertise east:0: a relay's address must be HOST:PORT with a port from"),
-        ([], "give --tls-cert and --tls-key (signed by the job's CA), or --plaintext on loopback"),
-    ],
-)
-def test_a_relay_refuses_a_bad_command_line_saying_what_is_allowed(tmp_path: Path, extra: list[str], message: str) -> None:
-    key = tmp_path / "key"
-    key.write_text("00" * 32)
-    argv = ["--syncer", "https://127.0.0.1:9", "--region", "east", "--token", "t", "--key-file", str(key)]
-    done = run_module("ddctl_agents.relay", *argv, *extra)
-    assert done.returncode == 2 and message in done.stderr, done.stderr
-
-
-@pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        (["--cadence", "2"], "--relay needs --relay-token-file, and --cadence 1: a relay serves every version"),
-        ([], "--relay needs --relay-token-file"),
-    ],
-)
-def test_a_learner_refuses_a_relay_it_cannot_use(tmp_path: Path, extra: list[str], message: str) -> None:
-    token = tmp_path / "token"
-    token.write_text("east.x")
-    with_token = ["--relay-token-file", str(token)] if extra else []
-    argv = ["--syncer", "https://127.0.0.1:9", "--name", "L0", "--token", "t", "--relay", "https://127.0.0.1:8", *with_token]
-    done = run_module("ddctl_agents.agent", *argv, *extra)
-    assert done.returncode == 2 and message in done.stderr, done.stderr
-
-
-def test_a_learner_refuses_a_malformed_relay_url_at_start(tmp_path: Path) -> None:
-    token = tmp_path / "token"
-    token.write_text("east.x")
-    argv = ["--syncer", "https://127.0.0.1:9", "--name", "L0", "--token", "t", "--relay-token-file", str(token)]
-    done = run_module("ddctl_agents.agent", *argv, "--relay", "https://[bad:1")
-    assert done.returncode == 2, done.stderr
-    assert "argument --relay: a relay's host must be an IP address or a DNS name, got '[bad'" in done.stderr, done.stderr
-    assert "Traceback" not in done.stderr
-
-
 def test_a_relay_checks_a_frame_whole_without_decoding_its_tensors() -> None:
     from ddctl_agents.core.messages import decode_fragment, fragment_of
     from ddctl_agents.core.wire import pack
@@ -568,38 +369,6 @@ def test_a_relay_checks_a_frame_whole_without_decoding_its_tensors() -> None:
             fragment_of(bad)
     with pytest.raises(WireError, match="version"):
         fragment_of(pack("fragment", {"fragment": 3, "version": -1}, {"w": torch.zeros(4)}, "fp32"))
-
-
-@pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        ([], "--host-relay needs --host-relay-dir (the relay's token, key and certificate)"),
-        (["--host-relay-dir", "/nonexistent"], "--host-relay-dir /nonexistent lacks token, key, tls.pem, tls.key"),
-    ],
-)
-def test_a_learner_refuses_to_host_a_relay_without_its_files(extra: list[str], message: str) -> None:
-    argv = ["--syncer", "https://127.0.0.1:9", "--name", "L0", "--token", "t", "--host-relay", "127.0.0.1:0", *extra]
-    done = run_module("ddctl_agents.agent", *argv)
-    assert done.returncode == 2 and message in done.stderr, done.stderr
-
-
-def test_a_hosted_relay_that_cannot_start_leaves_its_learner_to_the_shards(tmp_path: Path) -> None:
-    """A relay that exits at once (here: an address it cannot bind) is logged, and its learner goes on without it."""
-    folder = tmp_path / "relay"
-    folder.mkdir()
-    for name in ("token", "key", "tls.pem", "tls.key"):
-        (folder / name).write_text("00" * 32)
-    argv = ["--syncer", "https://127.0.0.1:9", "--name", "L0", "--token", "t", "--host-relay", "nonsense"]
-    command = [sys.executable, "-m", "ddctl_agents.agent", *argv, "--host-relay-dir", str(folder)]
-    with subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=ENV) as learner:
-        try:
-            lines = learner.stderr
-            assert lines is not None
-            said = wait_until(lambda: (line := lines.readline()) and "the region's relay exited" in line and line,
-                              timeout_s=60, what="the learner to say its relay exited")  # fmt: skip
-            assert "exited (2)" in said and learner.poll() is None  # it still runs: it keeps trying the shards
-        finally:
-            learner.kill()
 
 
 def test_a_learner_that_leaves_its_stream_early_is_behind_its_relay_again_at_once(tmp_path: Path) -> None:
@@ -621,14 +390,3 @@ def test_a_learner_that_leaves_its_stream_early_is_behind_its_relay_again_at_onc
             assert learner.status()["relays"]["east"]["learners"] == 1  # the client still works, on a new connection
         finally:
             learner.close()
-
-
-@pytest.mark.parametrize("module", ["ddctl_agents.agent", "ddctl_agents.relay"])
-def test_a_malformed_syncer_url_is_refused_at_start(tmp_path: Path, module: str) -> None:
-    key = tmp_path / "key"
-    key.write_text("00" * 32)
-    rest = ["--name", "L0"] if module == "ddctl_agents.agent" else ["--region", "east", "--key-file", str(key), "--plaintext"]
-    done = run_module(module, "--syncer", "https://[bad:1", "--token", "t", *rest)
-    assert done.returncode == 2, done.stderr
-    assert "argument --syncer: a synchronizer's host must be an IP address or a DNS name, got '[bad'" in done.stderr
-    assert "Traceback" not in done.stderr

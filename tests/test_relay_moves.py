@@ -22,7 +22,7 @@ from ddctl_agents.relay import address, identity, on_loopback, own_address, url
 from ddctl_agents.service.app import relay_at
 from ddctl_agents.service.relay_feeds import RelayFeeds
 from ddctl_agents.waiting import wait_until
-from tests.test_relay import (
+from tests.relay_harness import (
     Counter,
     FakeShard,
     finished,
