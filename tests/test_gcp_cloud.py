@@ -5,7 +5,6 @@ from __future__ import annotations
 import ipaddress
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -16,72 +15,8 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
 from gcp_cloud import GcpCloud
-from gcp_shapes import (
-    GPUS_ALL_REGIONS,
-    NAT_POOL,
-    PREEMPTIBLE_QUOTA_EXCEEDED_REGION,
-    QUOTA_EXCEEDED_REGION,
-    UNSUPPORTED_OPERATION,
-    ZONE_EXHAUSTED,
-)  # fmt: skip
-
-ZONE = "us-central1-a"
-DONE = compute_v1.Operation.Status.DONE
-
-
-@pytest.fixture(scope="module")
-def cloud() -> Iterator[GcpCloud]:
-    with GcpCloud() as c:
-        yield c
-
-
-@pytest.fixture(autouse=True)
-def _fresh(cloud: GcpCloud) -> None:
-    cloud.reset()
-
-
-@pytest.fixture(scope="module")
-def clients(cloud: GcpCloud) -> dict[str, Any]:
-    names = [
-        "InstancesClient",
-        "ZoneOperationsClient",
-        "GlobalOperationsClient",
-        "FirewallsClient",
-        "ZonesClient",
-        "NetworksClient",
-    ]
-    return {n.removesuffix("Client"): cloud.client(n) for n in names}
-
-
-def vm(name: str, zone: str = ZONE, *, machine: str = "n2-standard-4", spot: bool = False, action: str | None = None,
-       labels: dict[str, str] | None = None, nat: bool = True) -> compute_v1.Instance:  # fmt: skip
-    """An Instance as a provider would send it; GPU machine types get onHostMaintenance=TERMINATE as Google requires."""
-    scheduling = compute_v1.Scheduling(provisioning_model="SPOT" if spot else "STANDARD")
-    if action:
-        scheduling.instance_termination_action = action
-    if machine.startswith("g2-"):
-        scheduling.on_host_maintenance = "TERMINATE"
-    access = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")] if nat else []
-    return compute_v1.Instance(
-        name=name, machine_type=f"zones/{zone}/machineTypes/{machine}", labels=labels or {}, scheduling=scheduling,
-        disks=[compute_v1.AttachedDisk(boot=True, auto_delete=True, initialize_params=compute_v1.AttachedDiskInitializeParams(
-            disk_size_gb=50, source_image="projects/debian-cloud/global/images/family/debian-12"))],
-        network_interfaces=[compute_v1.NetworkInterface(network="global/networks/default", access_configs=access)],
-    )  # fmt: skip
-
-
-def live(cloud: GcpCloud, name: str, zone: str = ZONE) -> dict[str, Any]:
-    """The stored instance, which must exist."""
-    found = cloud.instance(zone, name)
-    assert found is not None, f"no instance {zone}/{name}"
-    return found
-
-
-def create(clients: dict[str, Any], cloud: GcpCloud, inst: compute_v1.Instance, zone: str = ZONE) -> compute_v1.Operation:
-    """insert_unary + wait, the way a provider should (the non-unary insert() polls compute.googleapis.com by default)."""
-    op = clients["Instances"].insert_unary(project=cloud.project, zone=zone, instance_resource=inst, timeout=10)
-    done: compute_v1.Operation = clients["ZoneOperations"].wait(project=cloud.project, zone=zone, operation=op.name, timeout=10)
-    return done
+from gcp_shapes import NAT_POOL
+from tests.gcp_fake_harness import DONE, ZONE, _fresh, clients, cloud, create, live, vm  # noqa: F401 - the fixtures
 
 
 def test_insert_then_wait_reaches_done_and_the_instance_runs_with_a_nat_ip(cloud: GcpCloud, clients: dict[str, Any]) -> None:
@@ -194,90 +129,6 @@ def test_an_invalid_instance_is_a_bad_request(cloud: GcpCloud, clients: dict[str
     with pytest.raises(gexc.BadRequest, match=message):
         create(clients, cloud, inst)
     assert cloud.instances() == [] and cloud.calls("instances.insert")[-1].status == 400
-
-
-def test_fail_answers_googles_error_body_and_the_reason_is_in_errors(cloud: GcpCloud, clients: dict[str, Any]) -> None:
-    cloud.fail("instances.insert", zone=ZONE)
-    with pytest.raises(gexc.Forbidden) as caught:
-        create(clients, cloud, vm("a"))
-    exc = caught.value
-    assert exc.code == 403 and exc.errors[0]["reason"] == "quotaExceeded" and exc.errors[0]["domain"] == "usageLimits"
-    assert exc.response.json()["error"]["status"] == "PERMISSION_DENIED"
-    assert exc.reason is None  # only a google.rpc.ErrorInfo detail fills exc.reason
-    assert cloud.instances() == [] and [c.status for c in cloud.calls("instances.insert")] == [403]
-    create(clients, cloud, vm("a"))  # times=1 is used up
-    cloud.fail("instances.insert", status=429, reason="rateLimitExceeded", error_info={"reason": "RATE_LIMIT_EXCEEDED",
-               "domain": "googleapis.com", "metadata": {"service": "compute.googleapis.com"}})  # fmt: skip
-    with pytest.raises(gexc.TooManyRequests) as limited:
-        create(clients, cloud, vm("b"))
-    assert limited.value.reason == "RATE_LIMIT_EXCEEDED" and limited.value.domain == "googleapis.com"
-
-
-def test_a_zone_scoped_fault_leaves_other_zones_alone(cloud: GcpCloud, clients: dict[str, Any]) -> None:
-    cloud.fail("instances.insert", zone="us-central1-b", times=None)
-    create(clients, cloud, vm("a"))
-    for _ in range(2):
-        with pytest.raises(gexc.Forbidden):
-            create(clients, cloud, vm("b", "us-central1-b"), "us-central1-b")
-    assert [c.status for c in cloud.calls("instances.insert", zone="us-central1-b")] == [403, 403]
-
-
-@pytest.mark.parametrize(
-    ("status", "error"),
-    [(400, gexc.BadRequest), (404, gexc.NotFound), (409, gexc.Conflict), (412, gexc.PreconditionFailed),
-     (429, gexc.TooManyRequests), (500, gexc.InternalServerError), (503, gexc.ServiceUnavailable)],
-)  # fmt: skip
-def test_each_http_status_maps_to_its_api_core_exception(
-    cloud: GcpCloud, clients: dict[str, Any], status: int, error: type[gexc.GoogleAPICallError]
-) -> None:
-    cloud.fail("instances.insert", status=status, reason="backendError")
-    with pytest.raises(error) as caught:
-        create(clients, cloud, vm("a"))
-    assert caught.value.code == status and caught.value.errors[0]["reason"] == "backendError"
-
-
-def test_reads_retry_a_503_by_themselves_but_inserts_do_not(cloud: GcpCloud, clients: dict[str, Any]) -> None:
-    create(clients, cloud, vm("a"))
-    cloud.fail("instances.get", status=503, reason="backendError", times=2)
-    assert clients["Instances"].get(project=cloud.project, zone=ZONE, instance="a", timeout=5).name == "a"
-    assert [c.status for c in cloud.calls("instances.get")] == [503, 503, 200]
-    cloud.fail("instances.insert", status=503, reason="backendError")
-    with pytest.raises(gexc.ServiceUnavailable):
-        create(clients, cloud, vm("b"))
-    assert [c.status for c in cloud.calls("instances.insert")] == [200, 503]
-
-
-def test_fail_operation_ends_the_operation_with_an_error_and_makes_nothing(cloud: GcpCloud, clients: dict[str, Any]) -> None:
-    cloud.fail_operation("instances.insert")
-    op = create(clients, cloud, vm("a"))
-    assert op.status == DONE and op.error.errors[0].code == "ZONE_RESOURCE_POOL_EXHAUSTED"
-    assert f"'projects/{cloud.project}/zones/{ZONE}' does not have enough resources" in op.error.errors[0].message
-    assert op.http_error_status_code == 503 and op.http_error_message == "SERVICE UNAVAILABLE"
-    assert cloud.instances() == [] and cloud.calls("instances.insert")[0].status == 200
-    assert create(clients, cloud, vm("a")).error.errors == []  # times=1 is used up
-    cloud.fail_operation("instances.delete", **ZONE_EXHAUSTED)
-    op = clients["Instances"].delete_unary(project=cloud.project, zone=ZONE, instance="a", timeout=5)
-    waited = clients["ZoneOperations"].wait(project=cloud.project, zone=ZONE, operation=op.name, timeout=5)
-    assert waited.error.errors[0].code == "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS" and cloud.instance(ZONE, "a") is not None
-
-
-@pytest.mark.parametrize("shape", [ZONE_EXHAUSTED, GPUS_ALL_REGIONS, QUOTA_EXCEEDED_REGION, PREEMPTIBLE_QUOTA_EXCEEDED_REGION,
-                                   UNSUPPORTED_OPERATION])  # fmt: skip
-def test_recorded_error_shapes_arrive_whole_through_the_client(
-    cloud: GcpCloud, clients: dict[str, Any], shape: dict[str, Any]
-) -> None:
-    cloud.fail_operation("instances.insert", shape, zone="europe-west4-a")
-    op = create(clients, cloud, vm("a", "europe-west4-a"), "europe-west4-a")
-    error = op.error.errors[0]
-    assert error.code == shape["code"] and "{" not in error.message and len(error.error_details) == len(shape["errorDetails"])
-    assert op.http_error_status_code == {"QUOTA_EXCEEDED": 403, "UNSUPPORTED_OPERATION": 400}.get(shape["code"], 503)
-    for detail in error.error_details:
-        if "quota_info" in detail:
-            assert detail.quota_info.metric_name.startswith("compute.googleapis.com/") and detail.quota_info.limit == 0
-            assert dict(detail.quota_info.dimensions) in ({"global": "global"}, {"region": "europe-west4"})
-        if "error_info" in detail:
-            assert dict(detail.error_info.metadatas) == {"vmType": "g2-standard-4", "zone": "europe-west4-a",
-                                                         "zonesAvailable": "europe-west4-b"}  # fmt: skip
 
 
 def test_simulated_maintenance_on_a_spot_vm_is_a_preemption() -> None:
