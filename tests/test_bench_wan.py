@@ -94,8 +94,25 @@ def test_a_layout_may_name_its_uploads_in_flight() -> None:
     assert layouts(WanCase(), ["N/auto"])[0].in_flight is None
     with pytest.raises(DdctlError, match=r"layout W/0: uploads in flight takes 'auto' or a whole number in \[1, 64\], got '0'"):
         layouts(WanCase(), ["W/0"])
-    with pytest.raises(DdctlError, match=r"each may end /auto or /N, uploads in flight\), got \['X/1'\]"):
+    with pytest.raises(DdctlError, match=r"/auto or /N, uploads in flight\), got \['X/1'\]"):
         layouts(WanCase(), ["X/1"])
+
+
+def test_a_layout_may_set_every_regions_cadence() -> None:
+    w, w1, w1_flight, direct8 = layouts(WanCase(), ["W", "W@1", "W@1/1", "W-direct@8"])
+    assert set(w.cadence.values()) != {1}  # the plan slows the slow regions down, so @1 changes something
+    assert w1.cadence == dict.fromkeys(w.cadence, 1) and (w1_flight.cadence, w1_flight.in_flight) == (w1.cadence, 1)
+    assert (w1.shard_sites, w1.owner, w1.relay) == (w.shard_sites, w.owner, w.relay)
+    slowed = [r for r, k in w.cadence.items() if k > 1]
+    for got, planned in zip(w1.loads, w.loads, strict=True):  # predicted for what runs: the slowed regions send more
+        assert got.site == planned.site
+        if got.site in slowed:
+            assert got.utilisation > planned.utilisation
+    assert direct8.cadence == dict.fromkeys(w.cadence, 8) and not any(direct8.relay.values())
+    with pytest.raises(DdctlError, match=r"layout W@3: @K sets every region's cadence, K one of 1, 2, 4, 8, got '3'"):
+        layouts(WanCase(), ["W@3"])
+    with pytest.raises(DdctlError, match=r"layout W@2: regions a, b, c pull through a relay, which serves every version"):
+        layouts(WanCase(), ["W@2"])
 
 
 def test_the_prediction_of_one_synchronizer_is_every_other_learners_traffic_through_its_site(made: dict[str, Layout]) -> None:
@@ -161,7 +178,8 @@ def test_unknown_layouts_are_refused_before_any_namespace_is_made() -> None:
     with pytest.raises(
         DdctlError,
         match=re.escape(
-            "layouts must be some of N, N-rr, P2, W, W-direct (each may end /auto or /N, uploads in flight), got ['X']"
+            "layouts must be some of N, N-rr, P2, W, W-direct (each may end @K, every region's cadence, and /auto or /N, "
+            "uploads in flight), got ['X']"
         ),
     ):
         layouts(WanCase(), ["X"])

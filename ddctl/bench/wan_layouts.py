@@ -15,6 +15,10 @@ place the issue says sharding pays. The layouts:
 - ``W``: the full scheduler: the plan's shards, sites, assignment, cadences and relays, paced.
 - ``W-direct`` (on request only): the full scheduler planned without relays, which isolates what relays add.
 
+A name may end ``@K``: every region sends every K periods instead of its planned cadence (``W@1``: the
+plan's shards and relays with no region slowed down, which isolates what cadence costs in quality), and
+``/N`` or ``/auto``: the uploads in flight.
+
 The plan gives a relay (``relay/``) to each region with several learners at
 cadence 1; N and N-rr run none. The predictions are of what runs.
 """
@@ -30,6 +34,7 @@ from ddctl.errors import DdctlError
 from ddctl_agents.core.config import OuterConfig, SyncerConfig
 from ddctl_agents.core.pacing import parse_in_flight
 from ddctl_agents.core.quorum import QuorumConfig
+from ddctl_agents.core.schedule import CADENCES
 from ddctl_agents.core.shardplan import PlanSettings, Traffic, placement_loads, plan_shards
 from ddctl_agents.core.siteload import Site, SiteLoad
 from ddctl_agents.train import flops, presets
@@ -179,11 +184,12 @@ class Layout:
 
 
 def layouts(case: WanCase, names: Sequence[str] = LAYOUTS) -> list[Layout]:
-    """The named layouts of ``case`` (see the module docstring); ``W/1`` is W with one upload in flight."""
-    unknown = [n for n in names if n.partition("/")[0] not in KNOWN]
+    """The named layouts of ``case`` (see the module docstring); ``W/1`` is W with one upload in flight, ``W@1`` W with
+    every region at cadence 1."""
+    unknown = [n for n in names if n.partition("/")[0].partition("@")[0] not in KNOWN]
     if unknown or not names:
-        raise DdctlError(f"layouts must be some of {', '.join(KNOWN)} (each may end /auto or /N, uploads in flight), "
-                         f"got {list(names)}")  # fmt: skip
+        raise DdctlError(f"layouts must be some of {', '.join(KNOWN)} (each may end @K, every region's cadence, and "
+                         f"/auto or /N, uploads in flight), got {list(names)}")  # fmt: skip
     sites, flow = case.sites(), traffic(case.job())
     hosts = case.hosts
     home, spread = hosts[0], hosts[:3]
@@ -203,13 +209,27 @@ def layouts(case: WanCase, names: Sequence[str] = LAYOUTS) -> list[Layout]:
     }
     chosen = []
     for name in names:
-        base, slash, flight = name.partition("/")
+        planned, slash, flight = name.partition("/")
+        base, at, every_k = planned.partition("@")
         shard_sites, owner, cadence, relay, in_flight = made[base]
         in_flight = in_flight_setting(flight, f"layout {name}: uploads in flight") if slash else in_flight
+        cadence = _every_region_at(every_k, cadence, relay, name) if at else cadence
         made_one = Layout(name=name, shard_sites=shard_sites, owner=owner, cadence=dict(cadence), relay=dict(relay),
                           in_flight=in_flight, loads=())  # fmt: skip
         chosen.append(replace(made_one, loads=predict(made_one, sites, flow)))
     return chosen
+
+
+def _every_region_at(text: str, cadence: dict[str, int], relay: dict[str, bool], name: str) -> dict[str, int]:
+    """Every region at cadence ``text`` (one of CADENCES); a relay serves every version, so its region stays at 1."""
+    if text not in {str(k) for k in CADENCES}:
+        raise DdctlError(f"layout {name}: @K sets every region's cadence, K one of {', '.join(map(str, CADENCES))}, "
+                         f"got {text!r}")  # fmt: skip
+    relayed = sorted(region for region, on in relay.items() if on)
+    if int(text) > 1 and relayed:
+        raise DdctlError(f"layout {name}: regions {', '.join(relayed)} pull through a relay, which serves every "
+                         f"version: their cadence must be 1 (try the layout without relays, W-direct@{text})")  # fmt: skip
+    return dict.fromkeys(cadence, int(text))
 
 
 def with_hubs(share: float) -> tuple[tuple[str, float, int], ...]:
