@@ -113,6 +113,8 @@ def test_a_layout_may_set_every_regions_cadence() -> None:
         layouts(WanCase(), ["W@3"])
     with pytest.raises(DdctlError, match=r"layout W@2: regions a, b, c pull through a relay, which serves every version"):
         layouts(WanCase(), ["W@2"])
+    done = CliRunner().invoke(app, ["bench", "wan", "--layouts", "N,W@0", "--json"])  # before any namespace is made
+    assert done.exit_code == 2 and "layout W@0: @K sets every region's cadence, K one of 1, 2, 4, 8, got '0'" in done.output
 
 
 def test_the_prediction_of_one_synchronizer_is_every_other_learners_traffic_through_its_site(made: dict[str, Layout]) -> None:

@@ -221,14 +221,15 @@ def layouts(case: WanCase, names: Sequence[str] = LAYOUTS) -> list[Layout]:
 
 
 def _every_region_at(text: str, cadence: dict[str, int], relay: dict[str, bool], name: str) -> dict[str, int]:
-    """Every region at cadence ``text`` (one of CADENCES); a relay serves every version, so its region stays at 1."""
+    """Every region at cadence ``text`` (one of CADENCES); above 1 refused where a region pulls through a relay, which
+    serves every version (the learner refuses ``--relay`` with a cadence)."""
     if text not in {str(k) for k in CADENCES}:
         raise DdctlError(f"layout {name}: @K sets every region's cadence, K one of {', '.join(map(str, CADENCES))}, "
                          f"got {text!r}")  # fmt: skip
     relayed = sorted(region for region, on in relay.items() if on)
     if int(text) > 1 and relayed:
         raise DdctlError(f"layout {name}: regions {', '.join(relayed)} pull through a relay, which serves every "
-                         f"version: their cadence must be 1 (try the layout without relays, W-direct@{text})")  # fmt: skip
+                         f"version: their cadence must be 1 (a layout without relays takes it: W-direct@{text})")  # fmt: skip
     return dict.fromkeys(cadence, int(text))
 
 
