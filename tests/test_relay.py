@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import shutil
 import struct
 import threading
 import time
@@ -19,7 +18,6 @@ import pytest
 import torch
 
 from ddctl.control.credentials import relay_key_for, relay_token_for, token_for
-from ddctl_agents.agent import again
 from ddctl_agents.agent.client import Refused, SyncerClient, Unavailable
 from ddctl_agents.agent.subscription import RelayLink, Subscriber
 from ddctl_agents.errors import Unauthorized, WireError
@@ -27,7 +25,7 @@ from ddctl_agents.relay import server_name
 from ddctl_agents.relay.feed import Feed
 from ddctl_agents.service import history
 from ddctl_agents.service.auth import derive_token, relay_key, verify_token
-from ddctl_agents.service.publisher import Published, Publisher
+from ddctl_agents.service.publisher import Publisher
 from ddctl_agents.waiting import wait_until
 from tests.relay_harness import (
     Counter,
@@ -89,92 +87,6 @@ def test_the_feed_publishes_whole_versions_and_drops_what_does_not_decode_or_is_
     assert feed.counts.bytes_in == sum(map(len, sent))
     assert shard.asked[1] == [1, 3]  # after the break it asks only for what it does not hold
     assert feed.heard["https://s0"] is not None
-
-
-def test_a_feed_whose_shard_started_over_forgets_what_it_held_and_asks_again_from_none() -> None:
-    """A shard brought back without its state numbers its versions from 0 again: held, the old history's higher numbers
-    would hide every version of the new one from the region's learners."""
-
-    def reborn(shard: FakeShard) -> None:
-        if len(shard.asked) == 1:  # the second stream reaches the shard's next life, which held nothing over
-            shard.frames, shard.history, shard.breaks = [version_frame(0, 1)], "00000000000000aa", False
-
-    shard = FakeShard([version_frame(0, 5), version_frame(1, 6)], breaks=True, history="0123456789abcdef", on_open=reborn)
-
-    async def run() -> tuple[list[int], Feed]:
-        publisher = Publisher(2)
-        feed = Feed(["https://s0"], lambda url: shard, publisher, 2, stale_after_s=60)  # type: ignore[arg-type,return-value]
-        feed.start(asyncio.get_running_loop())
-        await asyncio.to_thread(wait_until, lambda: len(shard.asked) >= 3 and publisher.versions()[0] == 1, timeout_s=10,
-                                what="the feed")  # fmt: skip
-        feed.stop()
-        return publisher.versions(), feed
-
-    versions, feed = asyncio.run(run())
-    assert shard.asked[:3] == [[-1, -1], [5, 6], [-1, -1]]  # the stream that named the new history is asked again
-    assert versions == [1, -1] and feed.forgotten == 1 and feed.histories == {"https://s0": "00000000000000aa"}
-    assert history.listing(feed.histories) == "https://s0=00000000000000aa"  # what its learners' streams list now
-
-
-def test_a_publisher_that_forgets_ends_every_stream_following_it() -> None:
-    """A relay's learner reading on would never see the new history's versions (numbered below what it holds), nor
-    learn that it started over: its stream ends, and opens again naming the new history."""
-
-    async def run() -> list[int | None]:
-        publisher, got = Publisher(1), []
-        await publisher.publish(Published(fragment=0, version=4, frame=b"x"))
-
-        async def follow() -> None:
-            async for item in publisher.follow([-1], keepalive_s=30.0):
-                got.append(None if item is None else item.version)
-
-        task = asyncio.create_task(follow())
-        await asyncio.sleep(0.05)
-        await publisher.forget()
-        await asyncio.wait_for(task, timeout=5.0)  # ended, not waiting for the next version or keep-alive
-        return got
-
-    assert asyncio.run(run()) == [4]
-
-
-def test_a_relayed_learner_names_each_shards_history_as_its_relay_lists_them() -> None:
-    """Behind a relay a learner reads no shard's stream: the relay lists their histories, and the learner's updates and
-    heartbeats name them (a shard that started over refuses them). A shard listed for the first time later is no
-    change; one listed anew is: that shard started over."""
-    lists = iter(["https://s0=0123456789abcdef,https://other=fedcba9876543210",  # not this learner's shard: left out
-                  "https://s0=0123456789abcdef,https://s1=fedcba9876543210",  # s1 known now: nothing started over
-                  "https://s0=00000000000000aa,https://s1=fedcba9876543210"])  # fmt: skip
-    holds = [threading.Event() for _ in range(3)]
-
-    def relist(relay: FakeShard) -> None:  # each stream ends (the test sets its hold) and the next lists anew
-        relay.listed, relay.hold, relay.frames = next(lists), holds[len(relay.asked)], [version_frame(0, 1)]
-
-    stopping, named = threading.Event(), threading.Semaphore(0)
-    relay = FakeShard([], breaks=True, on_open=relist)
-    link = RelayLink("https://r", lambda url: relay)  # type: ignore[arg-type,return-value]
-    subscriber = Subscriber(lambda url: FakeShard([], hold=stopping), 1, stopping, lambda url: None, Counter(), relay=link)  # type: ignore[arg-type,return-value]
-    subscriber.versions = [-1]
-    listed = subscriber._listed
-    subscriber._listed = lambda *args: (listed(*args), named.release())  # type: ignore[method-assign]
-    threads = [threading.Thread(target=target, daemon=True) for _, target in subscriber.loops(["https://s0", "https://s1"])]
-    for thread in threads:
-        thread.start()
-    try:
-        assert named.acquire(timeout=10)
-        assert subscriber.histories == {"https://s0": "0123456789abcdef"}  # not another learner's shard
-        holds[0].set()  # the relay ends its stream; opened again, it lists s1 too
-        assert named.acquire(timeout=10)
-        assert subscriber.histories == {"https://s0": "0123456789abcdef", "https://s1": "fedcba9876543210"}
-        assert not subscriber.started_over.is_set()
-        holds[1].set()  # ended again as s0 started over; opened again, it lists s0's new history
-        assert subscriber.started_over.wait(timeout=10)
-    finally:
-        stopping.set()
-        for hold in holds:
-            hold.set()
-    assert "the synchronizer at https://s0 (as the relay at https://r lists it) started over" in subscriber.why_over
-    assert "00000000000000aa" in subscriber.why_over and "0123456789abcdef" in subscriber.why_over
-    assert subscriber.histories["https://s0"] == "0123456789abcdef"  # the one held: this life's updates go on naming it
 
 
 def test_a_feed_logs_a_broken_stream_once_and_says_when_it_is_back(caplog: pytest.LogCaptureFixture) -> None:
@@ -282,26 +194,6 @@ def test_a_regions_versions_cross_its_link_once_and_every_learner_gets_them(tmp_
 
 
 @pytest.mark.slow
-def test_a_relayed_learner_starts_over_with_a_synchronizer_that_lost_its_state(tmp_path: Path) -> None:
-    """The relay forgets what it held and ends its stream; the learner, reading the relay's new history (or refused an
-    update), starts over as a fresh learner of the new history and finishes the job."""
-    with relayed(tmp_path, 1, 600_000) as (syncer, relay):
-        procs = {"L0": start_learner(syncer, tmp_path, "L0", "east", relay, 0.03)}
-        behind = lambda: relay.health()["subscribers"] == 1 and status_of(syncer)["rounds"] >= 3  # noqa: E731
-        wait_until(behind, timeout_s=120, what="rounds with the learner behind the relay")
-        syncer.kill()
-        shutil.rmtree(syncer.job_dir / "state")
-        syncer.start()
-        summaries = finished(procs, tmp_path)
-        final = status_of(syncer)
-    lives = [json.loads(line) for line in (tmp_path / "L0.history.jsonl").read_text().splitlines()]
-    assert [life["reason"] for life in lives] == [again.STARTED_OVER, "finished"]
-    assert summaries["L0"]["restarts"] == 1 and summaries["L0"]["rejected_tokens"] == 0
-    assert "the relay forgets every version it holds" in relay.log_path.read_text()
-    assert final["ledger"]["merged"] > 0 and final["ledger"]["balanced"]
-
-
-@pytest.mark.slow
 def test_when_the_relay_dies_its_learners_pull_from_the_synchronizer_and_finish(tmp_path: Path) -> None:
     with relayed(tmp_path, 2, 600_000) as (syncer, relay):  # about 9 s of steps: the relay dies in the middle
         procs = {name: start_learner(syncer, tmp_path, name, "east", relay, 0.03) for name in ("L0", "L1")}
@@ -374,7 +266,8 @@ def test_a_relay_checks_a_frame_whole_without_decoding_its_tensors() -> None:
 def test_a_learner_that_leaves_its_stream_early_is_behind_its_relay_again_at_once(tmp_path: Path) -> None:
     """httpcore closes an HTTP/2 response left early without a RST_STREAM: the synchronizer went on feeding the stream
     and counted its learner as reading a shard itself (``relay_feeds.direct``), 20 s and more after it had gone over
-    to its relay. Leaving the stream now ends it at the synchronizer (``SyncerClient.fragments``)."""
+    to its relay. Leaving the stream now ends it at the synchronizer (``SyncerClient.fragments``), and so does refusing it
+    as it opens."""
     with relayed(tmp_path, 1, 600_000) as (syncer, _relay):
         learner = syncer.client("L0")
         try:
@@ -388,5 +281,14 @@ def test_a_learner_that_leaves_its_stream_early_is_behind_its_relay_again_at_onc
             wait_until(lambda: behind() == 1, timeout_s=10, what="the stream left to end at the synchronizer")
             assert time.monotonic() - began < 5
             assert learner.status()["relays"]["east"]["learners"] == 1  # the client still works, on a new connection
+
+            def refuse(said: str) -> None:  # as a learner refuses a relay whose list disagrees with what it knows
+                raise Unavailable("refused as it opened")
+
+            with pytest.raises(Unavailable, match="refused as it opened"):
+                next(iter(learner.fragments([-1, -1, -1, -1], opened=refuse)))
+            began = time.monotonic()
+            wait_until(lambda: behind() == 1, timeout_s=10, what="the stream refused as it opened to end at the synchronizer")
+            assert time.monotonic() - began < 5
         finally:
             learner.close()

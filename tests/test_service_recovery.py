@@ -21,6 +21,7 @@ from ddctl_agents.core.packed import BYTES_PER_VALUE, PackedSum
 from ddctl_agents.core.syncer import Synchronizer
 from ddctl_agents.core.syncer_state import STATE_LIMITS, SyncerState, capture, load, restore
 from ddctl_agents.errors import ConfigError
+from ddctl_agents.service import history
 from ddctl_agents.service.runtime import SyncerRuntime
 from ddctl_agents.service.settings import ServiceSettings
 from ddctl_agents.train.assembly import Assembly
@@ -84,10 +85,10 @@ def fingerprint(rt: SyncerRuntime) -> dict[str, Any]:
 def test_restart_rebuilds_exactly_the_acknowledged_state(tmp_path: Path, assembly: Assembly) -> None:
     settings = ServiceSettings(state_dir=tmp_path, snapshot_every_s=3600)
 
-    async def before_crash() -> tuple[dict[str, Any], str, bytes]:
+    async def before_crash() -> tuple[dict[str, Any], str, bytes, str]:
         rt = SyncerRuntime(assembly, settings)
         await rt.start()
-        await rt.register("L0", 1, "a")
+        named = (await rt.register("L0", 1, "a"))["history"]  # which its versions count in (``service/history.py``)
         await rt.register("L1", 1, "b")
         for value in (0.01, 0.02):
             for learner in ("L0", "L1"):
@@ -104,9 +105,9 @@ def test_restart_rebuilds_exactly_the_acknowledged_state(tmp_path: Path, assembl
         assert rt.tape is not None
         tape = rt.tape.path.read_bytes()
         crash(rt)
-        return result, "L1.1.kept", tape
+        return result, "L1.1.kept", tape, named
 
-    async def after_restart(replay_id: str) -> tuple[dict[str, Any], dict[str, Any], str, bytes]:
+    async def after_restart(replay_id: str) -> tuple[dict[str, Any], dict[str, Any], str, bytes, str]:
         rt = SyncerRuntime(assembly, settings)
         await rt.start()
         got = fingerprint(rt)
@@ -115,11 +116,13 @@ def test_restart_rebuilds_exactly_the_acknowledged_state(tmp_path: Path, assembl
         _, ack = await rt.push("L1", again)
         assert rt.tape is not None
         tape = rt.tape.path.read_bytes()
+        named = (await rt.register("L3", 1, "d"))["history"]
         await rt.stop()
-        return got, recovered, ack.status, tape
+        return got, recovered, ack.status, tape, named
 
-    want, replay_id, tape_before = asyncio.run(before_crash())
-    got, recovered, status, tape_after = asyncio.run(after_restart(replay_id))
+    want, replay_id, tape_before, named_before = asyncio.run(before_crash())
+    got, recovered, status, tape_after, named_after = asyncio.run(after_restart(replay_id))
+    assert named_before == named_after == (tmp_path / history.FILE).read_text().strip()  # recovered: the same history
     assert got == want
     assert recovered["snapshot"] is True and recovered["replayed"] >= 4
     assert status == "duplicate"  # the dedup window survived the crash

@@ -177,6 +177,35 @@ def test_a_heartbeat_names_the_shards_history_and_one_refused_for_it_starts_the_
     assert client.named[0] == "0123456789abcdef" and "refused a heartbeat" in c.subscriber.why_over
 
 
+def test_a_learner_knows_each_shards_history_from_its_registration_and_another_there_is_a_start_over() -> None:
+    """The registration answer names the shard's history, so a learner knows it first-hand before any stream opens (a
+    relay's list must agree with it: ``test_relay_histories``). Registered again (the shard forgot the learner) under
+    another history, that shard started over; an answer naming none, or no id, leaves what is known as it is."""
+
+    class Registering:
+        def __init__(self) -> None:
+            self.said: object = "0123456789abcdef"
+
+        def register(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            return {"learner": "L0", "start_step": 0, "history": self.said}
+
+        def close(self) -> None:
+            pass
+
+    url, client = "http://127.0.0.1:9", Registering()
+    c = Comms(lambda u: client, Routes({"": url}), Identity(name="L0", incarnation=1, region="r"), "fp32", 64)  # type: ignore[arg-type,return-value]
+    assert c._register(url)["history"] == "0123456789abcdef"
+    assert c.subscriber.histories == {url: "0123456789abcdef"}
+    for bad in ("", "X" * 16, "0123456789abcdef0", 7, None, ["0123456789abcdef"]):
+        client.said = bad
+        c._reregister(client, url)  # type: ignore[arg-type]
+    assert not c.subscriber.started_over.is_set() and c.subscriber.histories == {url: "0123456789abcdef"}
+    client.said = "00000000000000aa"
+    c._reregister(client, url)  # type: ignore[arg-type]
+    assert c.subscriber.started_over.is_set() and "00000000000000aa" in c.subscriber.why_over
+    assert c.subscriber.histories == {url: "0123456789abcdef"}  # this life's updates go on naming the one it holds
+
+
 def test_a_relay_forgets_what_it_holds_when_a_shard_started_over() -> None:
     async def scenario() -> tuple[list[int], list[int], int]:
         publisher = Publisher(2)

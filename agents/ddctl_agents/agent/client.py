@@ -206,7 +206,7 @@ class SyncerClient:
 
         ``opened``: called as the stream opens, with the history its versions count in (``service/history.py``; "" where
         the server names none), before any frame is read. ``listed``: called then with a relay's list of its shards'
-        histories (``history.LISTED``; "" where none is named).
+        histories (``history.LISTED``; "" where none is named). Either may raise to refuse the stream.
 
         Left early (the caller breaks out), the stream ends at the server too: httpcore closes an HTTP/2 response
         without a RST_STREAM, so the server would go on feeding a stream nobody reads until its window filled, and
@@ -224,10 +224,14 @@ class SyncerClient:
                 _raise_for(r, r.read() if r.status_code >= 400 else b"")
                 if chain is not None:
                     chain[0] = r.headers.get("x-ddctl-chain", "")
-                if opened is not None:
-                    opened(r.headers.get(history.HEADER.decode(), ""))
-                if listed is not None:
-                    listed(r.headers.get(history.LISTED.decode(), ""))
+                try:
+                    if opened is not None:
+                        opened(r.headers.get(history.HEADER.decode(), ""))
+                    if listed is not None:
+                        listed(r.headers.get(history.LISTED.decode(), ""))
+                except Exception:  # the caller refuses the stream as it opens: it ends at the server too (see above)
+                    self._drop()
+                    raise
                 buffer = bytearray()
                 for chunk in r.iter_raw():
                     buffer += chunk
@@ -245,9 +249,13 @@ class SyncerClient:
         except httpx.TransportError as exc:
             raise Unavailable(f"fragment stream from {self.url} broke: {exc!r}") from None
         except GeneratorExit:
-            self.http.close()
-            self.http = self._http()
+            self._drop()
             raise
+
+    def _drop(self) -> None:
+        """Drop this client's connections, which ends every stream on them (``fragments``)."""
+        self.http.close()
+        self.http = self._http()
 
     # -- plumbing -------------------------------------------------------------------------------
     def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:

@@ -177,6 +177,7 @@ class Comms:
                 try:
                     answer = retry(lambda: client.register(self.me.name, self.me.incarnation, self.me.region, self.me.cadence))
                     self._heard(url)  # after a suspension the last refusal may be seconds old
+                    self.subscriber.registered(url, answer.get("history"))
                     return answer
                 except Refused as exc:
                     if exc.code != "suspended" or self.stopping.is_set():
@@ -261,8 +262,9 @@ class Comms:
             self.suspension = exc.reason
             log.error("suspended by the synchronizer: %s", exc.reason)
 
-    def _reregister(self, client: SyncerClient) -> None:
-        client.register(self.me.name, self.me.incarnation, self.me.region, self.me.cadence)
+    def _reregister(self, client: SyncerClient, url: str) -> None:
+        answer = client.register(self.me.name, self.me.incarnation, self.me.region, self.me.cadence)
+        self.subscriber.registered(url, answer.get("history"))  # another than before: the shard started over
 
     def _upload_loop(self) -> None:
         clients: dict[str, SyncerClient] = {}
@@ -349,7 +351,7 @@ class Comms:
                 raise Unavailable(f"{exc}; {'routing by the newer shard map' if newer else 'a handoff is in flight'}") from None
             if exc.code != "unknown_learner":
                 raise
-            self._reregister(client)
+            self._reregister(client, url)
             answer = client.push(frame, fragment, based_in)
         self._heard(url)
         return answer
@@ -375,7 +377,7 @@ class Comms:
                 except Refused as exc:
                     if exc.code == "unknown_learner":
                         try:
-                            self._reregister(client)
+                            self._reregister(client, url)
                         except (Refused, Unavailable) as again:
                             if isinstance(again, Refused) and again.code == JOB_OVER:
                                 self.stop_asked.set()

@@ -132,6 +132,9 @@ class Subscriber:
         """Versions refused here (other tensors, numbered implausibly far ahead)."""
         self.histories: dict[str, str] = {}
         """The history each shard's versions count in (by URL), as its first stream named it."""
+        self.agreed: set[tuple[str, str]] = set()
+        """(relay URL, shard URL): the relay listed the shard's history as this learner knew it (``_listed``)."""
+        self.why_relay_refused = ""
         self.started_over = threading.Event()
         """Set once the versions held can never be continued (``agent/again.py``), with why in ``why_over``."""
         self.why_over = ""
@@ -232,11 +235,31 @@ class Subscriber:
             self.lost(f"the synchronizer at {where} started over: its versions count in history {said}, the ones held "
                       f"here in {known}, which it will never continue")  # fmt: skip
 
+    def registered(self, url: str, said: object) -> None:
+        """Shard ``url`` named its history as this learner registered (its answer's ``history``, where it is one):
+        known first-hand, and another than before means that shard started over."""
+        if isinstance(said, str) and history.valid(said):
+            self._opened(url, said)
+
     def _listed(self, shards: list[str], relay_url: str, text: str) -> None:
         """The relay's stream lists each shard's history: kept as if read from the shard (this learner's updates and
-        heartbeats name it), and another than before means that shard started over."""
-        for url, said in history.listed(text, shards).items():
+        heartbeats name it). A relay whose list disagrees with what this learner knows first-hand, before it has
+        once agreed, has not heard that shard since it started over (its stream from it broke, and its versions are
+        the old history's): its stream is refused, and the shards' own take over until it agrees. Once it has agreed,
+        another means the relay heard that shard start over."""
+        lists = history.listed(text, shards)
+        for url, said in lists.items():
+            known = self.histories.get(url)
+            if known and said != known and (relay_url, url) not in self.agreed:
+                behind = (f"the relay at {relay_url} lists history {said} for {url}, which named {known} itself: the "
+                          "relay has not heard it since it started over")  # fmt: skip
+                if behind != self.why_relay_refused:  # said once: it is asked again every few seconds until it agrees
+                    self.why_relay_refused = behind
+                    log.info("%s; pulling from the shards until it agrees", behind)
+                raise Unavailable(behind)
+        for url, said in lists.items():
             self._opened(url, said, via=relay_url)
+            self.agreed.add((relay_url, url))
 
     def _moved(self, url: str, shards: list[str]) -> str:
         """The relay's URL as the first shard that knows says it is now, where that differs from ``url``; "" when it

@@ -163,6 +163,7 @@ class SyncerRuntime:
             "learner": learner,
             "incarnation": incarnation,
             "start_step": start_step,
+            "history": self.publisher.history,  # which its versions count in: a relay's list must agree before it is believed
             "versions": self.publisher.versions(),
             "clock": dict(self.syncer.clock),
         }
