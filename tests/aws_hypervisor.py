@@ -9,9 +9,9 @@ button: pid 1 is sshd) and execs sshd. A container that stops gets its instance 
 (InstanceInitiatedShutdownBehavior=terminate); an instance terminated in moto loses its container.
 
 Spot interruptions come through the real FIS API: each new experiment's ``send-spot-instance-interruptions``
-posts the notice on an IMDSv2 endpoint at 169.254.169.254 (the docker provider's handler: callers known by
-source address); when ``durationBeforeInterruption`` runs out the container is killed and the instance
-terminated. Needs root (an address on ``lo``, port 80) and Docker; one Hypervisor per machine at a time
+(``fis_experiments.py``) posts the notice on an IMDSv2 endpoint at 169.254.169.254 (``hv_metadata.py``: the docker
+provider's handler, callers known by source address); when ``durationBeforeInterruption`` runs out the container is
+killed and the instance terminated. Needs root (an address on ``lo``, port 80) and Docker; one Hypervisor per machine at a time
 (a lock file: the network and the address are machine-wide). Given a ``gcp`` fake too, it plays GCE's
 instances on the same bridge (``gcp_guests.py``) and its metadata server answers GCE's paths, so one job
 can span both clouds.
@@ -24,7 +24,6 @@ import contextlib
 import fcntl
 import ipaddress
 import logging
-import re
 import subprocess
 import threading
 import time
@@ -40,8 +39,10 @@ from ddctl.providers.docker import metadata
 from ddctl.providers.docker.engine import Engine, tar_of
 from ddctl.providers.docker.image import VmImage, ensure_image
 from ddctl_agents.waiting import wait_until
+from fis_experiments import interruptions
 from gcp_cloud import GcpCloud
 from gcp_guests import GcpGuests
+from hv_metadata import IMDS_ADDRESS, metadata_handler
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +52,6 @@ INSTANCE_LABEL, RUN_LABEL, NAME_LABEL = "ddctl-hv-instance", "ddctl-hv-run", "dd
 NETWORK = "ddctl-hv-internet"
 INTERNET = ipaddress.IPv4Network("100.100.0.0/16")
 GATEWAY = "100.100.0.1"
-IMDS_ADDRESS = "169.254.169.254"
-REBALANCE_PATH = "/latest/meta-data/events/recommendations/rebalance"
-SPOT_INTERRUPTION = "aws:ec2:send-spot-instance-interruptions"
 USER_DATA = "/var/lib/cloud/user-data"
 POWER_BUTTON = "sed -i -E 's/(exec )?shutdown -h now/kill 1/' /opt/ddctl/poweroff"
 """The OS's shutdown becomes the container's end (pid 1 is sshd); whatever the hook does before it stays."""
@@ -75,27 +73,6 @@ class Vm:
     container: str
     region: str
     address: str
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in an ISO 8601 duration such as FIS's ``PT2M`` or ``PT5S``."""
-    found = re.fullmatch(r"P(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+(?:\.\d+)?)S)?)?", text.strip())
-    if found is None or text.strip() in ("P", "PT"):
-        raise ValueError(f"not an ISO 8601 duration: {text!r}")
-    days, hours, minutes, seconds = (float(g or 0) for g in found.groups())
-    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
-
-
-def interruptions(experiment: dict[str, Any]) -> list[tuple[str, float]]:
-    """(instance id, seconds of notice) for every spot-interruption action of a FIS experiment (``get_experiment``)."""
-    found = []
-    for action in (experiment.get("actions") or {}).values():
-        if action.get("actionId") == SPOT_INTERRUPTION:
-            seconds = parse_duration((action.get("parameters") or {}).get("durationBeforeInterruption", "PT2M"))
-            for target in (action.get("targets") or {}).values():
-                arns = (experiment.get("targets") or {}).get(target, {}).get("resourceArns") or []
-                found += [(arn.rsplit("/", 1)[-1], seconds) for arn in arns]
-    return found
 
 
 def _utc(at: float) -> str:
@@ -361,7 +338,7 @@ class Hypervisor:
         if f"inet {IMDS_ADDRESS}/" not in _ip("-4", "addr", "show", "dev", "lo"):
             _ip("addr", "add", f"{IMDS_ADDRESS}/32", "dev", "lo")
         self._added_address = True  # ours either way: the lock makes this the only hypervisor, so one found is a leftover
-        self._imds = ThreadingHTTPServer((IMDS_ADDRESS, 80), _handler(self.notices, self._rebalance_at, self.guests))
+        self._imds = ThreadingHTTPServer((IMDS_ADDRESS, 80), metadata_handler(self.notices, self._rebalance_at, self.guests))
         threading.Thread(target=self._imds.serve_forever, name="aws-hypervisor-imds", daemon=True).start()
 
     # -- plumbing -----------------------------------------------------------------------------
@@ -372,33 +349,6 @@ class Hypervisor:
             self.engine.remove_network(n["Id"])
         with self._lock:
             self._vms.clear()
-
-
-def _handler(notices: metadata.Notices, rebalance_at: Callable[[str], str | None], guests: GcpGuests | None) -> type:
-    """The docker provider's IMDSv2 handler (tokens, spot notices), EC2's rebalance recommendation, GCE's paths."""
-    tokens = metadata.Tokens()
-    base: Any = metadata.make_handler(notices, tokens)
-
-    class Handler(base):  # type: ignore[misc]
-        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
-            gce = guests.answer(self.path, self.client_address[0], self.headers.get("Metadata-Flavor", "")) if guests else None
-            if gce is not None:
-                body = gce[1].encode()
-                self.send_response(gce[0])
-                self.send_header("Content-Length", str(len(body)))
-                self.send_header("Metadata-Flavor", "Google")
-                self.end_headers()
-                self.wfile.write(body)
-            elif self.path != REBALANCE_PATH:
-                super().do_GET()
-            elif not tokens.valid(self.headers.get("X-aws-ec2-metadata-token", "")):
-                self._send(401)
-            elif (when := rebalance_at(self.client_address[0])) is None:
-                self._send(404)
-            else:
-                self._send(200, {"noticeTime": when})
-
-    return Handler
 
 
 def _try_lock(lockfile: Any) -> bool:
@@ -433,4 +383,4 @@ def _tail(engine: Engine, container: str, lines: int = 5) -> tuple[int | None, s
     return int(info["State"]["ExitCode"]), f": {text[-500:]}" if text else ""
 
 
-__all__ = ["Hypervisor", "interruptions", "parse_duration"]
+__all__ = ["Hypervisor"]

@@ -30,117 +30,23 @@ from __future__ import annotations
 import copy
 import http
 import json
-import re
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 import gcp_shapes as gs
+from gcp_faults import FaultPlan
+from gcp_resources import NetworkResources
+from gcp_routes import DEFAULT_ZONES, ROUTES, STATUSES, Call, Life, Op, Req, Rule, hosts, scope
 from gcp_shapes import BASE, ApiError, fingerprint, not_found, now_rfc3339
 from served import Served
 
-DEFAULT_ZONES = {"us-central1": ["us-central1-a", "us-central1-b", "us-central1-c"],
-                 "europe-west4": ["europe-west4-a", "europe-west4-b"], "us-east1": ["us-east1-b", "us-east1-c"],
-                 "asia-east1": ["asia-east1-a", "asia-east1-b"]}  # fmt: skip
-STATUSES = {"PROVISIONING", "STAGING", "RUNNING", "STOPPING", "STOPPED", "SUSPENDING", "SUSPENDED", "REPAIRING", "TERMINATED"}
-_ROUTES = [(verb, re.compile("/compute/v1/projects/(?P<project>[^/]+)/" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", path) + "$"),
-            key) for verb, path, key in [
-    ("POST", "zones/{zone}/instances", "instances.insert"), ("GET", "zones/{zone}/instances", "instances.list"),
-    ("GET", "aggregated/instances", "instances.aggregatedList"), ("GET", "zones/{zone}/instances/{name}", "instances.get"),
-    ("DELETE", "zones/{zone}/instances/{name}", "instances.delete"),
-    ("POST", "zones/{zone}/instances/{name}/simulateMaintenanceEvent", "instances.simulateMaintenanceEvent"),
-    ("POST", "zones/{zone}/instances/{name}/setLabels", "instances.setLabels"),
-    ("POST", "zones/{zone}/instances/{name}/setMetadata", "instances.setMetadata"),
-    ("GET", "zones/{zone}/operations", "zoneOperations.list"), ("GET", "zones/{zone}/operations/{name}", "zoneOperations.get"),
-    ("POST", "zones/{zone}/operations/{name}/wait", "zoneOperations.wait"),
-    ("DELETE", "zones/{zone}/operations/{name}", "zoneOperations.delete"),
-    ("GET", "global/operations", "globalOperations.list"), ("GET", "global/operations/{name}", "globalOperations.get"),
-    ("POST", "global/operations/{name}/wait", "globalOperations.wait"),
-    ("DELETE", "global/operations/{name}", "globalOperations.delete"),
-    ("POST", "global/firewalls", "firewalls.insert"), ("GET", "global/firewalls", "firewalls.list"),
-    ("GET", "global/firewalls/{name}", "firewalls.get"), ("PATCH", "global/firewalls/{name}", "firewalls.patch"),
-    ("DELETE", "global/firewalls/{name}", "firewalls.delete"),
-    ("GET", "zones", "zones.list"), ("GET", "zones/{zone}", "zones.get"), ("GET", "global/networks/{name}", "networks.get"),
-    ("GET", "zones/{zone}/instances/{name}/serialPort", "instances.getSerialPortOutput"),
-    ("POST", "regions/{region}/addresses", "addresses.insert"), ("GET", "regions/{region}/addresses", "addresses.list"),
-    ("GET", "regions/{region}/addresses/{name}", "addresses.get"),
-    ("DELETE", "regions/{region}/addresses/{name}", "addresses.delete"),
-    ("GET", "regions/{region}/operations/{name}", "regionOperations.get"),
-    ("POST", "regions/{region}/operations/{name}/wait", "regionOperations.wait"),
-]]  # fmt: skip
-METHODS = {key for _, _, key in _ROUTES}
-#: Methods that answer with an Operation, i.e. what fail_operation() can fail.
-OPERATION_METHODS = {m for m in METHODS if "Operations" not in m and m.split(".")[1] in (
-    "insert", "delete", "patch", "setLabels", "setMetadata", "simulateMaintenanceEvent")}  # fmt: skip
 
-
-@dataclass(frozen=True)
-class Call:
-    """One request as the fake saw it; `status` is the HTTP status it answered."""
-
-    method: str
-    zone: str | None
-    path: str
-    query: dict[str, str]
-    body: dict[str, Any] | None
-    status: int
-
-
-@dataclass
-class _Rule:
-    method: str
-    zone: str | None
-    times: int | None
-    error: ApiError | None = None  # fail(): answer this
-    op_error: dict[str, Any] | None = None  # fail_operation(): errors[0] template, with http_status
-    http_status: int = 503
-
-
-@dataclass
-class _Op:
-    body: dict[str, Any]
-    done_at: float
-    on_done: Callable[[], None] | None
-    error: dict[str, Any] | None
-
-
-@dataclass
-class _Req:
-    project: str
-    zone: str | None
-    name: str
-    query: dict[str, str]
-    body: dict[str, Any]
-    fault: dict[str, Any] | None
-
-
-@dataclass
-class _Life:
-    """What the metadata server would say about an instance, and the timers of a played preemption."""
-
-    preempted: bool = False
-    stop_at: float | None = None
-    gone_at: float | None = None
-    delete: bool = False
-    maintenance: str = "NONE"
-    maintenance_until: float | None = None
-
-
-def _scope(p: dict[str, str]) -> str | None:
-    """Where a call acts: its zone, ``regions/R`` for a regional resource, None for a global one."""
-    return p.get("zone") or (f"regions/{p['region']}" if "region" in p else None)
-
-
-def _hosts(network: Any, skip: int) -> Iterator[str]:
-    return (str(a) for i, a in enumerate(network.hosts()) if i >= skip)
-
-
-class GcpCloud(Served):
+class GcpCloud(FaultPlan, NetworkResources, Served):
     """Compute Engine on 127.0.0.1:<free port>; thread-safe. State changes that take time happen lazily, on the next look."""
 
     thread_name = "gcp-cloud"
@@ -152,14 +58,14 @@ class GcpCloud(Served):
         self.zones = copy.deepcopy(zones or DEFAULT_ZONES)
         self._region = {z: region for region, zs in self.zones.items() for z in zs}
         self._lock = threading.RLock()
-        self._nat, self._internal = _hosts(gs.NAT_POOL, 0), _hosts(gs.INTERNAL_POOL, 1)  # never reset: addresses are never reused
+        self._nat, self._internal = hosts(gs.NAT_POOL, 0), hosts(gs.INTERNAL_POOL, 1)  # never reset: addresses are never reused
         self._instances: dict[tuple[str, str], dict[str, Any]] = {}
-        self._lives: dict[tuple[str, str], _Life] = {}
+        self._lives: dict[tuple[str, str], Life] = {}
         self._firewalls: dict[str, dict[str, Any]] = {}
-        self._ops: dict[tuple[str | None, str], _Op] = {}
+        self._ops: dict[tuple[str | None, str], Op] = {}
         self._addresses: dict[tuple[str, str], dict[str, Any]] = {}  # ("regions/R", name) -> Address
         self._consoles: dict[tuple[str, str], str] = {}
-        self._rules: list[_Rule] = []
+        self._rules: list[Rule] = []
         self._calls: list[Call] = []
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
@@ -247,63 +153,18 @@ class GcpCloud(Served):
                         return zone, name
             return None
 
-    # -- fault plan ------------------------------------------------------------------------------------------------
-    def fail(self, method: str, *, status: int = 403, reason: str = "quotaExceeded", message: str | None = None,
-             status_text: str | None = None, times: int | None = 1, zone: str | None = None,
-             error_info: dict[str, Any] | None = None) -> None:  # fmt: skip
-        """The next `times` calls of `method` (None: all), in `zone` if given, answer HTTP `status` with Google's body."""
-        self._check_method(method, METHODS)
-        text = message or gs.default_message(reason, status).replace("{project}", self.project).replace("{zone}", zone or "")
-        error = ApiError(status, text, reason, status_text=status_text, error_info=error_info)
-        with self._lock:
-            self._rules.append(_Rule(method, zone, times, error=error))
-
-    def fail_operation(self, method: str, error: dict[str, Any] | None = None, *, code: str = "ZONE_RESOURCE_POOL_EXHAUSTED",
-                       message: str | None = None, error_details: list[dict[str, Any]] | None = None,
-                       errorDetails: list[dict[str, Any]] | None = None, http_status: int | None = None,
-                       times: int | None = 1, zone: str | None = None) -> None:  # fmt: skip
-        """Accept the call but end its Operation DONE with error.errors=[{code, message, errorDetails}]; nothing happens.
-
-        `error` (or **ZONE_EXHAUSTED, whose camelCase errorDetails is accepted) is an errors[] entry from gcp_shapes.
-        """
-        self._check_method(method, OPERATION_METHODS)
-        entry: dict[str, Any] = (
-            dict(error) if error else {"code": code, "message": message, "errorDetails": error_details or errorDetails or []}
-        )
-        if entry.get("message") is None:
-            entry["message"] = (
-                gs.ZONE_EXHAUSTED_PLAIN["message"] if entry["code"].startswith("ZONE_RESOURCE_POOL") else entry["code"]
-            )
-        status = http_status or gs.OPERATION_HTTP_STATUS.get(entry["code"], 503)
-        with self._lock:
-            self._rules.append(_Rule(method, zone, times, op_error=entry, http_status=status))
-
-    def calls(self, method: str | None = None, zone: str | None = None) -> list[Call]:
-        with self._lock:
-            return [c for c in self._calls if method in (None, c.method) and zone in (None, c.zone)]
-
-    def clear(self) -> None:
-        """Drop the fault rules only."""
-        with self._lock:
-            self._rules.clear()
-
     def reset(self) -> None:
         """Forget instances, firewalls, operations, rules and calls (handed-out addresses stay used)."""
         with self._lock:
             self._instances, self._lives, self._firewalls, self._ops, self._rules, self._calls = {}, {}, {}, {}, [], []
             self._addresses, self._consoles = {}, {}
 
-    @staticmethod
-    def _check_method(method: str, allowed: set[str]) -> None:
-        if method not in allowed:
-            raise ValueError(f"{method!r} is not one of {sorted(allowed)}")
-
     # -- HTTP ------------------------------------------------------------------------------------------------------
     def _dispatch(self, verb: str, raw_path: str, raw_body: bytes) -> tuple[int, Any]:
         """Route, check scope, apply the fault plan, run the handler; log the call either way."""
         split = urlsplit(raw_path)
         query = dict(parse_qsl(split.query, keep_blank_values=True))
-        match = next(((key, m.groupdict()) for v, rx, key in _ROUTES if v == verb and (m := rx.match(split.path))), None)
+        match = next(((key, m.groupdict()) for v, rx, key in ROUTES if v == verb and (m := rx.match(split.path))), None)
         method, params = match or ("unknown", {})
         body: dict[str, Any] | None = None
         try:
@@ -327,31 +188,8 @@ class GcpCloud(Served):
         with self._lock:
             self._advance()
             fault = self._scope_and_fault(method, p)
-            req = _Req(p["project"], _scope(p), p.get("name", ""), query, body or {}, fault)
+            req = Req(p["project"], scope(p), p.get("name", ""), query, body or {}, fault)
             return getattr(self, "_" + method.replace(".", "_"))(req)
-
-    def _scope_and_fault(self, method: str, p: dict[str, str]) -> dict[str, Any] | None:
-        """404 for an unknown project or zone; then the newest matching rule raises (fail) or returns an op error."""
-        if p["project"] != self.project:
-            raise not_found(f"projects/{p['project']}")
-        if "zone" in p and p["zone"] not in self._region:
-            raise not_found(f"projects/{self.project}/zones/{p['zone']}")
-        if "region" in p and p["region"] not in self.zones:
-            raise not_found(f"projects/{self.project}/regions/{p['region']}")
-        rule = next((r for r in reversed(self._rules) if r.method == method and r.zone in (None, p.get("zone"))), None)
-        if rule is None:
-            return None
-        if rule.times is not None:
-            rule.times -= 1
-            if rule.times <= 0:
-                self._rules.remove(rule)
-        if rule.error is not None:
-            raise rule.error
-        zone = p.get("zone", "")
-        region = self._region.get(zone, "")
-        others = ",".join(z for z in self.zones.get(region, []) if z != zone)
-        return {**gs.fill(rule.op_error, {"project": self.project, "zone": zone, "region": region, "zones_available": others}),
-                "httpStatus": rule.http_status}  # fmt: skip
 
     def _wait(self, method: str, p: dict[str, str]) -> dict[str, Any]:
         """operations/{op}/wait: block until DONE or WAIT_S, then answer the operation as it is."""
@@ -362,7 +200,7 @@ class GcpCloud(Served):
         while True:
             with self._lock:
                 self._advance()
-                op = self._op(_scope(p), p["name"])
+                op = self._op(scope(p), p["name"])
                 if op["status"] == "DONE" or time.monotonic() >= deadline:
                     return op
             time.sleep(0.02)
@@ -404,13 +242,13 @@ class GcpCloud(Served):
             body["region"] = f"{BASE}/projects/{project}/{zone}"
         elif zone:
             body["zone"] = f"{BASE}/projects/{project}/zones/{zone}"
-        op = _Op(body, time.monotonic() + (0 if system else self.op_delay_s), on_done, fault)
+        op = Op(body, time.monotonic() + (0 if system else self.op_delay_s), on_done, fault)
         self._ops[(zone, name)] = op
         if system or self.op_delay_s <= 0:
             self._finish(op)
         return copy.deepcopy(body)
 
-    def _finish(self, op: _Op) -> None:
+    def _finish(self, op: Op) -> None:
         op.body.update(status="DONE", progress=100, endTime=now_rfc3339())
         if op.error is not None:
             error = dict(op.error)
@@ -426,15 +264,15 @@ class GcpCloud(Served):
             raise not_found(f"projects/{self.project}/{f'zones/{zone}' if zone else 'global'}/operations/{name}")
         return copy.deepcopy(self._ops[(zone, name)].body)
 
-    def _zoneOperations_get(self, r: _Req) -> dict[str, Any]:
+    def _zoneOperations_get(self, r: Req) -> dict[str, Any]:
         return self._op(r.zone, r.name)
 
-    def _zoneOperations_delete(self, r: _Req) -> dict[str, Any]:
+    def _zoneOperations_delete(self, r: Req) -> dict[str, Any]:
         self._op(r.zone, r.name)
         del self._ops[(r.zone, r.name)]
         return {}
 
-    def _zoneOperations_list(self, r: _Req) -> dict[str, Any]:
+    def _zoneOperations_list(self, r: Req) -> dict[str, Any]:
         ops = [copy.deepcopy(o.body) for (z, _), o in self._ops.items() if z == r.zone]
         return self._list("compute#operationList", f"{'zones/' + r.zone if r.zone else 'global'}/operations", ops, r.query)
 
@@ -456,25 +294,25 @@ class GcpCloud(Served):
         }
         return out | ({"items": chunk} if chunk else {}) | ({"nextPageToken": token} if token else {})
 
-    def _get(self, r: _Req) -> dict[str, Any]:
+    def _get(self, r: Req) -> dict[str, Any]:
         if (r.zone, r.name) not in self._instances:
             raise not_found(f"projects/{self.project}/zones/{r.zone}/instances/{r.name}")
         return self._instances[(r.zone, r.name)]  # type: ignore[index]
 
-    def _instances_get(self, r: _Req) -> dict[str, Any]:
+    def _instances_get(self, r: Req) -> dict[str, Any]:
         return copy.deepcopy(self._get(r))
 
-    def _instances_list(self, r: _Req) -> dict[str, Any]:
+    def _instances_list(self, r: Req) -> dict[str, Any]:
         items = [copy.deepcopy(i) for (z, _), i in sorted(self._instances.items()) if z == r.zone]
         return self._list("compute#instanceList", f"zones/{r.zone}/instances", items, r.query)
 
-    def _instances_aggregatedList(self, r: _Req) -> dict[str, Any]:
+    def _instances_aggregatedList(self, r: Req) -> dict[str, Any]:
         """items keyed "zones/Z": {instances} or, as Google does for an empty scope, a NO_RESULTS_ON_PAGE warning."""
         flat = self._list("compute#instanceAggregatedList", "aggregated/instances", self.instances(), r.query)
         found = {z: [i for i in flat.get("items", []) if i["zone"].endswith(f"/zones/{z}")] for z in sorted(self._region)}
         return flat | {"items": {f"zones/{z}": {"instances": i} if i else gs.no_results(f"zones/{z}") for z, i in found.items()}}
 
-    def _instances_insert(self, r: _Req) -> dict[str, Any]:
+    def _instances_insert(self, r: Req) -> dict[str, Any]:
         inst = gs.new_instance(r.body, r.project, r.zone)  # type: ignore[arg-type]
         key = (r.zone, inst["name"])
         if key in self._instances:
@@ -485,7 +323,7 @@ class GcpCloud(Served):
             )
         if r.fault is None:  # a failed insert makes nothing and uses no address
             gs.wire_instance(inst, self._region[r.zone], self._nat, self._internal)  # type: ignore[index]
-            self._instances[key], self._lives[key] = inst, _Life()  # type: ignore[index]
+            self._instances[key], self._lives[key] = inst, Life()  # type: ignore[index]
 
         def running() -> None:
             if key in self._instances:
@@ -493,15 +331,15 @@ class GcpCloud(Served):
 
         return self._new_op(r.project, r.zone, "insert", inst, fault=r.fault, on_done=running)
 
-    def _instances_delete(self, r: _Req) -> dict[str, Any]:
+    def _instances_delete(self, r: Req) -> dict[str, Any]:
         inst = self._get(r)
         if r.fault is None:
             inst["status"] = "STOPPING"
         return self._new_op(r.project, r.zone, "delete", inst, fault=r.fault, on_done=lambda: self.remove(r.zone, r.name))  # type: ignore[arg-type]
 
-    def _instances_simulateMaintenanceEvent(self, r: _Req) -> dict[str, Any]:
+    def _instances_simulateMaintenanceEvent(self, r: Req) -> dict[str, Any]:
         """SPOT: a preemption (preempted now; STOPPING after the notice, then TERMINATED or deleted). Else: an event."""
-        inst, life = self._get(r), self._lives.setdefault((r.zone, r.name), _Life())  # type: ignore[arg-type]
+        inst, life = self._get(r), self._lives.setdefault((r.zone, r.name), Life())  # type: ignore[arg-type]
         if r.fault is None:
             now, sched = time.monotonic(), inst["scheduling"]
             if sched.get("provisioningModel") == "SPOT" or sched.get("preemptible"):
@@ -513,7 +351,7 @@ class GcpCloud(Served):
                 life.maintenance_until = now + self.preempt_notice_s
         return self._new_op(r.project, r.zone, "simulateMaintenanceEvent", inst, fault=r.fault)
 
-    def _instances_setLabels(self, r: _Req) -> dict[str, Any]:
+    def _instances_setLabels(self, r: Req) -> dict[str, Any]:
         inst, labels = self._get(r), r.body.get("labels") or {}
         if r.body.get("labelFingerprint") != inst["labelFingerprint"]:
             raise ApiError(412, "Labels fingerprint either invalid or resource labels have changed", "conditionNotMet")
@@ -521,95 +359,12 @@ class GcpCloud(Served):
         return self._new_op(r.project, r.zone, "setLabels", inst, fault=r.fault,
                             on_done=lambda: inst.update(labels=labels, labelFingerprint=fingerprint(labels)))  # fmt: skip
 
-    def _instances_setMetadata(self, r: _Req) -> dict[str, Any]:
+    def _instances_setMetadata(self, r: Req) -> dict[str, Any]:
         inst, items = self._get(r), r.body.get("items") or []
         if r.body.get("fingerprint") != inst["metadata"]["fingerprint"]:
             raise ApiError(412, "Supplied fingerprint does not match current metadata fingerprint.", "conditionNotMet")
         new = {"kind": "compute#metadata", "fingerprint": fingerprint(items)} | ({"items": items} if items else {})
         return self._new_op(r.project, r.zone, "setMetadata", inst, fault=r.fault, on_done=lambda: inst.update(metadata=new))
-
-    # -- firewalls, zones, networks ------------------------------------------------------------------------------------
-    def _firewall(self, name: str) -> dict[str, Any]:
-        if name not in self._firewalls:
-            raise not_found(f"projects/{self.project}/global/firewalls/{name}")
-        return self._firewalls[name]
-
-    def _firewalls_insert(self, r: _Req) -> dict[str, Any]:
-        fw = gs.new_firewall(r.body, self.project)
-        if fw["name"] in self._firewalls:
-            raise ApiError(
-                409, f"The resource 'projects/{self.project}/global/firewalls/{fw['name']}' already exists", "alreadyExists"
-            )
-        return self._new_op(
-            self.project, None, "insert", fw, fault=r.fault, on_done=lambda: self._firewalls.update({fw["name"]: fw})
-        )
-
-    def _firewalls_patch(self, r: _Req) -> dict[str, Any]:
-        fw = copy.deepcopy(self._firewall(r.name)) | copy.deepcopy(r.body) | {"name": r.name}
-        gs.check_firewall(fw, self.project)
-        return self._new_op(self.project, None, "patch", fw, fault=r.fault, on_done=lambda: self._firewalls.update({r.name: fw}))
-
-    def _firewalls_delete(self, r: _Req) -> dict[str, Any]:
-        fw = self._firewall(r.name)
-        return self._new_op(self.project, None, "delete", fw, fault=r.fault, on_done=lambda: self._firewalls.pop(r.name, None))
-
-    def _firewalls_get(self, r: _Req) -> dict[str, Any]:
-        return copy.deepcopy(self._firewall(r.name))
-
-    def _firewalls_list(self, r: _Req) -> dict[str, Any]:
-        return self._list("compute#firewallList", "global/firewalls", self.firewalls(), r.query)
-
-    def _zones_list(self, r: _Req) -> dict[str, Any]:
-        zones = [gs.zone_json(self.project, z, self._region[z], i) for i, z in enumerate(sorted(self._region))]
-        return self._list("compute#zoneList", "zones", zones, r.query)
-
-    def _zones_get(self, r: _Req) -> dict[str, Any]:
-        return gs.zone_json(self.project, r.zone, self._region[r.zone], sorted(self._region).index(r.zone))  # type: ignore[arg-type,index]
-
-    def _instances_getSerialPortOutput(self, r: _Req) -> dict[str, Any]:
-        """Serial port 1 as the VM printed it (``set_console``); GCE keeps it while the instance exists."""
-        self._get(r)
-        text = self._consoles.get((r.zone, r.name), "")  # type: ignore[arg-type]
-        return {"kind": "compute#serialPortOutput", "contents": text, "start": "0", "next": str(len(text)),
-                "selfLink": f"{BASE}/projects/{self.project}/zones/{r.zone}/instances/{r.name}/serialPort"}  # fmt: skip
-
-    def _address(self, r: _Req) -> dict[str, Any]:
-        if (r.zone, r.name) not in self._addresses:
-            raise not_found(f"projects/{self.project}/{r.zone}/addresses/{r.name}")
-        return self._addresses[(r.zone, r.name)]  # type: ignore[index]
-
-    def _addresses_insert(self, r: _Req) -> dict[str, Any]:
-        """A reserved external address, drawn from the natIP pool (an instance asking for it by natIP gets it)."""
-        name = str(r.body.get("name", ""))
-        if not gs.NAME_RE.fullmatch(name):
-            raise gs.invalid("resource.name", name, f"Must be a match of regex '{gs.NAME_RE.pattern}'")
-        if (r.zone, name) in self._addresses:
-            raise ApiError(
-                409, f"The resource 'projects/{self.project}/{r.zone}/addresses/{name}' already exists", "alreadyExists"
-            )
-        url = f"{BASE}/projects/{self.project}/{r.zone}/addresses/{name}"
-        made = {"kind": "compute#address", "id": gs.new_id(), "name": name, "address": next(self._nat), "status": "RESERVED",
-                "addressType": r.body.get("addressType", "EXTERNAL"), "region": f"{BASE}/projects/{self.project}/{r.zone}",
-                "networkTier": "PREMIUM", "selfLink": url, "description": r.body.get("description", "")}  # fmt: skip
-        return self._new_op(self.project, r.zone, "insert", made, fault=r.fault,
-                            on_done=lambda: self._addresses.update({(r.zone, name): made}))  # type: ignore[dict-item]  # fmt: skip
-
-    def _addresses_get(self, r: _Req) -> dict[str, Any]:
-        return copy.deepcopy(self._address(r))
-
-    def _addresses_list(self, r: _Req) -> dict[str, Any]:
-        items = [copy.deepcopy(a) for (where, _), a in sorted(self._addresses.items()) if where == r.zone]
-        return self._list("compute#addressList", f"{r.zone}/addresses", items, r.query)
-
-    def _addresses_delete(self, r: _Req) -> dict[str, Any]:
-        made = self._address(r)
-        return self._new_op(self.project, r.zone, "delete", made, fault=r.fault,
-                            on_done=lambda: self._addresses.pop((r.zone, r.name), None))  # type: ignore[arg-type]  # fmt: skip
-
-    def _networks_get(self, r: _Req) -> dict[str, Any]:
-        if r.name != "default":
-            raise not_found(f"projects/{self.project}/global/networks/{r.name}")
-        return gs.network_json(self.project, sorted(self.zones))
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -19,13 +19,15 @@ from typing import Any
 import pytest
 
 from aws_cloud import AwsCloud
-from aws_hypervisor import HV_LABEL, IMDS_ADDRESS, NETWORK, REBALANCE_PATH, Hypervisor, interruptions, parse_duration
+from aws_hypervisor import HV_LABEL, NETWORK, Hypervisor
 from ddctl.errors import DeployError
 from ddctl.providers import deploy, unavailable
 from ddctl.providers.aws import interruptions as fis
 from ddctl.providers.aws.clients import Clients
 from ddctl.providers.docker.engine import Engine
 from ddctl_agents.waiting import wait_until
+from fis_experiments import interruptions, parse_duration
+from hv_metadata import IMDS_ADDRESS, REBALANCE_PATH
 
 WHY_NOT = unavailable("docker") or (None if os.geteuid() == 0 else "needs root (an address on lo, port 80)")
 needs_docker = pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))
