@@ -168,8 +168,8 @@ def test_a_relay_that_has_not_heard_a_shard_start_over_is_refused_until_it_lists
     assert not subscriber.started_over.is_set(), subscriber.why_over
     assert subscriber.histories == {"https://s0": NEW} and subscriber.agreed == {("https://r", "https://s0")}
     assert len(relay.asked) >= 3 and shard.asked == [[-1]]  # refused twice, then believed; the shard's stream opened once
-    said = [r.getMessage() for r in caplog.records if "has not heard it since it started over" in r.getMessage()]
-    assert len(said) == 1 and f"lists history {OLD} for https://s0, which named {NEW} itself" in said[0]  # once
+    said = [r.getMessage() for r in caplog.records if "the shard's own stream is read until they agree" in r.getMessage()]
+    assert len(said) == 1 and f"relay at https://r lists history {OLD} for https://s0, which named {NEW} itself" in said[0]
 
 
 def test_a_relay_that_agreed_and_lists_another_history_heard_its_shard_start_over() -> None:

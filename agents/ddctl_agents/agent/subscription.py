@@ -244,19 +244,20 @@ class Subscriber:
     def _listed(self, shards: list[str], relay_url: str, text: str) -> None:
         """The relay's stream lists each shard's history: kept as if read from the shard (this learner's updates and
         heartbeats name it). A relay whose list disagrees with what this learner knows first-hand, before it has
-        once agreed, has not heard that shard since it started over (its stream from it broke, and its versions are
-        the old history's): its stream is refused, and the shards' own take over until it agrees. Once it has agreed,
-        another means the relay heard that shard start over."""
+        once agreed, is most likely one that has not heard that shard since it started over (its stream from it broke,
+        and the versions it serves are the old history's): its stream is refused, and the shard's own takes over and
+        says which history is the shard's (one it names anew ends this life) until the relay agrees. Once it has
+        agreed, another means the relay heard that shard start over."""
         lists = history.listed(text, shards)
         for url, said in lists.items():
             known = self.histories.get(url)
             if known and said != known and (relay_url, url) not in self.agreed:
-                behind = (f"the relay at {relay_url} lists history {said} for {url}, which named {known} itself: the "
-                          "relay has not heard it since it started over")  # fmt: skip
-                if behind != self.why_relay_refused:  # said once: it is asked again every few seconds until it agrees
-                    self.why_relay_refused = behind
-                    log.info("%s; pulling from the shards until it agrees", behind)
-                raise Unavailable(behind)
+                disagree = (f"the relay at {relay_url} lists history {said} for {url}, which named {known} itself: "
+                            "the shard's own stream is read until they agree")  # fmt: skip
+                if disagree != self.why_relay_refused:  # said once: it is asked again every few seconds until it agrees
+                    self.why_relay_refused = disagree
+                    log.info("%s", disagree)
+                raise Unavailable(disagree)
         for url, said in lists.items():
             self._opened(url, said, via=relay_url)
             self.agreed.add((relay_url, url))
