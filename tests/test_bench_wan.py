@@ -11,7 +11,7 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from ddctl.bench.wan_layouts import FIVE_REGIONS, LAYOUTS, Layout, WanCase, at_pace, layouts, predict, with_hubs
+from ddctl.bench.wan_layouts import FIVE_REGIONS, LAYOUTS, Layout, WanCase, at_pace, layout_job, layouts, predict, with_hubs
 from ddctl.bench.wannet import wan
 from ddctl.cli.app import app
 from ddctl.config.synchronizer import CPU_FLOPS_PRIOR, traffic
@@ -117,6 +117,26 @@ def test_a_layout_may_set_every_regions_cadence() -> None:
     assert done.exit_code == 2 and "layout W@0: @K sets every region's cadence, K one of 1, 2, 4, 8, got '0'" in done.output
 
 
+def test_a_layout_may_weigh_late_updates_by_their_staleness() -> None:
+    """``+staleness`` changes only how the layout's synchronizers weigh a late update: the job they are given says so,
+    and the plan, its cadences and predictions are the layout's without it."""
+    case = WanCase()
+    w, stale, every1 = layouts(case, ["W", "W+staleness", "W@1+staleness/1"])
+    assert (w.late_weight, stale.late_weight, every1.late_weight) == ("period", "staleness", "staleness")
+    assert (stale.shard_sites, stale.owner, stale.cadence, stale.relay, stale.loads) == (
+        w.shard_sites, w.owner, w.cadence, w.relay, w.loads)  # fmt: skip
+    assert every1.cadence == dict.fromkeys(w.cadence, 1) and every1.in_flight == 1
+    assert layout_job(case, stale).syncer.late_weight == "staleness" and layout_job(case, w).syncer == case.job().syncer
+    assert layout_job(case, stale).syncer.max_behind == case.max_behind  # the rest of the job as the case has it
+    with pytest.raises(DdctlError, match=r"layout W\+newest: \+W says how late updates are weighed, W one of period, "
+                                         r"staleness, got 'newest'"):  # fmt: skip
+        layouts(case, ["W+newest"])
+    with pytest.raises(DdctlError, match=r"layouts must be some of .*\+period/\+staleness, how late updates are weighed"):
+        layouts(case, ["X+staleness"])
+    done = CliRunner().invoke(app, ["bench", "wan", "--layouts", "N,W+", "--json"])  # before any namespace is made
+    assert done.exit_code == 2 and "layout W+: +W says how late updates are weighed" in done.output
+
+
 def test_the_prediction_of_one_synchronizer_is_every_other_learners_traffic_through_its_site(made: dict[str, Layout]) -> None:
     case = WanCase()
     flow = traffic(case.job())
@@ -180,8 +200,8 @@ def test_unknown_layouts_are_refused_before_any_namespace_is_made() -> None:
     with pytest.raises(
         DdctlError,
         match=re.escape(
-            "layouts must be some of N, N-rr, P2, W, W-direct (each may end @K, every region's cadence, and /auto or /N, "
-            "uploads in flight), got ['X']"
+            "layouts must be some of N, N-rr, P2, W, W-direct (each may end @K, every region's cadence, +period/+staleness, "
+            "how late updates are weighed, and /auto or /N, uploads in flight), got ['X']"
         ),
     ):
         layouts(WanCase(), ["X"])

@@ -124,6 +124,30 @@ def test_a_learner_at_cadence_k_weighs_in_a_round_as_one_period_of_its_tokens() 
     assert again.rounds[0].late["L1"].periods == 4 and again.rounds[0].late["L1"].weight == weights["L1"]
 
 
+def test_where_staleness_is_weighed_a_late_update_counts_over_one_plus_the_versions_it_is_behind() -> None:
+    """``late_weight: staleness``: L1 at cadence 4, three versions behind, weighs a quarter of what one period of its
+    work weighs at ``period`` (the test above); L0, on time, as before; a late update of a learner at cadence 1 (where
+    ``max_behind`` lets it merge) half; a snapshot keeps it. A weight that is none is refused, naming them."""
+    syncer = small_syncer(late_weight="staleness", max_behind=1)
+    syncer.register(0.0, "L0")
+    syncer.register(0.0, "L1", cadence=4)
+    syncer.register(0.0, "L2")
+    advance(syncer, 0, 3)
+    assert syncer.receive(0.0, update_for(syncer, "L1", 0, base=0, c_steps=16, c_tokens=1600))[0].status == "late"
+    assert syncer.receive(0.0, update_for(syncer, "L2", 0, base=2))[0].status == "late"
+    held = capture(syncer)
+    syncer.receive(0.0, update_for(syncer, "L0", 0, c_steps=4, c_tokens=400))
+    syncer.receive(0.0, update_for(syncer, "L2", 0))  # on time too: the sum of its two is as old as the late one
+    record = next(e.entry for e in syncer.close_round(0.0, 0, "all_arrived", "test") if isinstance(e, Record))
+    weights = {a["learner"]: a["weight"] for a in record["admitted"]}
+    assert weights == {"L0": 400**2 / 4, "L1": 1600**2 / 16 / 4 / 4, "L2": 800**2 / 8 / 2}
+    again = small_syncer(late_weight="staleness", max_behind=1)
+    restore(again, held)
+    assert again.rounds[0].late["L1"].stale == 3 and again.rounds[0].late["L1"].weight == weights["L1"]
+    with pytest.raises(ConfigError, match="late_weight must be one of period, staleness, got 'newest'"):
+        small_syncer(late_weight="newest")
+
+
 def test_cadence_is_core_state_on_the_tape_in_snapshots_and_in_the_log() -> None:
     syncer = small_syncer()
     effects = syncer.register(1.0, "L1", incarnation=3, cadence=4)

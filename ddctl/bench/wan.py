@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ddctl.bench.wan_layouts import LAYOUTS, Layout, WanCase, at_pace, layouts, predict
+from ddctl.bench.wan_layouts import LAYOUTS, Layout, WanCase, at_pace, layout_job, layouts, predict
 from ddctl.bench.wannet import Wan, WanRegion, wan
 from ddctl.config.synchronizer import traffic
 from ddctl.control.shard_status import summarize
@@ -142,7 +142,9 @@ def start_shards(root: Path, net: Wan, case: WanCase, layout: Layout) -> list[Lo
     """One synchronizer process per shard, in its site's namespace; a single one is not sharded."""
     ips = [net.regions[site].ip for site in layout.shard_sites]
     sites = [net.regions[site] for site in layout.shard_sites]
-    first = LocalSyncer(root / "S0", case.job(), run=f"wan-{layout.name}", host=ips[0], also=ips, prefix=sites[0].command())
+    first = LocalSyncer(
+        root / "S0", layout_job(case, layout), run=f"wan-{layout.name}", host=ips[0], also=ips, prefix=sites[0].command()
+    )
     started = [first]
     for i in range(1, len(sites)):
         (root / f"S{i}").mkdir()
@@ -283,6 +285,7 @@ def layout_row(
         ],  # fmt: skip
         "cadence": layout.cadence,
         "in_flight": "auto" if layout.in_flight is None else layout.in_flight,
+        "late_weight": layout.late_weight,
         "efficiency": round((ledger["merged"] + ledger["late_merged"]) / trained, 4) if trained else 0.0,
         "fresh": round(ledger["merged"] / trained, 4) if trained else 0.0,
         "regions": regions,

@@ -16,8 +16,10 @@ place the issue says sharding pays. The layouts:
 - ``W-direct`` (on request only): the full scheduler planned without relays, which isolates what relays add.
 
 A name may end ``@K``: every region sends every K periods instead of its planned cadence (``W@1``: the
-plan's shards and relays with no region slowed down, which isolates what cadence costs in quality), and
-``/N`` or ``/auto``: the uploads in flight.
+plan's shards and relays with no region slowed down, which isolates what cadence costs in quality),
+``+staleness`` or ``+period``: how its synchronizers weigh a late update (``SyncerConfig.late_weight``; ``W+staleness``:
+W with the slowed regions' late drift weighed by how many versions it is behind), and ``/N`` or ``/auto``: the uploads
+in flight, in that order (``W@1+staleness/auto``).
 
 The plan gives a relay (``relay/``) to each region with several learners at
 cadence 1; N and N-rr run none. The predictions are of what runs.
@@ -31,6 +33,7 @@ from dataclasses import dataclass, replace
 
 from ddctl.config.synchronizer import CPU_FLOPS_PRIOR, traffic
 from ddctl.errors import DdctlError
+from ddctl_agents.core.choices import LATE_WEIGHTS
 from ddctl_agents.core.config import OuterConfig, SyncerConfig
 from ddctl_agents.core.pacing import parse_in_flight
 from ddctl_agents.core.quorum import QuorumConfig
@@ -176,6 +179,8 @@ class Layout:
     """Uploads in flight (the learner's ``--parallel-uploads``); None: auto."""
     loads: tuple[SiteLoad, ...]
     """What the link model predicts of every site under this layout."""
+    late_weight: str = "period"
+    """How its synchronizers weigh an update behind its fragment's version (``SyncerConfig.late_weight``)."""
 
     @property
     def predicted(self) -> float:
@@ -185,11 +190,12 @@ class Layout:
 
 def layouts(case: WanCase, names: Sequence[str] = LAYOUTS) -> list[Layout]:
     """The named layouts of ``case`` (see the module docstring); ``W/1`` is W with one upload in flight, ``W@1`` W with
-    every region at cadence 1."""
-    unknown = [n for n in names if n.partition("/")[0].partition("@")[0] not in KNOWN]
+    every region at cadence 1, ``W+staleness`` W whose synchronizers weigh late updates by their staleness."""
+    unknown = [n for n in names if n.partition("/")[0].partition("+")[0].partition("@")[0] not in KNOWN]
     if unknown or not names:
-        raise DdctlError(f"layouts must be some of {', '.join(KNOWN)} (each may end @K, every region's cadence, and "
-                         f"/auto or /N, uploads in flight), got {list(names)}")  # fmt: skip
+        raise DdctlError(f"layouts must be some of {', '.join(KNOWN)} (each may end @K, every region's cadence, "
+                         f"+{'/+'.join(LATE_WEIGHTS)}, how late updates are weighed, and /auto or /N, uploads in flight), "
+                         f"got {list(names)}")  # fmt: skip
     sites, flow = case.sites(), traffic(case.job())
     hosts = case.hosts
     home, spread = hosts[0], hosts[:3]
@@ -210,14 +216,24 @@ def layouts(case: WanCase, names: Sequence[str] = LAYOUTS) -> list[Layout]:
     chosen = []
     for name in names:
         planned, slash, flight = name.partition("/")
+        planned, plus, late_weight = planned.partition("+")
+        if plus and late_weight not in LATE_WEIGHTS:
+            raise DdctlError(f"layout {name}: +W says how late updates are weighed, W one of {', '.join(LATE_WEIGHTS)}, "
+                             f"got {late_weight!r}")  # fmt: skip
         base, at, every_k = planned.partition("@")
         shard_sites, owner, cadence, relay, in_flight = made[base]
         in_flight = in_flight_setting(flight, f"layout {name}: uploads in flight") if slash else in_flight
         cadence = _every_region_at(every_k, cadence, relay, name) if at else cadence
         made_one = Layout(name=name, shard_sites=shard_sites, owner=owner, cadence=dict(cadence), relay=dict(relay),
-                          in_flight=in_flight, loads=())  # fmt: skip
+                          in_flight=in_flight, loads=(), late_weight=late_weight or "period")  # fmt: skip
         chosen.append(replace(made_one, loads=predict(made_one, sites, flow)))
     return chosen
+
+
+def layout_job(case: WanCase, layout: Layout) -> JobConfig:
+    """The job ``layout``'s synchronizers run: ``case``'s, with the layout's weighing of late updates."""
+    job = case.job()
+    return replace(job, syncer=replace(job.syncer, late_weight=layout.late_weight))
 
 
 def _every_region_at(text: str, cadence: dict[str, int], relay: dict[str, bool], name: str) -> dict[str, int]:
@@ -266,4 +282,4 @@ def at_pace(sites: Sequence[Site], step_s: dict[str, float], round_trip_s: dict[
     return [replace(s, step_s=step_s.get(s.name, s.step_s), round_trip_s=waits.get(s.name, s.round_trip_s)) for s in sites]
 
 
-__all__ = ["LAYOUTS", "Layout", "WanCase", "at_pace", "layouts", "predict", "with_hubs"]
+__all__ = ["LAYOUTS", "Layout", "WanCase", "at_pace", "layout_job", "layouts", "predict", "with_hubs"]

@@ -227,8 +227,8 @@ def wan(
         str,
         typer.Option(
             help="Layouts to run, in order: N, N-rr, P2, W, or W-direct (W planned without relays); the first is the others' "
-            "x. Each may end @K (every region at cadence K: W@1 is W with no region slowed down) and /N or /auto (uploads "
-            "in flight)."
+            "x. Each may end @K (every region at cadence K: W@1 is W with no region slowed down), +staleness or +period (how "
+            "late updates are weighed) and /N or /auto (uploads in flight), in that order."
         ),
     ] = ("N,N-rr,P2,W"),
     fast_mbit: Annotated[float, typer.Option(help="The fast sites' links, Mbit/s each way (the rest 1/5 and 1/20).")] = 10.0,

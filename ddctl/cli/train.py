@@ -88,6 +88,13 @@ def train(
         int | None,
         typer.Option(help=f"Periods an update may lag and still merge late (0: dropped) [default: {default('max_behind')}]."),
     ] = None,
+    late_weight: Annotated[
+        str | None,
+        typer.Option(
+            help=f"How an update behind its fragment's version is weighed: period (one period's tokens) or staleness (that "
+            f"over 1 + the versions it is behind) [default: {default('late_weight')}]."
+        ),
+    ] = None,
     speeds: Annotated[str, typer.Option(help="Relative learner speeds, comma-separated (e.g. 1,1,0.5,0.5).")] = "",
     cadences: Annotated[
         str, typer.Option(help="Per learner, send every k periods (1, 2, 4 or 8), comma-separated (e.g. 1,1,1,4).")
@@ -140,6 +147,7 @@ def train(
         "error_feedback": error_feedback, "push_before_overwrite": push_before_overwrite, "preset": preset, "model": model,
         "tokens": tokens, "batch_size": batch_size, "lr": lr, "outer_lr": outer_lr, "outer_momentum": outer_momentum,
         "outer_warmup": outer_warmup, "max_behind": max_behind,
+        "late_weight": late_weight,
         "data": data or None, "max_bytes": max_bytes, "seed": seed, "threads": threads,
     }  # fmt: skip
     cluster = {"speeds": speeds, "cadences": cadences, "outages": outage, "failures": failures, "link_mbps": link_mbps,

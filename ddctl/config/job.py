@@ -50,6 +50,7 @@ KNOBS: dict[str, tuple[str, ...]] = {
     "outer_warmup": ("syncer.outer.warmup",),
     "merge": ("syncer.merge",),
     "max_behind": ("syncer.max_behind",),
+    "late_weight": ("syncer.late_weight",),
     "max_rejections": ("syncer.trust.max_rejections",),
     "fragmentation": ("fragmentation",),
     "down_codec": ("down_codec",),

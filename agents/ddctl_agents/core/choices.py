@@ -21,6 +21,10 @@ DOWN_CODECS: tuple[str, ...] = ("bf16", "fp32", DELTA)
 """Codecs for fragments sent back to learners: near-lossless (int8-delta: each version as an int8 step from the last)."""
 MERGES: tuple[str, ...] = ("rda", "mean")
 """How contributions are merged: radial-directional averaging, or the plain weighted mean (ablation)."""
+LATE_WEIGHTS: tuple[str, ...] = ("period", "staleness")
+"""How an update merged behind its fragment's version is weighed: as one period of its tokens (a learner at cadence k
+brings k), or that over one plus the versions its base is behind (staleness-aware, as asynchronous SGD's learning
+rate over its staleness)."""
 STRATEGIES: tuple[str, ...] = ("balanced", "layer", "tensor")
 """Fragmentation: balanced (LPT), or by layer / by tensor (ablations)."""
 

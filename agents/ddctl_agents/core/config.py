@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ddctl_agents.core.choices import MERGES
+from ddctl_agents.core.choices import LATE_WEIGHTS, MERGES
 from ddctl_agents.core.quorum import QuorumConfig
 from ddctl_agents.errors import ConfigError
 
@@ -72,12 +72,18 @@ class SyncerConfig:
     """[ours] Late updates at most this many periods behind (beyond a cadence's own) fold into the next round; 0 drops
     them with a resync. Folded, an update from a base that has moved on steps the learners' shared direction twice:
     the example job read 3.33 at 1 against 3.21 at 0, over the emulated WAN 4.09 against 3.70 (docs/benchmarks.md)."""
+    late_weight: str = "period"
+    """[ours] How an update behind its fragment's version is weighed (``choices.LATE_WEIGHTS``): "staleness" divides
+    its period's weight by one plus the versions it is behind, so a cadence's late drift counts for less the older it
+    is. "period" (the default) until a measurement says otherwise (docs/benchmarks.md)."""
     trust: TrustConfig = field(default_factory=TrustConfig)
     """What a learner's update may claim before it is refused, and when its sender is suspended."""
 
     def __post_init__(self) -> None:
         if self.merge not in MERGES:
             raise ConfigError(f"merge must be one of {', '.join(MERGES)}, got {self.merge!r}")
+        if self.late_weight not in LATE_WEIGHTS:
+            raise ConfigError(f"late_weight must be one of {', '.join(LATE_WEIGHTS)}, got {self.late_weight!r}")
         if self.max_behind < 0:
             raise ConfigError(f"max_behind must be >= 0, got {self.max_behind}")
         if self.quorum.overlap > self.inner_steps:  # ALGORITHM.md §3: an answer lands before its fragment is due again

@@ -116,13 +116,15 @@ class Contribution:
     c_tokens: int
     periods: int = 1
     """The learner's cadence k: it brings k periods of drift to one round."""
+    stale: int = 0
+    """Versions its base is behind, where the job weighs staleness (``SyncerConfig.late_weight``); else 0."""
 
     @property
     def weight(self) -> float:
         """The token weight of one period: a learner at cadence k counted with all k periods' tokens took most of
         the step of each round it joined, from a base k - 1 rounds old (at k = 4 val_bpb +0.13 against +0.05 weighed
-        as one period, docs/benchmarks.md)."""
-        return token_weight(self.c_tokens, self.c_steps) / self.periods
+        as one period, docs/benchmarks.md). Over ``1 + stale`` where staleness is weighed."""
+        return token_weight(self.c_tokens, self.c_steps) / self.periods / (1 + self.stale)
 
 
 def merge_fragment(

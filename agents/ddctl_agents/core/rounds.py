@@ -75,4 +75,5 @@ def accumulate(previous: Contribution | None, new: Contribution) -> Contribution
         c_steps=previous.c_steps + new.c_steps,
         c_tokens=previous.c_tokens + new.c_tokens,
         periods=new.periods,
+        stale=max(previous.stale, new.stale),  # the sum is as old as its oldest part
     )

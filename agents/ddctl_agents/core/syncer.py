@@ -174,9 +174,9 @@ class Synchronizer:
         self.ledger.received += units
         behind = current - update.base_version
         k = self.cadence.get(update.learner, 1)
-        contribution = Contribution(
-            learner=update.learner, tensors=update.tensors, c_steps=update.c_steps, c_tokens=update.c_tokens, periods=k
-        )
+        stale = behind if self.config.late_weight == "staleness" else 0
+        contribution = Contribution(learner=update.learner, tensors=update.tensors, c_steps=update.c_steps,
+                                    c_tokens=update.c_tokens, periods=k, stale=stale)  # fmt: skip
         rnd = self.rounds[p]
         allowed = k - 1 + self.config.max_behind * k  # sending every k periods, its base is k - 1 rounds old by design
         if behind > allowed:

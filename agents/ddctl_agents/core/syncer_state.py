@@ -55,7 +55,8 @@ def capture(syncer: Synchronizer, extra: Mapping[str, Any] | None = None) -> Syn
             contributions = getattr(rnd, kind)
             entry[kind] = []
             for c in contributions.values():
-                kept: dict[str, Any] = {"learner": c.learner, "c_steps": c.c_steps, "c_tokens": c.c_tokens, "periods": c.periods}
+                kept: dict[str, Any] = {"learner": c.learner, "c_steps": c.c_steps, "c_tokens": c.c_tokens, "periods": c.periods,
+                                         "stale": c.stale}  # fmt: skip
                 if (parts := packed_parts(c.tensors)) is not None:  # kept packed: the restored round fuses as the live one
                     kept["packed"], codes = stored(parts, f"k/{p}/{kind}/{c.learner}")
                     tensors.update(codes)
@@ -111,7 +112,12 @@ def restore(syncer: Synchronizer, state: SyncerState) -> None:
                 else:
                     ts = {n: tensors[f"r/{p}/{kind}/{c['learner']}/{n}"] for n in names}
                 target[c["learner"]] = Contribution(
-                    learner=c["learner"], tensors=ts, c_steps=c["c_steps"], c_tokens=c["c_tokens"], periods=c.get("periods", 1)
+                    learner=c["learner"],
+                    tensors=ts,
+                    c_steps=c["c_steps"],
+                    c_tokens=c["c_tokens"],
+                    periods=c.get("periods", 1),
+                    stale=c.get("stale", 0),
                 )
         syncer.rounds[p] = rnd
     syncer.versions = list(meta["versions"])
