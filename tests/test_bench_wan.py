@@ -117,16 +117,17 @@ def test_a_layout_may_set_every_regions_cadence() -> None:
     assert done.exit_code == 2 and "layout W@0: @K sets every region's cadence, K one of 1, 2, 4, 8, got '0'" in done.output
 
 
-def test_a_layout_may_weigh_late_updates_by_their_staleness() -> None:
-    """``+staleness`` changes only how the layout's synchronizers weigh a late update: the job they are given says so,
-    and the plan, its cadences and predictions are the layout's without it."""
+def test_a_layout_may_weigh_late_updates_as_one_period_or_by_their_staleness() -> None:
+    """``+period`` or ``+staleness`` changes only how the layout's synchronizers weigh a late update (staleness, the
+    job's default, without either): the job they are given says so, and the plan, its cadences and predictions are the
+    layout's without it."""
     case = WanCase()
-    w, stale, every1 = layouts(case, ["W", "W+staleness", "W@1+staleness/1"])
+    w, stale, every1 = layouts(case, ["W+period", "W", "W@1+staleness/1"])
     assert (w.late_weight, stale.late_weight, every1.late_weight) == ("period", "staleness", "staleness")
     assert (stale.shard_sites, stale.owner, stale.cadence, stale.relay, stale.loads) == (
         w.shard_sites, w.owner, w.cadence, w.relay, w.loads)  # fmt: skip
     assert every1.cadence == dict.fromkeys(w.cadence, 1) and every1.in_flight == 1
-    assert layout_job(case, stale).syncer.late_weight == "staleness" and layout_job(case, w).syncer == case.job().syncer
+    assert layout_job(case, w).syncer.late_weight == "period" and layout_job(case, stale).syncer == case.job().syncer
     assert layout_job(case, stale).syncer.max_behind == case.max_behind  # the rest of the job as the case has it
     with pytest.raises(DdctlError, match=r"layout W\+newest: \+W says how late updates are weighed, W one of period, "
                                          r"staleness, got 'newest'"):  # fmt: skip

@@ -106,8 +106,9 @@ def test_a_learner_at_cadence_k_may_be_k_minus_1_plus_max_behind_times_k_version
 
 def test_a_learner_at_cadence_k_weighs_in_a_round_as_one_period_of_its_tokens() -> None:
     """Its update carries k periods of tokens to one round; weighed with all of them it took most of that round's
-    step from a base k - 1 rounds old. It weighs what one period of its work would: here exactly L0's."""
-    syncer = small_syncer()
+    step from a base k - 1 rounds old. Weighed by period, it weighs what one period of its work would: here exactly
+    L0's (by default its staleness weighs it down further: the next test)."""
+    syncer = small_syncer(late_weight="period")
     syncer.register(0.0, "L0")
     syncer.register(0.0, "L1", cadence=4)
     advance(syncer, 0, 3)
@@ -119,16 +120,16 @@ def test_a_learner_at_cadence_k_weighs_in_a_round_as_one_period_of_its_tokens() 
     weights = {a["learner"]: a["weight"] for a in record["admitted"]}
     assert weights == {"L0": 400**2 / 4, "L1": 1600**2 / 16 / 4}
     assert weights["L0"] == weights["L1"]
-    again = small_syncer()
+    again = small_syncer(late_weight="period")
     restore(again, held)
     assert again.rounds[0].late["L1"].periods == 4 and again.rounds[0].late["L1"].weight == weights["L1"]
 
 
-def test_where_staleness_is_weighed_a_late_update_counts_over_one_plus_the_versions_it_is_behind() -> None:
-    """``late_weight: staleness``: L1 at cadence 4, three versions behind, weighs a quarter of what one period of its
-    work weighs at ``period`` (the test above); L0, on time, as before; a late update of a learner at cadence 1 (where
-    ``max_behind`` lets it merge) half; a snapshot keeps it. A weight that is none is refused, naming them."""
-    syncer = small_syncer(late_weight="staleness", max_behind=1)
+def test_by_default_a_late_update_counts_over_one_plus_the_versions_it_is_behind() -> None:
+    """``late_weight: staleness`` (the default): L1 at cadence 4, three versions behind, weighs a quarter of what one
+    period of its work weighs at ``period`` (the test above); L0, on time, as before; a late update of a learner at
+    cadence 1 (where ``max_behind`` lets it merge) half; a snapshot keeps it. A weight that is none is refused."""
+    syncer = small_syncer(max_behind=1)
     syncer.register(0.0, "L0")
     syncer.register(0.0, "L1", cadence=4)
     syncer.register(0.0, "L2")
@@ -141,7 +142,7 @@ def test_where_staleness_is_weighed_a_late_update_counts_over_one_plus_the_versi
     record = next(e.entry for e in syncer.close_round(0.0, 0, "all_arrived", "test") if isinstance(e, Record))
     weights = {a["learner"]: a["weight"] for a in record["admitted"]}
     assert weights == {"L0": 400**2 / 4, "L1": 1600**2 / 16 / 4 / 4, "L2": 800**2 / 8 / 2}
-    again = small_syncer(late_weight="staleness", max_behind=1)
+    again = small_syncer(max_behind=1)
     restore(again, held)
     assert again.rounds[0].late["L1"].stale == 3 and again.rounds[0].late["L1"].weight == weights["L1"]
     with pytest.raises(ConfigError, match="late_weight must be one of period, staleness, got 'newest'"):

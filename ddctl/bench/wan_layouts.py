@@ -17,9 +17,9 @@ place the issue says sharding pays. The layouts:
 
 A name may end ``@K``: every region sends every K periods instead of its planned cadence (``W@1``: the
 plan's shards and relays with no region slowed down, which isolates what cadence costs in quality),
-``+staleness`` or ``+period``: how its synchronizers weigh a late update (``SyncerConfig.late_weight``; ``W+staleness``:
-W with the slowed regions' late drift weighed by how many versions it is behind), and ``/N`` or ``/auto``: the uploads
-in flight, in that order (``W@1+staleness/auto``).
+``+staleness`` or ``+period``: how its synchronizers weigh a late update (``SyncerConfig.late_weight``, staleness
+by default; ``W+period``: W with the slowed regions' late drift weighed as one period whatever its age), and ``/N``
+or ``/auto``: the uploads in flight, in that order (``W@1+period/auto``).
 
 The plan gives a relay (``relay/``) to each region with several learners at
 cadence 1; N and N-rr run none. The predictions are of what runs.
@@ -179,8 +179,9 @@ class Layout:
     """Uploads in flight (the learner's ``--parallel-uploads``); None: auto."""
     loads: tuple[SiteLoad, ...]
     """What the link model predicts of every site under this layout."""
-    late_weight: str = "period"
-    """How its synchronizers weigh an update behind its fragment's version (``SyncerConfig.late_weight``)."""
+    late_weight: str = SyncerConfig().late_weight
+    """How its synchronizers weigh an update behind its fragment's version (``SyncerConfig.late_weight``): the job's
+    default unless the name says (``+period``)."""
 
     @property
     def predicted(self) -> float:
@@ -190,7 +191,7 @@ class Layout:
 
 def layouts(case: WanCase, names: Sequence[str] = LAYOUTS) -> list[Layout]:
     """The named layouts of ``case`` (see the module docstring); ``W/1`` is W with one upload in flight, ``W@1`` W with
-    every region at cadence 1, ``W+staleness`` W whose synchronizers weigh late updates by their staleness."""
+    every region at cadence 1, ``W+period`` W whose synchronizers weigh a late update as one period whatever its age."""
     unknown = [n for n in names if n.partition("/")[0].partition("+")[0].partition("@")[0] not in KNOWN]
     if unknown or not names:
         raise DdctlError(f"layouts must be some of {', '.join(KNOWN)} (each may end @K, every region's cadence, "
@@ -225,7 +226,7 @@ def layouts(case: WanCase, names: Sequence[str] = LAYOUTS) -> list[Layout]:
         in_flight = in_flight_setting(flight, f"layout {name}: uploads in flight") if slash else in_flight
         cadence = _every_region_at(every_k, cadence, relay, name) if at else cadence
         made_one = Layout(name=name, shard_sites=shard_sites, owner=owner, cadence=dict(cadence), relay=dict(relay),
-                          in_flight=in_flight, loads=(), late_weight=late_weight or "period")  # fmt: skip
+                          in_flight=in_flight, loads=(), late_weight=late_weight or SyncerConfig().late_weight)  # fmt: skip
         chosen.append(replace(made_one, loads=predict(made_one, sites, flow)))
     return chosen
 
