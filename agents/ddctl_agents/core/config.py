@@ -76,8 +76,8 @@ class SyncerConfig:
     """[ours] How an update behind its fragment's version is weighed (``choices.LATE_WEIGHTS``): "staleness" divides
     its period's weight by one plus the versions it is behind, so a cadence's late drift counts for less the older it
     is; "period" weighs it as one period of its tokens. Staleness cut the cost of a learner at cadence 4 from 0.053 to
-    0.021 val_bpb and at 8 from 0.094 to 0.036 (three seeds each, lower on every one), and took the scheduled layout
-    over the emulated WAN from behind one synchronizer to ahead of it (docs/benchmarks.md)."""
+    0.021 val_bpb and at 8 from 0.094 to 0.036 in the virtual cluster (three seeds each, lower on every one); over the
+    emulated WAN two runs disagreed (docs/benchmarks.md)."""
     trust: TrustConfig = field(default_factory=TrustConfig)
     """What a learner's update may claim before it is refused, and when its sender is suspended."""
 
