@@ -129,13 +129,13 @@ def test_a_layout_may_weigh_late_updates_as_one_period_or_by_their_staleness() -
     assert every1.cadence == dict.fromkeys(w.cadence, 1) and every1.in_flight == 1
     assert layout_job(case, w).syncer.late_weight == "period" and layout_job(case, stale).syncer == case.job().syncer
     assert layout_job(case, stale).syncer.max_behind == case.max_behind  # the rest of the job as the case has it
-    with pytest.raises(DdctlError, match=r"layout W\+newest: \+W says how late updates are weighed, W one of period, "
+    with pytest.raises(DdctlError, match=r"layout W\+newest: \+WEIGHT says how late updates are weighed, WEIGHT one of period, "
                                          r"staleness, got 'newest'"):  # fmt: skip
         layouts(case, ["W+newest"])
     with pytest.raises(DdctlError, match=r"layouts must be some of .*\+period/\+staleness, how late updates are weighed"):
         layouts(case, ["X+staleness"])
     done = CliRunner().invoke(app, ["bench", "wan", "--layouts", "N,W+", "--json"])  # before any namespace is made
-    assert done.exit_code == 2 and "layout W+: +W says how late updates are weighed" in done.output
+    assert done.exit_code == 2 and "layout W+: +WEIGHT says how late updates are weighed" in done.output
 
 
 def test_the_prediction_of_one_synchronizer_is_every_other_learners_traffic_through_its_site(made: dict[str, Layout]) -> None:

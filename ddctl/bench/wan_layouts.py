@@ -219,8 +219,8 @@ def layouts(case: WanCase, names: Sequence[str] = LAYOUTS) -> list[Layout]:
         planned, slash, flight = name.partition("/")
         planned, plus, late_weight = planned.partition("+")
         if plus and late_weight not in LATE_WEIGHTS:
-            raise DdctlError(f"layout {name}: +W says how late updates are weighed, W one of {', '.join(LATE_WEIGHTS)}, "
-                             f"got {late_weight!r}")  # fmt: skip
+            raise DdctlError(f"layout {name}: +WEIGHT says how late updates are weighed, WEIGHT one of "
+                             f"{', '.join(LATE_WEIGHTS)}, got {late_weight!r}")  # fmt: skip
         base, at, every_k = planned.partition("@")
         shard_sites, owner, cadence, relay, in_flight = made[base]
         in_flight = in_flight_setting(flight, f"layout {name}: uploads in flight") if slash else in_flight
