@@ -46,8 +46,31 @@ def _run(discount: str, cadence: int, seed: int, tokens: int) -> float:
     argv = ["--learners", "4", "--tokens", str(tokens), "--cadences", f"1,1,1,{cadence}", "--seed", str(seed),
             "--threads", "1", "--late-weight", "staleness", "--json"]  # fmt: skip
     done = subprocess.run([sys.executable, __file__, "--one", *argv], env={**os.environ, DISCOUNT: discount},
-                          capture_output=True, text=True, check=True)  # fmt: skip
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode != 0:  # what ddctl train said (a cadence it refuses, ...), not this script's traceback
+        sys.exit(f"ddctl train {' '.join(argv)} (discount {discount}) exited {done.returncode}:\n{done.stderr.strip()}")
     return float(json.loads(done.stdout)["val_bpb"])
+
+
+def _discounts(text: str) -> list[str]:
+    """``--discounts``: each a number (POWER) or ``drop``, checked here so a bad one is refused before any run."""
+    chosen = text.split(",")
+    for d in chosen:
+        try:
+            ok = d == "drop" or float(d) >= 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise argparse.ArgumentTypeError(f"each discount is a POWER >= 0 or drop, got {d!r}")
+    return chosen
+
+
+def _ints(text: str) -> list[int]:
+    """``--cadences`` and ``--seeds``: comma-separated integers."""
+    try:
+        return [int(n) for n in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"comma-separated integers, got {text!r}") from None
 
 
 def main() -> None:
@@ -55,15 +78,15 @@ def main() -> None:
         _patched_train(sys.argv[2:])
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--discounts", default="0,1,2,drop", help="POWER of (1 + s), or drop, comma-separated")
-    parser.add_argument("--cadences", default="4,8", help="the slow learner's cadence K, comma-separated")
-    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--discounts", type=_discounts, default="0,1,2,drop", help="POWER of (1 + s), or drop, comma-separated")
+    parser.add_argument("--cadences", type=_ints, default="4,8", help="the slow learner's cadence K, comma-separated")
+    parser.add_argument("--seeds", type=_ints, default="0,1,2")
     parser.add_argument("--tokens", type=int, default=1_000_000)
     args = parser.parse_args()
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = args.seeds
     rows = []
-    for cadence in (int(k) for k in args.cadences.split(",")):
-        for discount in args.discounts.split(","):
+    for cadence in args.cadences:
+        for discount in args.discounts:
             bpb = [_run(discount, cadence, seed, args.tokens) for seed in seeds]
             rows.append({"cadence": cadence, "discount": discount, "val_bpb": bpb, "mean": statistics.fmean(bpb)})
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
