@@ -121,10 +121,14 @@ class Measuring(SyncerClient):
     """A real client whose status carries the link rows the test says its shard measured (the rest is the shard's)."""
 
     rows: dict[str, list[dict[str, Any]]] = {}
+    phase: str | None = None
+    """The job's phase this shard says, where the test says one."""
 
     def status(self) -> dict[str, Any]:
         answer = super().status()
         answer["regions"] = self.rows.get(self.url, [])
+        if self.phase is not None:
+            answer["job"]["phase"] = self.phase
         return answer
 
 
@@ -167,6 +171,22 @@ def test_a_halved_shard_link_moves_one_fragment_once_and_a_broken_handoff_is_fin
     finishing = loop.tick()
     assert finishing["finished"] == [left] and finishing["epoch"] == 3
     assert [status(s)["shard"]["owned"] for s in shards] == [[0, 1, 2, 3], []]
+
+    # now a's link reads slow, which would move fragments to b; but once a shard says the job is finishing, nothing moves
+    rows[s0.url] = [{"name": "c", "up_mbps": 5.0, "down_mbps": 5.0}, {"name": "a", "up_mbps": 900.0, "down_mbps": 900.0}]
+    rows[s1.url] = [{"name": "c", "up_mbps": 10.0, "down_mbps": 10.0}]
+    try:
+        for phase in ("finishing", "finished"):
+            Measuring.phase = phase
+            for _ in range(3):
+                ended = loop.tick()
+                assert ended["skipped"] == "the job is finishing" and ended.get("replan") is None and ended["epoch"] == 3
+        assert [status(s)["shard"]["owned"] for s in shards] == [[0, 1, 2, 3], []]
+        Measuring.phase = None  # the same readings while training: the look before the finishing ones saw the gain too
+        training = loop.tick()
+        assert training["replan"] is not None and {(m["from"], m["to"]) for m in training["replan"]["moves"]} == {("a", "b")}
+    finally:
+        Measuring.phase = None
 
 
 @pytest.mark.slow

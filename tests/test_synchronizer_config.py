@@ -79,6 +79,8 @@ def test_predicted_loads_are_the_jobs_bytes_over_its_period() -> None:
         ({"synchronizer": {"shards": 25}}, "shards must be 1..24"),
         ({"synchronizer": {"relays": "yes"}}, "synchronizer.relays"),
         ({"synchronizer": {"replan": {"gain": 2}}}, "synchronizer.replan.gain: must be < 1"),
+        ({"synchronizer": {"replan": {"min_utilisation": 1}}}, "synchronizer.replan.min_utilisation: must be < 1"),
+        ({"synchronizer": {"replan": {"min_utilisation": -0.1}}}, "synchronizer.replan.min_utilisation: must be >= 0"),
         ({"synchronizer": {"shard": 2}}, "did you mean 'shards'"),
     ],
 )
@@ -142,3 +144,15 @@ def test_up_plan_shows_the_shard_table(tmp_path: Path, monkeypatch: pytest.Monke
     assert syncers == {
         ("syncer" if s["index"] == 0 else f"syncer-s{s['index']}"): s["region"] for s in plan["synchronizer"]["shards"]
     }
+
+
+def test_the_replan_section_reaches_the_running_replanner() -> None:
+    from ddctl.control.replanning import for_job
+    from ddctl_agents.core.replan import ReplanSettings
+
+    knobs = {"gain": 0.3, "confirmations": 2, "dwell_s": 5.0, "max_moves": 1, "min_utilisation": 0.25}
+    for raw, settings in ((with_key(synchronizer={"replan": knobs}), ReplanSettings(**knobs)), (FIVE, ReplanSettings())):
+        rf = parse(raw)
+        loop = for_job(rf, job_config(rf), ["https://s0"], lambda url: None, {"S0": "a"})  # type: ignore[arg-type,return-value]
+        assert loop.planner.settings == settings
+    assert ReplanSettings().min_utilisation == 0.5

@@ -109,8 +109,9 @@ def test_up_runs_each_shard_where_the_plan_puts_it_and_ends_with_one_model(
         assert job["tokens"]["trained"] == max(s["tokens"]["trained"] for s in finals) > 0  # the learners', once
         owners = {p: s for s in sorted(finals, key=lambda s: s["shard"]["epoch"]) for p in s["shard"]["owned"]}
         assert job["versions"] == [owners[p]["versions"][p] for p in range(4)]  # each fragment's, at its owner at the end
-        if {s["shard"]["epoch"] for s in finals} == {row["epoch"] for row in rows.values()}:  # no re-plan moved one
-            assert [finals.index(owners[p]) for p in range(4)] == [shard_of(p, placed) for p in range(4)]
+        # the links read idle (a CI run moved a fragment at 1% of its link, then drew the job mid-handoff): none moved
+        assert job["replanner"]["replans"] == 0 and {s["shard"]["epoch"] for s in finals} == {r["epoch"] for r in rows.values()}
+        assert [finals.index(owners[p]) for p in range(4)] == [shard_of(p, placed) for p in range(4)]
         assert job["bytes"]["sent"] == sum(s["bytes_up"] + s["bytes_down"] for s in finals)
 
         def concluded() -> dict[str, Any] | None:

@@ -244,6 +244,19 @@ def test_the_dashboard_draws_the_job_from_its_shards_books_added_learners_once_v
     assert unbalanced is not None and unbalanced["ledger"]["balanced"] is False
 
 
+def test_a_fragment_in_the_middle_of_a_handoff_shows_the_newest_version_any_shard_holds() -> None:
+    """S1 handed fragment 1 out at version 16 and S0 has not taken it in (its copy: 0): owned by neither for a moment.
+    A CI run drew it at S0's 0, the first shard's, while both shards' books said 16."""
+    s0 = shard("S0", [0, 2], [16, 0, 16, 0])
+    s1 = shard("S1", [3], [0, 16, 0, 16], shard={"name": "S1", "epoch": 2, "shards": ["S0", "S1"], "owned": [3]})
+    for answers in ([("u0", s0, ""), ("u1", s1, "")], [("u1", s1, ""), ("u0", s0, "")]):
+        job = job_status(answers)
+        assert job is not None and job["versions"] == [16, 16, 16, 16]
+    odd = shard("S1", [3], [0, None, 0, 16], shard={"name": "S1", "epoch": 2, "shards": ["S0", "S1"], "owned": [3]})
+    job = job_status([("u0", s0, ""), ("u1", odd, "")])  # what is not a count is not the newest
+    assert job is not None and job["versions"] == [16, 0, 16, 16]
+
+
 @pytest.mark.parametrize(
     ("phases", "missing", "expected"),
     [(("finished", "finished"), False, "finished"), (("finished", "training"), False, "finishing"),
@@ -338,6 +351,10 @@ def test_the_re_planners_looks_and_re_plans_are_recorded_with_the_run_as_it_saw_
     look = state.run("r").detail["replanner"]  # type: ignore[union-attr]
     assert look["replans"] == 1 and look["error"] == "ConnectError: refused"
     assert replanner_text(look) == "could not look (ConnectError: refused); 1 re-plan(s) so far"
+    replanner.record({"t": 4.0, "epoch": 2, "finished": [], "skipped": "the job is finishing"})
+    look = state.run("r").detail["replanner"]  # type: ignore[union-attr]
+    assert (look["replans"], look["error"], look["skipped"], look["utilisation"]) == (1, None, "the job is finishing", None)
+    assert replanner_text(look) == "not deciding (the job is finishing); 1 re-plan(s) so far"
     [event] = [e for e in state.events("r") if e["kind"] == "replan"]
     assert event["moves"] == "f3 a->b (S1, 0.41s), f5 a->b (S1, -s; failed: S0 did not answer)"
     assert event["cause"] == made["cause"] and (event["before"], event["after"]) == (0.81, 0.5)

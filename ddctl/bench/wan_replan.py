@@ -133,6 +133,7 @@ def measure_replan(
             "confirmations": settings.confirmations,
             "dwell_s": settings.dwell_s,
             "max_moves": settings.max_moves,
+            "min_utilisation": settings.min_utilisation,
             "every_s": every_s,
         },  # fmt: skip
         "plan": {"shards": list(layout.shard_sites), "owner": list(layout.owner), "cadence": layout.cadence},

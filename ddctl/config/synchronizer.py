@@ -43,6 +43,9 @@ class Replan(Strict):
     confirmations: Annotated[int, Field(ge=1, le=100, description="times in a row, an integer 1..100")] = 3
     dwell_s: Annotated[float, Field(ge=0, description="seconds between moves, a number >= 0")] = 300.0
     max_moves: Annotated[int, Field(ge=1, le=1024, description="fragments moved at once, an integer 1..1024")] = 4
+    min_utilisation: Annotated[
+        float, Field(ge=0, lt=1, description="the busiest site's share of its link below which nothing moves, in [0, 1)")
+    ] = 0.5
 
 
 class SynchronizerSection(Strict):
@@ -51,7 +54,7 @@ class SynchronizerSection(Strict):
     ] = 1
     regions: Annotated[tuple[str, ...], Field(description="the regions that may host shards (default: all)")] = ()
     relays: Annotated[bool, Field(description="true or false: a region with several learners pulls versions once")] = True
-    replan: Annotated[Replan, Field(description="{gain, confirmations, dwell_s, max_moves}")] = Replan()
+    replan: Annotated[Replan, Field(description="{gain, confirmations, dwell_s, max_moves, min_utilisation}")] = Replan()
 
 
 def check_section(rf: RegionsFile) -> None:

@@ -4,6 +4,8 @@ Every few seconds it reads each shard's status, turns what the shards measured
 into the scheduler's sites (``measured_sites``), asks ``core/replan.py`` whether
 moving fragments is worth it (a large gain, seen several times in a row, past a
 dwell time) and carries the moves out as ordinary handoffs (``control/handoff.py``).
+Once a shard says the job is finishing nothing moves: the learners are done, and a
+fragment in the middle of a handoff is owned by no shard when the final model is joined.
 
 What a shard measures is one learner's transfers to or from it (``core/links.py``:
 kernel-timed, the second best of the recent samples). A transfer between a shard
@@ -196,6 +198,8 @@ class Replanning:
         down = [url for url, status, _ in answers if status is None]
         if down:
             return {"t": now, "epoch": newest.epoch, "finished": finished, "skipped": f"unreachable: {', '.join(down)}"}
+        if any(_ending(status) for _, status, _ in answers):  # a move now gains nothing and races the final model's join
+            return {"t": now, "epoch": newest.epoch, "finished": finished, "skipped": "the job is finishing"}
         site_of_url = {routes[s]: self.sites_of_shards[s] for s in routes}
         regions = {s.name for s in self.priors}
         seen = [read_status(status, site_of_url[url], regions) for url, status, _ in answers]
@@ -276,6 +280,11 @@ def watch(replanning: Replanning, every_s: float, until: Callable[[], bool], on_
         on_event(event)
         time.sleep(max(0.0, every_s - (time.monotonic() - started)))
     return made
+
+
+def _ending(status: Any) -> bool:
+    job = status.get("job") if isinstance(status, dict) else None
+    return isinstance(job, dict) and job.get("phase") in ("finishing", "finished")
 
 
 def _merged_steps(seen: Sequence[Seen]) -> dict[str, list[float]]:

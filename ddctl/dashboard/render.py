@@ -270,6 +270,8 @@ def replanner_text(look: dict[str, Any]) -> str:
     """The re-planner's last look: the busiest site's predicted utilisation now and with the best placement."""
     if look.get("error"):
         return f"could not look ({str(look['error'])[:120]}); {look.get('replans', 0)} re-plan(s) so far"
+    if look.get("skipped"):
+        return f"not deciding ({str(look['skipped'])[:120]}); {look.get('replans', 0)} re-plan(s) so far"
     return (
         f"busiest site {_pct(look.get('utilisation'))} of its link, best placement {_pct(look.get('best'))}"
         f" (seen {look.get('streak') or 0}x) · {look.get('replans', 0)} re-plan(s)"

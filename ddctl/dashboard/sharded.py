@@ -2,11 +2,12 @@
 
 The dashboard draws a job, not a shard. Each shard counts its own fragments, so
 what the job did is their sum (rounds, the ledger, bytes) and a fragment's
-version is its owner's; a learner is one learner whatever number of shards
-heard it, so what learners report (tokens trained, the budget, their rows) is
-taken once, from the first shard that answered (``control/shard_status.py``
-says the same for ``ddctl syncer status``). The job has finished when every
-shard has. Each shard's own figures stay beside them, as ``shards``.
+version is its owner's (one in the middle of a handoff, owned by none: the newest
+any shard holds); a learner is one learner whatever number of shards heard it,
+so what learners report (tokens trained, the budget, their rows) is taken once,
+from the first shard that answered (``control/shard_status.py`` says the same for
+``ddctl syncer status``). The job has finished when every shard has. Each shard's
+own figures stay beside them, as ``shards``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def job_status(answers: Sequence[tuple[str, dict[str, Any] | None, str]]) -> dic
         tokens = {k: job_figure(k, tokens.get(k, 0), int(v)) for k, v in (status.get("tokens") or {}).items()}
     ledger: dict[str, Any] = {k: sum(int(s["ledger"][k]) for s in reached) for k in BOOKS}
     ledger["balanced"] = all(bool(s["ledger"]["balanced"]) for s in reached)
-    versions = list(first.get("versions", []))
+    versions = [_newest(reached, p) for p in range(len(first.get("versions", [])))]  # its owner's, where one owns it
     for status in reached:
         for p in (status.get("shard") or {}).get("owned", []):
             versions[p] = status["versions"][p]
@@ -57,6 +58,13 @@ def job_status(answers: Sequence[tuple[str, dict[str, Any] | None, str]]) -> dic
         "shards": summarize(answers)["shards"],
         "relays": relays([s.get("relays") for s in reached]),
     }
+
+
+def _newest(reached: Sequence[dict[str, Any]], p: int) -> Any:
+    """The newest version of fragment ``p`` any shard holds: one in the middle of a handoff is owned by neither shard,
+    and the one handed out is newer than the taker's (what the first says where none says a count)."""
+    held = [v for s in reached for v in (s.get("versions") or [])[p : p + 1] if isinstance(v, int) and not isinstance(v, bool)]
+    return max(held) if held else reached[0]["versions"][p]
 
 
 def relays(answers: Sequence[Any]) -> dict[str, dict[str, Any]]:

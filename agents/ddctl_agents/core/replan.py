@@ -7,7 +7,10 @@ plan's busiest placement-dependent site is at least ``gain`` better than the cur
 assignment's, under the same measurements, ``confirmations`` times in a row, no sooner
 than ``dwell_s`` after the last move, and at most ``max_moves`` fragments at once
 (the ones that help most, one at a time, and none that does not help: the new plan
-may number the same split differently).
+may number the same split differently). Nor while the busiest site is predicted under
+``min_utilisation`` of its link: a link with room for the period's transfers twice
+over is no bottleneck, and 20% of a load of 1% is noise (a CI run's two shards on
+loopback, every site at 1%, moved a fragment just before the job's end).
 
 The moves are damped: they stop once the busiest site is past both the gain and half
 the way to the new plan. Readings of an overloaded site are low (its transfers queue
@@ -48,10 +51,14 @@ class ReplanSettings:
     confirmations: int = 3
     dwell_s: float = 300.0
     max_moves: int = 4
+    min_utilisation: float = 0.5
+    """The busiest placement-dependent site's predicted share of its link below which nothing moves."""
 
     def __post_init__(self) -> None:
         if not (0 < self.gain < 1 and self.confirmations >= 1 and self.dwell_s >= 0 and self.max_moves >= 1):
             raise ValueError("replan needs 0 < gain < 1, confirmations >= 1, dwell_s >= 0 and max_moves >= 1")
+        if not 0 <= self.min_utilisation < 1:
+            raise ValueError(f"replan needs 0 <= min_utilisation < 1, got {self.min_utilisation}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,7 +98,7 @@ class Replanner:
         now_profile = self._profile(sites, traffic, candidate, site_of)
         current, best = _busiest(now_profile), _busiest(self._profile(sites, traffic, candidate, target))
         self.current, self.best = current, best
-        if current <= 0 or best > current * (1 - self.settings.gain):
+        if current < self.settings.min_utilisation or current <= 0 or best > current * (1 - self.settings.gain):
             self.streak = 0
             return None
         self.streak += 1
