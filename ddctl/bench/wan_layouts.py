@@ -51,6 +51,8 @@ FIVE_REGIONS = (("a", 1.0, 2), ("b", 1.0, 2), ("c", 1.0, 2), ("d", 0.2, 1), ("e"
 """The issue's case: (region, its link as a share of the fast sites', learners), links in the ratio 1000/1000/1000/200/50."""
 REGIONS = tuple(name for name, _, _ in FIVE_REGIONS)
 HUB_NAMES = ("h1", "h2", "h3")
+JOB_LATE_WEIGHT = SyncerConfig().late_weight
+"""How the job weighs a late update where a layout's name does not say (``+period``, ``+staleness``)."""
 BATCH = 8
 """Sequences in a learner's batch."""
 PACED, UNPACED = None, 3
@@ -179,7 +181,7 @@ class Layout:
     """Uploads in flight (the learner's ``--parallel-uploads``); None: auto."""
     loads: tuple[SiteLoad, ...]
     """What the link model predicts of every site under this layout."""
-    late_weight: str = SyncerConfig().late_weight
+    late_weight: str = JOB_LATE_WEIGHT
     """How its synchronizers weigh an update behind its fragment's version (``SyncerConfig.late_weight``): the job's
     default unless the name says (``+period``)."""
 
@@ -226,7 +228,7 @@ def layouts(case: WanCase, names: Sequence[str] = LAYOUTS) -> list[Layout]:
         in_flight = in_flight_setting(flight, f"layout {name}: uploads in flight") if slash else in_flight
         cadence = _every_region_at(every_k, cadence, relay, name) if at else cadence
         made_one = Layout(name=name, shard_sites=shard_sites, owner=owner, cadence=dict(cadence), relay=dict(relay),
-                          in_flight=in_flight, loads=(), late_weight=late_weight or SyncerConfig().late_weight)  # fmt: skip
+                          in_flight=in_flight, loads=(), late_weight=late_weight or JOB_LATE_WEIGHT)  # fmt: skip
         chosen.append(replace(made_one, loads=predict(made_one, sites, flow)))
     return chosen
 
