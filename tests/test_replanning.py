@@ -141,7 +141,7 @@ def test_a_halved_shard_link_moves_one_fragment_once_and_a_broken_handoff_is_fin
                       priors=priors(), traffic=traffic, relays=False,
                       planner=Replanner(ReplanSettings(confirmations=2, dwell_s=0)))  # fmt: skip
     quiet = loop.tick()  # the priors: both shard sites alike, nothing to gain
-    assert quiet["replan"] is None and quiet["streak"] == 0 and quiet["epoch"] == 1
+    assert quiet["replan"] is None and quiet["streak"] == 0 and quiet["epoch"] == 1 and quiet["floor"] == 0.5
     assert quiet["sites"]["b"] == {"up_mbps": 10.0, "down_mbps": 10.0, "measured": [False, False], "step_s": 0.1}
 
     # b's link is measured at 5 Mbit/s each way: c's learners' uploads into S1, S1's versions out to them

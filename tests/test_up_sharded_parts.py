@@ -355,6 +355,15 @@ def test_the_re_planners_looks_and_re_plans_are_recorded_with_the_run_as_it_saw_
     look = state.run("r").detail["replanner"]  # type: ignore[union-attr]
     assert (look["replans"], look["error"], look["skipped"], look["utilisation"]) == (1, None, "the job is finishing", None)
     assert replanner_text(look) == "not deciding (the job is finishing); 1 re-plan(s) so far"
+    replanner.record({"t": 5.0, "utilisation": 0.4, "best": 0.2, "streak": 0, "floor": 0.5, "replan": None})
+    look = state.run("r").detail["replanner"]  # type: ignore[union-attr]
+    assert look["floor"] == 0.5 and look["skipped"] is None
+    assert replanner_text(look) == (
+        "busiest site 40.0% of its link, best placement 20.0% (seen 0x; nothing moves under 50.0%) · 1 re-plan(s)"
+    )
+    replanner.record({"t": 6.0, "utilisation": 0.5, "best": 0.2, "streak": 1, "floor": 0.5, "replan": None})
+    look = state.run("r").detail["replanner"]  # type: ignore[union-attr]
+    assert replanner_text(look) == "busiest site 50.0% of its link, best placement 20.0% (seen 1x) · 1 re-plan(s)"
     [event] = [e for e in state.events("r") if e["kind"] == "replan"]
     assert event["moves"] == "f3 a->b (S1, 0.41s), f5 a->b (S1, -s; failed: S0 did not answer)"
     assert event["cause"] == made["cause"] and (event["before"], event["after"]) == (0.81, 0.5)

@@ -218,6 +218,7 @@ class Replanning:
             "utilisation": _rounded(self.planner.current),
             "best": _rounded(self.planner.best),
             "streak": self.planner.streak,
+            "floor": self.planner.settings.min_utilisation,
             "replan": None,
         }
         if decision is not None:

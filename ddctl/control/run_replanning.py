@@ -58,7 +58,7 @@ class RunReplanner:
         """A look, as the run's ``replanner`` figures; a re-plan, as an event with its cause and moves."""
         made = event.get("replan")
         self.replans += made is not None
-        seen = {k: event.get(k) for k in ("utilisation", "best", "streak", "skipped")}
+        seen = {k: event.get(k) for k in ("utilisation", "best", "streak", "floor", "skipped")}
         self.state.update_run_detail(
             self.run, {"replanner": {"t": time.time(), **seen, "replans": self.replans, "error": event.get("error")}}
         )

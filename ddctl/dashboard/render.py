@@ -8,8 +8,9 @@ render recorded snapshots and compare).
 
 from __future__ import annotations
 
+import math
 import time
-from typing import Any
+from typing import Any, TypeGuard
 
 from rich import box
 from rich.console import Group, RenderableType
@@ -267,15 +268,24 @@ def shard_lines(s: dict[str, Any]) -> list[Text]:
 
 
 def replanner_text(look: dict[str, Any]) -> str:
-    """The re-planner's last look: the busiest site's predicted utilisation now and with the best placement."""
+    """The re-planner's last look: the busiest site's predicted utilisation now and with the best placement (and,
+    while the busiest site is under the re-planner's floor, that nothing moves: else a large gain unacted on reads as
+    a stuck re-planner)."""
     if look.get("error"):
         return f"could not look ({str(look['error'])[:120]}); {look.get('replans', 0)} re-plan(s) so far"
     if look.get("skipped"):
         return f"not deciding ({str(look['skipped'])[:120]}); {look.get('replans', 0)} re-plan(s) so far"
+    busiest, floor = look.get("utilisation"), look.get("floor")
+    idle = _figure(busiest) and _figure(floor) and busiest < floor
     return (
-        f"busiest site {_pct(look.get('utilisation'))} of its link, best placement {_pct(look.get('best'))}"
-        f" (seen {look.get('streak') or 0}x) · {look.get('replans', 0)} re-plan(s)"
+        f"busiest site {_pct(busiest)} of its link, best placement {_pct(look.get('best'))}"
+        f" (seen {look.get('streak') or 0}x{f'; nothing moves under {_pct(floor)}' if idle else ''})"
+        f" · {look.get('replans', 0)} re-plan(s)"
     )
+
+
+def _figure(value: Any) -> TypeGuard[float]:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def finished_lines(s: dict[str, Any]) -> list[Text]:
