@@ -32,10 +32,9 @@ def job_status(answers: Sequence[tuple[str, dict[str, Any] | None, str]]) -> dic
         tokens = {k: job_figure(k, tokens.get(k, 0), int(v)) for k, v in (status.get("tokens") or {}).items()}
     ledger: dict[str, Any] = {k: sum(int(s["ledger"][k]) for s in reached) for k in BOOKS}
     ledger["balanced"] = all(bool(s["ledger"]["balanced"]) for s in reached)
-    versions = [_newest(reached, p) for p in range(len(first.get("versions", [])))]  # its owner's, where one owns it
-    for status in reached:
-        for p in (status.get("shard") or {}).get("owned", []):
-            versions[p] = status["versions"][p]
+    summary = summarize(answers)  # each fragment's version at its owner (the newest epoch's claim), as syncer status says
+    owners = summary["job"].get("versions") or [None] * len(first.get("versions", []))
+    versions = [_newest(reached, p) if v is None else v for p, v in enumerate(owners)]
     phases = [str((s.get("job") or {}).get("phase", "training")) for s in reached]
     phase = "finished" if all(p == "finished" for p in phases) and len(reached) == len(answers) else (
         "finishing" if any(p in ("finishing", "finished") for p in phases) else "training")  # fmt: skip
@@ -55,14 +54,15 @@ def job_status(answers: Sequence[tuple[str, dict[str, Any] | None, str]]) -> dic
         "suspended": sorted({name for s in reached for name in s.get("suspended", [])}),
         "job": {**(first.get("job") or {}), "phase": phase if phase in PHASES else "training"},
         "site": None,  # each shard reads its own site's link: the shards' rows say which
-        "shards": summarize(answers)["shards"],
+        "shards": summary["shards"],
         "relays": relays([s.get("relays") for s in reached]),
     }
 
 
 def _newest(reached: Sequence[dict[str, Any]], p: int) -> Any:
-    """The newest version of fragment ``p`` any shard holds: one in the middle of a handoff is owned by neither shard,
-    and the one handed out is newer than the taker's (what the first says where none says a count)."""
+    """The newest version of fragment ``p`` any shard holds, for one no shard that answered owns: one in the middle of
+    a handoff is owned by neither shard, and the one handed out is newer than the taker's (what the first says where
+    none says a count)."""
     held = [v for s in reached for v in (s.get("versions") or [])[p : p + 1] if isinstance(v, int) and not isinstance(v, bool)]
     return max(held) if held else reached[0]["versions"][p]
 
