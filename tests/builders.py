@@ -121,6 +121,25 @@ def status_json() -> dict[str, Any]:
     return dict(json.loads(result.stdout))
 
 
+def every_learner_training(regions: set[str], timeout_s: float = 120.0) -> dict[str, Any]:
+    """``ddctl status --json`` once each of ``regions``' learners trains; ``up`` returns on the first merged round.
+
+    One learner's update makes a round (quorum 1), so a slower region's learner may still be registering when ``up``
+    returns: shown as deploying (its VM is up), never as anything else.
+    """
+    from ddctl_agents.waiting import wait_until
+
+    def states(status: dict[str, Any]) -> dict[str, str]:
+        return {r["name"]: r["learners"][0]["state"] for r in status["regions"]}
+
+    first = states(status_json())
+    assert set(first) == regions and set(first.values()) <= {"deploying", "training"}, first
+    return wait_until(
+        lambda: s if set(states(s := status_json()).values()) == {"training"} else None,
+        timeout_s=timeout_s, every_s=0.5, what="every region's learner training",
+    )  # fmt: skip
+
+
 def run_to_its_end(run: str, timeout_s: float = 300.0) -> dict[str, Any]:
     """Wait (through ``ddctl ls --json``) until ``run`` has finished; ``ddctl status --run RUN --json`` then."""
     from typer.testing import CliRunner

@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 import gcp_shapes
 from aws_cloud import AwsCloud
 from aws_hypervisor import HV_LABEL, Hypervisor
-from builders import decided, merged, status_json, syncer_row
+from builders import decided, every_learner_training, merged, status_json, syncer_row
 from ddctl.cli.app import app
 from ddctl.providers.docker.engine import Engine, engine_unavailable
 from ddctl_agents.waiting import wait_until
@@ -115,10 +115,7 @@ def test_one_job_spans_aws_and_gcp_survives_a_preemption_in_each_and_down_leaves
             sources = _syncer_port_sources(aws, run)  # the syncer's port: the operator and exactly the run's learners
             assert {f"{a}/32" for a in nat.values()} | {f"{_aws_live(aws, run)['L0']['PublicIpAddress']}/32"} <= sources
             assert sorted(hv.shaped.values()) == sorted([links["us-east-1"]] * 2 + [links["us-central1"], links["europe-west4"]])
-            status = status_json()
-            assert {r["name"]: r["learners"][0]["state"] for r in status["regions"]} == dict.fromkeys(
-                ("virginia", "iowa", "netherlands"), "training"
-            )
+            status = every_learner_training({"virginia", "iowa", "netherlands"})
             wait_until(  # GCP learners train and are merged into the AWS syncer's model
                 lambda: all(merged(syncer_row(run, n)) > 0 for n in ("L1", "L2")), timeout_s=120, every_s=0.5,
                 what="both GCP learners merged",
