@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from ddctl.cli.app import app
+from ddctl.dashboard.sharded import job_status
 from ddctl.local.service import LocalSyncer
 from ddctl_agents.agent.client import Refused
 from ddctl_agents.train.assembly import Assembly
@@ -77,7 +78,9 @@ def test_a_fragment_moves_to_another_shard_while_learners_train(tmp_path: Path, 
     assert table.exit_code == 0 and "S0" in table.output and "\x1b[" not in table.output  # plain when not a terminal
     shards[1].kill()
     partial = runner.invoke(app, ["syncer", "status", str(shards[0].job_dir), *urls, "--json"])
-    assert partial.exit_code == 6 and json.loads(partial.stdout)["job"]["partial"] is True
+    partly = json.loads(partial.stdout)["job"]
+    assert partial.exit_code == 6 and partly["partial"] is True
+    assert partly["unheard"] == [3] and partly["versions"] == [finals[0]["versions"][p] for p in (0, 1, 2)] + [None]
 
 
 def test_a_move_broken_by_kill_9_is_finished_by_running_it_again(shards: list[LocalSyncer]) -> None:
@@ -107,6 +110,11 @@ def test_a_move_broken_by_kill_9_is_finished_by_running_it_again(shards: list[Lo
         admin.close()
     assert recovered["shard"]["epoch"] == 2 and recovered["shard"]["owned"] == [1]  # the log replayed the handoff
     assert recovered["versions"][3] == 1 and recovered["ledger"]["merged"] == 8192
+    before = status(shards[0])  # S0 has not taken fragment 3 in: owned by neither, its newest version (1) at S1
+    both = job_status([("a", before, ""), ("b", recovered, "")])
+    assert both is not None and both["versions"][3] == 1 and before["versions"][3] == 0
+    alone = job_status([("a", before, ""), ("b", None, "connection refused")])  # S0's map: S1 owns 1 and 3
+    assert alone is not None and alone["versions"] == [before["versions"][0], None, before["versions"][2], None]
 
     learner = shards[1].client("L0")
     try:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from ddctl.control.shard_status import gather, summarize
+from ddctl.control.shard_status import gather, readable, summarize
 from ddctl_agents.errors import Unavailable
 
 
@@ -41,6 +41,36 @@ def test_an_older_claim_loses_to_a_newer_epoch() -> None:
     stale = status("S1", 1, [1, 3], [0, 9, 0, 7], received=100, trained=10)  # S1 before it handed 1 out
     fresh = status("S0", 2, [0, 1, 2], [5, 4, 6, 0], received=400, trained=10)
     assert summarize([("a", stale, ""), ("b", fresh, "")])["job"]["versions"] == [5, 4, 6, 7]
+
+
+def mapped(name: str, epoch: int, owned: list[int], versions: list[int], owners: Any) -> dict[str, Any]:
+    answer = status(name, epoch, owned, versions, received=10, trained=10)
+    return answer | {"shard": {**answer["shard"], "owners": owners}}
+
+
+def test_a_fragment_whose_owner_did_not_answer_is_unheard_where_one_in_a_handoff_is_not() -> None:
+    """S1 handed fragment 1 to S0 (S1's map is at epoch 2; S0 has not taken it in), and S2, owner of 3, is down."""
+    s0 = status("S0", 1, [0], [5, 0, 0, 0], received=10, trained=10)  # a shard that serves no owners: no help
+    s1 = mapped("S1", 2, [2], [0, 4, 6, 0], [0, 0, 1, 2])
+    job = summarize([("a", s0, ""), ("b", s1, ""), ("c", None, "connection refused")])["job"]
+    assert job["versions"] == [5, None, 6, None] and job["unheard"] == [3]  # 1 is S0's, which answered
+    assert summarize([("a", s0, ""), ("b", None, "refused"), ("c", None, "refused")])["job"]["unheard"] == []
+    s0_mapped = mapped("S0", 1, [0], [5, 0, 0, 0], [0, 1, 1, 2])  # epoch 1: S1 owns 1 and 2
+    job = summarize([("a", s0_mapped, ""), ("b", None, "refused"), ("c", None, "refused")])["job"]
+    assert job["unheard"] == [1, 2, 3] and job["versions"] == [5, None, None, None]
+
+
+@pytest.mark.parametrize(
+    "owners",
+    [[0, 0, 1], [0, 0, 1, 2, 0], [0, 0, 1, 3], [0, 0, 1, -1], [0, False, 1, 2], [0, 0, 1, "2"], [0, 0, 1, 2.0],
+     [0, 0, 1, None], {"3": 2}, "0012", None, [0, 0, 1, 2**64], [0] * 100_000],
+)  # fmt: skip
+def test_a_map_that_is_not_one_tells_nothing_and_the_status_still_counts(owners: Any) -> None:
+    s0 = status("S0", 1, [0], [5, 0, 0, 0], received=10, trained=10)
+    s1 = mapped("S1", 2, [2], [0, 4, 6, 0], owners)
+    readable(s1)  # the shard's figures are whole: its map alone is ignored
+    out = summarize([("a", s0, ""), ("b", s1, ""), ("c", None, "connection refused")])
+    assert out["job"]["unheard"] == [] and out["job"]["versions"] == [5, None, 6, None] and out["job"]["rounds"] == 15
 
 
 def test_each_shard_shows_its_own_site_reading_and_a_malformed_one_reads_as_not_measured() -> None:

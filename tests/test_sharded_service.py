@@ -57,7 +57,8 @@ def test_two_shards_train_one_model_and_their_books_add_up(tmp_path: Path, shard
     the_map = shardmap.round_robin(SHARDS, FRAGMENTS)
     for i, final in enumerate(finals):
         owned = sorted(the_map.owned(f"S{i}"))
-        assert final["shard"] == {"name": f"S{i}", "epoch": 1, "shards": ["S0", "S1"], "owned": owned}
+        assert final["shard"] == {"name": f"S{i}", "epoch": 1, "shards": ["S0", "S1"], "owned": owned,
+                                  "owners": list(the_map.owners)}  # fmt: skip
         versions = final["versions"]
         assert all(versions[p] > 0 for p in owned), versions  # every owned fragment merged, here and only here
         assert all(versions[p] == 0 for p in range(FRAGMENTS) if p not in owned), versions

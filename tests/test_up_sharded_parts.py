@@ -23,8 +23,10 @@ from ddctl.control.plan import shard_map, syncer_shards
 from ddctl.control.rundir import RunDir
 from ddctl.control.specs import learner_spec, syncer_spec
 from ddctl.control.state import InstanceRecord, State
-from ddctl.dashboard.render import event_line, shard_lines
+from ddctl.dashboard.checked import checked_status
+from ddctl.dashboard.render import event_line, global_lines, shard_lines
 from ddctl.dashboard.sharded import job_status
+from ddctl.dashboard.snapshot import RunRecords, SyncerView, build
 from ddctl.errors import DdctlError
 from ddctl.providers.base import InstanceSpec, RegionInfo
 from ddctl.providers.fake import FakeProvider
@@ -280,6 +282,20 @@ def test_the_dashboard_draws_a_line_per_shard_and_says_which_shard_said_an_event
     assert lines[0].startswith("S0 s0 · f0v3 f2v5 · rounds 7 · balanced · training · site 10.0 / — Mbit/s")
     assert lines[1] == "shard at https://h:2: not answering (connection refused)"
     assert event_line(job["events"][0]).plain.endswith("S0: syncer started on a fresh state")
+
+
+def test_the_fragments_of_a_shard_not_answering_show_as_unknown_not_as_another_shards_stale_copy() -> None:
+    """S0's map says S1 owns fragments 1 and 3; S1 is down. S0's copies of them (0) are no one's version."""
+    s0 = shard("S0", [0, 2], [3, 0, 5, 0], shard={"name": "S0", "epoch": 1, "shards": ["S0", "S1"], "owned": [0, 2],
+                                                  "owners": [0, 1, 0, 1]})  # fmt: skip
+    job = job_status([("https://h:1", s0, ""), ("https://h:2", None, "connection refused")])
+    assert job is not None and job["versions"] == [3, None, 5, None]
+    snapshot = build(RunRecords(run="r", provider="local", instances=[]), SyncerView(checked_status(job), 0.0), 0.0)
+    assert global_lines(snapshot, 120)[0].plain.startswith("P=4 versions 3..5 (2 unknown) · K=1 grace on")
+    every = job_status([("https://h:1", s0, ""), ("https://h:2", shard("S1", [1, 3], [0, 4, 0, 6]), "")])
+    assert every is not None and every["versions"] == [3, 4, 5, 6]
+    drawn = build(RunRecords(run="r", provider="local", instances=[]), SyncerView(checked_status(every), 0.0), 0.0)
+    assert global_lines(drawn, 120)[0].plain.startswith("P=4 versions 3..6 · K=1")
 
 
 # -- the end of a sharded job --------------------------------------------------------------------------------------

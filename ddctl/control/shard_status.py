@@ -5,7 +5,9 @@ and balance when every shard's do; a learner is one learner whatever number of
 shards heard it, so what learners report (tokens trained, the budget) is the
 largest any shard saw, never a sum. A fragment's version is its owner's, by the
 newest map that claims it. A shard that does not answer is listed as such,
-and the figures say they are partial.
+and the figures say they are partial: its fragments, by the newest map a shard
+that answered serves, are ``unheard`` (no version known, where a fragment in the
+middle of a handoff between two shards that answered is merely unclaimed).
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from typing import Any
 
 from ddctl_agents import relay
 from ddctl_agents.agent.client import SyncerClient, Unavailable
-from ddctl_agents.errors import AgentError
+from ddctl_agents.core import shardmap
+from ddctl_agents.core.shardmap import ShardMap
+from ddctl_agents.errors import AgentError, ConfigError
 from ddctl_agents.service.auth import IDENTITY
 
 BOOKS = ("received", "merged", "late_merged", "dropped", "rejected", "pending")
@@ -143,4 +147,25 @@ def summarize(answers: Sequence[tuple[str, dict[str, Any] | None, str]]) -> dict
                 newest[p] = (epoch, version)
         job["epoch"] = max(epoch for epoch, _, _ in claims)
         job["versions"] = [newest[p][1] if p in newest else None for p in range(fragments)]
+        job["unheard"] = unheard(reached, set(newest))
     return {"shards": rows, "job": job}
+
+
+def unheard(reached: Sequence[dict[str, Any]], claimed: set[int]) -> list[int]:
+    """The fragments no shard that answered claims whose owner, by the newest map any of them serves, did not answer:
+    their versions are not known. One claimed by none whose owner answered is in the middle of a handoff to it."""
+    maps = [m for s in reached if (m := _served_map(s)) is not None and m.fragments == int(s["fragments"])]
+    if not maps:  # a shard too old to serve its map: nothing is known about owners
+        return []
+    newest = max(maps, key=lambda m: m.epoch)
+    heard = {str((s.get("shard") or {}).get("name")) for s in reached}
+    return [p for p in range(newest.fragments) if p not in claimed and newest.owner(p) not in heard]
+
+
+def _served_map(status: dict[str, Any]) -> ShardMap | None:
+    """The shard map a status serves (its ``shard``'s epoch, shard names and owners), if it holds a valid one."""
+    shard = status.get("shard") or {}
+    try:
+        return shardmap.parse({key: shard.get(key) for key in ("epoch", "shards", "owners")})
+    except ConfigError:
+        return None

@@ -203,9 +203,10 @@ def _order(learner: dict[str, Any]) -> tuple[int, str]:
 
 
 def global_lines(s: dict[str, Any], width: int) -> list[Text]:
-    versions = s["versions"]
+    versions = [v for v in s["versions"] if v is not None]  # None: unknown (its shard is not answering)
+    unknown = f" ({len(s['versions']) - len(versions)} unknown)" if len(versions) < len(s["versions"]) else ""
     first = _line(
-        f"P={s['fragments'] or '-'} versions {min(versions, default=0)}..{max(versions, default=0)}",
+        f"P={s['fragments'] or '-'} versions {min(versions, default=0)}..{max(versions, default=0)}{unknown}",
         f" · K={s['quorum'] or '-'} grace {'on' if s['grace'] else 'off'}",
         f" · goodput {_pct(s['goodput'])} · uptime {_pct(s['uptime'])}",
         "" if s["dollars_per_hour"] is None else f" · ${s['dollars_per_hour']:.2f}/h",

@@ -3,11 +3,12 @@
 The dashboard draws a job, not a shard. Each shard counts its own fragments, so
 what the job did is their sum (rounds, the ledger, bytes) and a fragment's
 version is its owner's (one in the middle of a handoff, owned by none: the newest
-any shard holds); a learner is one learner whatever number of shards heard it,
-so what learners report (tokens trained, the budget, their rows) is taken once,
-from the first shard that answered (``control/shard_status.py`` says the same for
-``ddctl syncer status``). The job has finished when every shard has. Each shard's
-own figures stay beside them, as ``shards``.
+any shard holds; one whose owner did not answer: unknown, None); a learner is
+one learner whatever number of shards heard it, so what learners report (tokens
+trained, the budget, their rows) is taken once, from the first shard that
+answered (``control/shard_status.py`` says the same for ``ddctl syncer
+status``). The job has finished when every shard has. Each shard's own figures
+stay beside them, as ``shards``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ def job_status(answers: Sequence[tuple[str, dict[str, Any] | None, str]]) -> dic
     ledger["balanced"] = all(bool(s["ledger"]["balanced"]) for s in reached)
     summary = summarize(answers)  # each fragment's version at its owner (the newest epoch's claim), as syncer status says
     owners = summary["job"].get("versions") or [None] * len(first.get("versions", []))
-    versions = [_newest(reached, p) if v is None else v for p, v in enumerate(owners)]
+    unheard = set(summary["job"].get("unheard", []))  # their owner did not answer: no version is known
+    versions = [v if v is not None or p in unheard else _newest(reached, p) for p, v in enumerate(owners)]
     phases = [str((s.get("job") or {}).get("phase", "training")) for s in reached]
     phase = "finished" if all(p == "finished" for p in phases) and len(reached) == len(answers) else (
         "finishing" if any(p in ("finishing", "finished") for p in phases) else "training")  # fmt: skip

@@ -146,11 +146,14 @@ def status(rt: SyncerRuntime) -> dict[str, Any]:
 
 
 def _shard_view(rt: SyncerRuntime) -> dict[str, Any] | None:
-    """Which shard this is and what it owns (None: one synchronizer owning every fragment)."""
+    """Which shard this is, what it owns and the map it serves (None: one synchronizer owning every fragment): whoever
+    reads every shard can tell a fragment whose owner did not answer from one in the middle of a handoff."""
     role = rt.role
     if role is None:
         return None
-    return {"name": role.name, "epoch": role.map.epoch, "shards": list(role.map.shards), "owned": sorted(role.owned)}
+    owners = list(role.map.owners)
+    return {"name": role.name, "epoch": role.map.epoch, "shards": list(role.map.shards), "owned": sorted(role.owned),
+            "owners": owners}  # fmt: skip
 
 
 def health(rt: SyncerRuntime) -> dict[str, Any]:
