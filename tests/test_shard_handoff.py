@@ -81,6 +81,8 @@ def test_a_fragment_moves_to_another_shard_while_learners_train(tmp_path: Path, 
     partly = json.loads(partial.stdout)["job"]
     assert partial.exit_code == 6 and partly["partial"] is True
     assert partly["unheard"] == [3] and partly["versions"] == [finals[0]["versions"][p] for p in (0, 1, 2)] + [None]
+    table = runner.invoke(app, ["syncer", "status", str(shards[0].job_dir), *urls])
+    assert table.exit_code == 6 and "unknown: 3" in table.output and "unreachable" in table.output
 
 
 def test_a_move_broken_by_kill_9_is_finished_by_running_it_again(shards: list[LocalSyncer]) -> None:

@@ -336,8 +336,9 @@ def _print_shards(result: dict[str, Any]) -> None:
     job = result["job"]
     if "ledger" in job:
         books, partial = job["ledger"], " (partial)" if job["partial"] else ""
-        cells = ["job", "", "", job.get("epoch", ""), "", job["rounds"], len(job["live"]), books["received"], books["merged"]]
-        add_row(*cells, books["pending"], f"{job['balanced']}{partial}")
+        unknown = f"unknown: {','.join(map(str, job['unheard']))}" if job.get("unheard") else ""  # their shard is down
+        cells = ["job", "", "", job.get("epoch", ""), unknown, job["rounds"], len(job["live"]), books["received"]]
+        add_row(*cells, books["merged"], books["pending"], f"{job['balanced']}{partial}")
     stdout().print(table)
 
 
