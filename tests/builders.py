@@ -121,6 +121,15 @@ def status_json() -> dict[str, Any]:
     return dict(json.loads(result.stdout))
 
 
+def recorded(run: str, kind: str, instance: str) -> list[dict[str, Any]]:
+    """The run's ``kind`` events about ``instance`` in the state file, oldest first: ``status`` shows only the newest
+    events, and a busy run's checkpoints can push an early one out of its window."""
+    from ddctl.control.state import State
+
+    with State() as state:
+        return [e for e in state.events(run, 100_000) if e.get("kind") == kind and e.get("instance") == instance]
+
+
 def every_learner_training(regions: set[str], timeout_s: float = 120.0) -> dict[str, Any]:
     """``ddctl status --json`` once each of ``regions``' learners trains; ``up`` returns on the first merged round.
 

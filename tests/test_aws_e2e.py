@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from aws_cloud import AwsCloud
 from aws_hypervisor import HV_LABEL, Hypervisor
-from builders import decided, every_learner_training, merged, status_json, syncer_row
+from builders import decided, every_learner_training, merged, recorded, status_json, syncer_row
 from ddctl.cli.app import app
 from ddctl.providers.docker.engine import Engine, engine_unavailable
 from ddctl_agents.waiting import wait_until
@@ -122,7 +122,7 @@ def test_two_aws_regions_train_survive_an_interruption_with_failover_and_leave_n
             assert after["rounds"] > rounds and _learner(after, "L0")["zone"] == "us-east-1b"
             vms = {next(t["Value"] for t in i["Tags"] if t["Key"] == "ddctl-name"): i for i in _live(aws, run)}
             assert vms["L0"]["Placement"]["AvailabilityZone"] == "us-east-1b"
-            failed = [e for e in after["events"] if e.get("event") == "provision-failed" and e.get("instance") == "L0"]
+            failed = recorded(run, "provision-failed", "L0")
             assert failed and failed[0]["error"] == "capacity", after["events"][-20:]  # the controller's reason, recorded
             attempts = [(c.zone, c.status) for c in aws.calls("RunInstances") if c.region == "us-east-1"]
             assert ("us-east-1a", 500) in attempts and attempts[-1] == ("us-east-1b", 200)

@@ -237,10 +237,10 @@ def test_the_wan_table_shows_the_rows_figures() -> None:
 def test_the_emulated_wan_carries_traffic_between_regions_at_the_slower_links_rate_and_counts_it() -> None:
     with wan("ddwant", {"fast": (40.0, 40.0), "slow": (4.0, 4.0)}) as net:
         fast, slow = net.regions["fast"], net.regions["slow"]
-        sink = "import socket,sys\ns=socket.socket();s.bind((sys.argv[1],9999));s.listen();c,_=s.accept();n=0\n"
-        sink += "while (d:=c.recv(65536)): n+=len(d)\nprint(n)"
+        sink = "import socket,sys\ns=socket.socket();s.bind((sys.argv[1],9999));s.listen();print('ready',flush=True)\n"
+        sink += "c,_=s.accept();n=0\nwhile (d:=c.recv(65536)): n+=len(d)\nprint(n)"
         server = subprocess.Popen(slow.command("python3", "-c", sink, slow.ip), stdout=subprocess.PIPE, text=True)
-        time.sleep(0.5)
+        assert server.stdout is not None and server.stdout.readline() == "ready\n"  # listening: the sender may connect
         before, started = net.sent(), time.monotonic()
         send = "import socket,sys\ns=socket.create_connection((sys.argv[1],9999));s.sendall(b'x'*1000000);s.close()"
         subprocess.run(fast.command("python3", "-c", send, slow.ip), check=True, timeout=60)

@@ -14,6 +14,7 @@ from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
+from ddctl_agents.waiting import wait_until
 from gcp_cloud import GcpCloud
 from gcp_shapes import NAT_POOL
 from tests.gcp_fake_harness import DONE, ZONE, _fresh, clients, cloud, create, live, vm  # noqa: F401 - the fixtures
@@ -38,14 +39,14 @@ def test_insert_then_wait_reaches_done_and_the_instance_runs_with_a_nat_ip(cloud
 
 
 def test_a_delayed_operation_is_pending_then_done_and_wait_blocks_until_then() -> None:
-    with GcpCloud(op_delay_s=0.4) as slow:
+    with GcpCloud(op_delay_s=1.0) as slow:  # the two reads below come well inside it, even on a loaded machine
         instances, ops = slow.client("InstancesClient"), slow.client("ZoneOperationsClient")
         started = time.monotonic()
         op = instances.insert_unary(project=slow.project, zone=ZONE, instance_resource=vm("a"), timeout=5)
         assert op.status == compute_v1.Operation.Status.PENDING
         assert live(slow, "a")["status"] == "PROVISIONING"
         waited = ops.wait(project=slow.project, zone=ZONE, operation=op.name, timeout=10)
-        assert waited.status == DONE and 0.4 <= time.monotonic() - started < 2.0
+        assert waited.status == DONE and 1.0 <= time.monotonic() - started < 8.0  # done, not the wait's timeout (10 s)
         assert live(slow, "a")["status"] == "RUNNING"
         # The non-unary insert() polls with a ZoneOperationsClient it builds itself; cloud.client() points that one here.
         extended = instances.insert(project=slow.project, zone=ZONE, instance_resource=vm("b"), timeout=5)
@@ -132,7 +133,7 @@ def test_an_invalid_instance_is_a_bad_request(cloud: GcpCloud, clients: dict[str
 
 
 def test_simulated_maintenance_on_a_spot_vm_is_a_preemption() -> None:
-    with GcpCloud(preempt_notice_s=0.3) as short:
+    with GcpCloud(preempt_notice_s=2.0) as short:  # long enough for a loaded machine's REST calls, not a fixed wait
         instances, ops = short.client("InstancesClient"), short.client("ZoneOperationsClient")
         for name, action in (("deleted", "DELETE"), ("stopped", "STOP")):
             op = instances.insert_unary(project=short.project, zone=ZONE, instance_resource=vm(name, spot=True, action=action))
@@ -140,15 +141,15 @@ def test_simulated_maintenance_on_a_spot_vm_is_a_preemption() -> None:
             instances.simulate_maintenance_event_unary(project=short.project, zone=ZONE, instance=name, timeout=5)
             assert short.preempted(ZONE, name) and live(short, name)["status"] == "RUNNING"
         assert live(short, "deleted")["scheduling"]["preemptible"] is True
-        time.sleep(0.5)
-        assert short.instance(ZONE, "deleted") is None and not short.preempted(ZONE, "deleted")
-        assert live(short, "stopped")["status"] == "TERMINATED" and short.preempted(ZONE, "stopped")
+        wait_until(lambda: short.instance(ZONE, "deleted") is None and live(short, "stopped")["status"] == "TERMINATED",
+                   timeout_s=10, every_s=0.05, what="the preempted VMs deleted and stopped")  # fmt: skip
+        assert not short.preempted(ZONE, "deleted") and short.preempted(ZONE, "stopped")
         request = {"project": short.project, "zone": ZONE, "filter": 'operationType = "compute.instances.preempted"'}
         assert sorted(o.target_link.rsplit("/", 1)[1] for o in ops.list(request=request, timeout=5)) == ["deleted", "stopped"]
 
 
 def test_simulated_maintenance_on_a_standard_vm_is_a_maintenance_event() -> None:
-    with GcpCloud(preempt_notice_s=0.3) as short:
+    with GcpCloud(preempt_notice_s=2.0) as short:
         instances = short.client("InstancesClient")
         instances.insert_unary(project=short.project, zone=ZONE, instance_resource=vm("gpu", machine="g2-standard-4"))
         instances.insert_unary(project=short.project, zone=ZONE, instance_resource=vm("cpu"))
@@ -156,8 +157,8 @@ def test_simulated_maintenance_on_a_standard_vm_is_a_maintenance_event() -> None
             instances.simulate_maintenance_event_unary(project=short.project, zone=ZONE, instance=name, timeout=5)
         assert short.maintenance_event(ZONE, "gpu") == "TERMINATE_ON_HOST_MAINTENANCE"
         assert short.maintenance_event(ZONE, "cpu") == "MIGRATE_ON_HOST_MAINTENANCE" and not short.preempted(ZONE, "cpu")
-        time.sleep(0.4)
-        assert short.maintenance_event(ZONE, "gpu") == "NONE" and live(short, "gpu")["status"] == "RUNNING"
+        wait_until(lambda: short.maintenance_event(ZONE, "gpu") == "NONE", timeout_s=10, every_s=0.05, what="the event over")
+        assert live(short, "gpu")["status"] == "RUNNING"
 
 
 def test_set_labels_and_metadata_check_the_fingerprint(cloud: GcpCloud, clients: dict[str, Any]) -> None:

@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 import gcp_shapes
 from aws_cloud import AwsCloud
 from aws_hypervisor import HV_LABEL, Hypervisor
-from builders import decided, every_learner_training, merged, status_json, syncer_row
+from builders import decided, every_learner_training, merged, recorded, status_json, syncer_row
 from ddctl.cli.app import app
 from ddctl.providers.docker.engine import Engine, engine_unavailable
 from ddctl_agents.waiting import wait_until
@@ -133,7 +133,7 @@ def test_one_job_spans_aws_and_gcp_survives_a_preemption_in_each_and_down_leaves
             replacement = _gcp_live(gcp)["L1"]
             assert replacement["zone"].endswith("/us-central1-b")
             after = status_json()
-            failed = [e for e in after["events"] if e.get("event") == "provision-failed" and e.get("instance") == "L1"]
+            failed = recorded(run, "provision-failed", "L1")
             assert failed and failed[0]["error"] == "capacity", after["events"][-20:]
             new_nat = replacement["networkInterfaces"][0]["accessConfigs"][0]["natIP"]
             wait_until(

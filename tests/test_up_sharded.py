@@ -22,7 +22,7 @@ from ddctl.providers.docker.engine import engine_unavailable
 from ddctl.providers.process import ProcessProvider
 from ddctl_agents.train.checkpoint import MANIFEST, read_manifest
 from ddctl_agents.waiting import wait_until
-from tests.builders import dry_run_up, instances_removed, regions_at, shard_statuses
+from tests.builders import dry_run_up, instances_removed, regions_at, shards_finished
 
 runner = CliRunner()
 REGIONS = {
@@ -97,11 +97,7 @@ def test_up_runs_each_shard_where_the_plan_puts_it_and_ends_with_one_model(
         assert look["error"] is None and look["utilisation"] > 0 and look["best"] > 0 and look["replans"] == 0
 
         # at the end the shards' books stand still (they linger for the controller): the dashboard's job is their sum
-        def ended() -> list[dict[str, Any]] | None:
-            answers = shard_statuses(run)
-            return answers if all(a["job"]["phase"] == "finished" for a in answers) else None
-
-        finals = wait_until(ended, timeout_s=240, what="both shards finished")
+        finals = wait_until(shards_finished(run), timeout_s=240, what="both shards finished")
         job = status()
         assert job["rounds"] == sum(s["rounds"] for s in finals) > 0
         for key in ("received", "merged", "late_merged", "dropped", "pending"):
