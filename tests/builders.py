@@ -138,13 +138,13 @@ def every_learner_training(regions: set[str], timeout_s: float = 120.0) -> dict[
     """
     from ddctl_agents.waiting import wait_until
 
-    def states(status: dict[str, Any]) -> dict[str, str]:
-        return {r["name"]: r["learners"][0]["state"] for r in status["regions"]}
+    def states(status: dict[str, Any]) -> dict[str, set[str]]:
+        return {r["name"]: {learner["state"] for learner in r["learners"]} for r in status["regions"]}
 
     first = states(status_json())
-    assert set(first) == regions and set(first.values()) <= {"deploying", "training"}, first
+    assert set(first) == regions and set().union(*first.values()) <= {"deploying", "training"}, first
     return wait_until(
-        lambda: s if set(states(s := status_json()).values()) == {"training"} else None,
+        lambda: s if set().union(*states(s := status_json()).values()) == {"training"} else None,
         timeout_s=timeout_s, every_s=0.5, what="every region's learner training",
     )  # fmt: skip
 
