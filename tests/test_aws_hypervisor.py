@@ -177,13 +177,14 @@ def test_elastic_ip_imds_and_a_fis_spot_interruption(hv: Hypervisor, aws: AwsClo
     assert vm.imds()["rebalance"][0] == 200 and vm.imds()["rebalance"][1]["noticeTime"].endswith("Z")
 
     started = time.monotonic()
-    fis.interrupt(Clients(), vm.region, "hv", vm.id, notice_s=3.0)  # the FIS experiment `ddctl chaos preempt` starts
-    notice = wait_until(lambda: (n := vm.imds()["notice"])[0] == 200 and n, timeout_s=3, every_s=0.2, what="the notice")
+    fis.interrupt(Clients(), vm.region, "hv", vm.id, notice_s=8.0)  # the FIS experiment `ddctl chaos preempt` starts
+    # each look is an SSH session into the VM: eight seconds leave a loaded machine several looks before the kill
+    notice = wait_until(lambda: (n := vm.imds()["notice"])[0] == 200 and n, timeout_s=7, every_s=0.2, what="the notice")
     assert notice[1]["action"] == "terminate" and notice[1]["time"].endswith("Z")
-    if time.monotonic() - started < 2.5:  # not killed at the notice (unless this machine was too slow to look in time)
+    if time.monotonic() - started < 7.0:  # not killed at the notice (unless this machine was too slow to look in time)
         assert vm.state() == "running"
     removed(hv, vm)
-    assert time.monotonic() - started >= 2.8  # the notice's two minutes (here three seconds) are honoured
+    assert time.monotonic() - started >= 7.8  # the notice's two minutes (here eight seconds) are honoured
 
 
 @pytest.mark.slow

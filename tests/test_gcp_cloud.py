@@ -262,7 +262,8 @@ def test_the_hypervisor_api_and_reset_never_reuse_an_address(cloud: GcpCloud, cl
 
 
 def test_waits_and_requests_run_side_by_side() -> None:
-    with GcpCloud(op_delay_s=0.8) as slow:
+    with GcpCloud(op_delay_s=3.0) as slow:  # the get below comes well inside it, even on a loaded machine
+        slow.WAIT_S = 10.0  # and the wait blocks until the operation is done
         instances, ops = slow.client("InstancesClient"), slow.client("ZoneOperationsClient")
         op = instances.insert_unary(project=slow.project, zone=ZONE, instance_resource=vm("a"), timeout=5)
         done: list[compute_v1.Operation] = []
@@ -270,7 +271,7 @@ def test_waits_and_requests_run_side_by_side() -> None:
         waiter.start()
         got = instances.get(project=slow.project, zone=ZONE, instance="a", timeout=5)  # answered while the wait blocks
         assert got.status == "PROVISIONING" and not done
-        waiter.join(timeout=5)
+        waiter.join(timeout=30)
         assert done and done[0].status == DONE
 
 

@@ -282,12 +282,12 @@ def test_a_503_storm_on_reads_ends_in_a_transient_refusal_within_the_deadline(
     provider = GcpProvider()
     infos = provider.bootstrap(RUN, [IOWA], "iowa")
     made = provider.create(spec_of(infos, "L0", IOWA))
-    monkeypatch.setattr(gcp_clients, "CALL_TIMEOUT_S", 3.0)
+    monkeypatch.setattr(gcp_clients, "CALL_TIMEOUT_S", 6.0)  # room for a retry on a loaded machine
     booted.fail("instances.aggregatedList", status=503, reason="backendError", times=None)
     started = time.monotonic()
     with pytest.raises(Exception) as storm:
         provider.list_run(RUN)
-    assert time.monotonic() - started < 10  # the library alone would go on for 600 s
+    assert time.monotonic() - started < 30  # the library alone would go on for 600 s
     assert provider.classify(storm.value).kind == "transient"
     assert len(booted.calls("instances.aggregatedList")) >= 2  # it was retried, backed off, before giving up
     booted.clear()

@@ -225,7 +225,7 @@ def test_a_multi_rank_learner_ends_with_its_leaders_exit_code_sigterm_0_and_a_lo
     try:
         job.start_syncer()
         stopped = job.start_learner("L0", "--gpus", "2")
-        stranded = job.start_learner("L1", "--gpus", "2", "--syncer-timeout", "4")
+        stranded = job.start_learner("L1", "--gpus", "2", "--syncer-timeout", "10")
         job.wait_for(lambda s: sum(e["step"] >= 8 for e in s["learners"]) == 2, 180, "both learners training")
         stopped.send_signal(signal.SIGTERM)  # as a preemption or `ddctl down` sends it
         assert stopped.wait(timeout=120) == 0, job.log("L0")[-3000:]

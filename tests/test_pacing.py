@@ -148,7 +148,7 @@ def test_slots_hold_uploads_to_the_cap_and_open_as_the_pacer_allows() -> None:
     assert not second  # held at the cap of one
     for _ in range(8):
         slots.timed((MB, 1.0), 2.0, alone=True)  # as long idle as busy: two in flight
-    waiter.join(timeout=2.0)
+    waiter.join(timeout=30.0)
     assert second == [True] and slots.cap() == 2
     slots.free()
     slots.free()
@@ -163,7 +163,7 @@ def test_fixed_slots_ignore_timings_and_a_stop_releases_a_waiter() -> None:
     waiter = threading.Thread(target=lambda: third.append(slots.take(stopping)))
     waiter.start()
     stopping.set()
-    waiter.join(timeout=2.0)
+    waiter.join(timeout=30.0)
     assert third == [False]
     with pytest.raises(ValueError, match="must be >= 1, got 0"):
         UploadSlots(0)

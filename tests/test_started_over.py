@@ -144,7 +144,7 @@ def test_a_life_that_ends_unheard_does_not_wait_for_its_streams() -> None:
     c._streams.append(stream)
     started = time.monotonic()
     c.close(reason=None)
-    assert time.monotonic() - started < 1.0 and stream.is_alive() and c.stopping.is_set()
+    assert time.monotonic() - started < 4.0 and stream.is_alive() and c.stopping.is_set()  # not the join's 5 s
     release.set()
 
 

@@ -34,7 +34,7 @@ def test_a_synthetic_step_takes_its_time_and_moves_each_parameter_by_a_fraction_
     started = time.perf_counter()
     loss = learner.train_step()
     took = time.perf_counter() - started
-    assert 0.05 <= took < 0.5
+    assert 0.05 <= took < 5.0  # it waits out its step; the upper bound only says it does not hang (a busy CI stalls)
     lr = inner_lr(0, learner.total_steps, assembly.config.inner)
     for name, param in trainer.params.items():
         moved = (param.detach() - before[name]).abs().max().item()

@@ -161,7 +161,7 @@ def _row(status: dict[str, Any], region: str) -> dict[str, Any]:
     return dict(next(r["learners"][0] for r in status["regions"] if r["name"] == region))
 
 
-def _partition_and_heal(run: str, engine: Engine, seconds: float = 25.0) -> None:
+def _partition_and_heal(run: str, engine: Engine, seconds: float = 35.0) -> None:
     before = status_json()
     [vm] = [c["Id"] for c in engine.containers({RUN_LABEL: run}) if c["Labels"]["ddctl-name"] == "L2"]
     command = [sys.executable, "-c", "from ddctl.cli.app import main; main()", "chaos", "partition", "slow"]
