@@ -13,6 +13,7 @@ from ddctl_agents.core.links import (
     SendCounters,
     SoloTransfers,
     TransferMeter,
+    Window,
     sent_between,
 )
 
@@ -95,8 +96,10 @@ def test_the_quorum_clock_counts_only_time_with_enough_learners_live() -> None:
 # -- kernel-timed samples -----------------------------------------------------------------------
 
 
-def counters(acked: int, busy_s: float, idle: bool = True, connection: int = 1, stalled_s: float = 0.0) -> SendCounters:
-    return SendCounters(connection=connection, acked=acked, busy_s=busy_s, stalled_s=stalled_s, idle=idle)
+def counters(
+    acked: int, busy_s: float, idle: bool = True, connection: int = 1, stalled_s: float = 0.0, quiet_s: float = 0.0
+) -> SendCounters:
+    return SendCounters(connection=connection, acked=acked, busy_s=busy_s, stalled_s=stalled_s, idle=idle, quiet_s=quiet_s)
 
 
 def test_a_kernel_sample_replaces_application_timing_which_is_ignored_from_then_on() -> None:
@@ -162,6 +165,17 @@ def test_a_delivery_meter_reads_windows_between_idle_moments_whenever_it_is_read
     assert meter.read(None) is None  # the kernel could not say: start again
     assert meter.read(counters(0, 0.0, connection=2)) is None  # a new connection: a new base
     assert meter.read(counters(700_000, 0.112, connection=2)) == (700_000, pytest.approx(0.112))
+
+
+def test_a_delivery_meter_closes_each_window_alone_and_says_when_it_ended() -> None:
+    meter = DeliveryMeter(pool=RatePool(min_s=0.5))  # a pool that needs several windows before it yields a sample
+    assert meter.read(counters(0, 0.0)) is None and meter.closed is None
+    assert meter.read(counters(600_000, 0.1, quiet_s=3.25)) is None  # pooled, not yet a sample...
+    assert meter.closed == Window(600_000, pytest.approx(0.1), ended_ago=3.25)  # ...but a window, ended 3.25 s ago
+    assert meter.read(counters(600_010, 0.1, quiet_s=0.5)) is None and meter.closed is None  # a keep-alive: no window
+    assert meter.read(counters(900_000, 0.4, idle=False)) is None and meter.closed is None  # mid-transfer: still open
+    assert meter.read(counters(2_000_000, 1.2, idle=False)) is not None  # saturated: read busy, so it ends now
+    assert meter.closed == Window(1_399_990, pytest.approx(1.1), ended_ago=0.0)
 
 
 def test_a_delivery_meter_reads_a_link_that_is_never_idle_every_window() -> None:

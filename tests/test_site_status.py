@@ -52,3 +52,34 @@ def test_the_site_reads_what_crossed_it_together_and_leaves_its_own_learners_out
     assert samples == {"up": pytest.approx(6e6), "down": pytest.approx(5e5)}
     assert rows["b"]["down_mbps"] == pytest.approx(16.0) and rows["b"]["together_down_mbps"] == pytest.approx(32.0)
     assert {s.labels["site"] for s in families["ddctl_site_bytes_per_second"].samples} == {"h"}
+
+
+def test_windows_read_late_are_placed_where_they_ended_and_pooled_samples_stay_off_the_sites_clock(tmp_path: Path) -> None:
+    """L0's and L1's versions crossed together, 1 MB each in the same 0.5 s; a stream reads its counters only before
+    its next record, so L0's window is read 3 s after it ended and L1's 0.25 s after. Laid where each was read, they
+    would meet in no bin and read the site as one share; laid where each ended, they read both shares at once."""
+    now = [1000.25]
+    assembly = Assembly.build(small_run(learners=2))
+
+    async def scenario() -> tuple[dict, dict]:
+        rt = SyncerRuntime(assembly, ServiceSettings(state_dir=tmp_path, snapshot_every_s=3600, site="h"), clock=lambda: now[0])
+        await rt.start()
+        for name, region in (("L0", "a"), ("L1", "b")):
+            await rt.register(name, 1, region)
+        now[0] = 1001.0  # both ended at 1000.75
+        rt.observe_link("L1", "down", 1_000_000, 0.5, kernel=True, rate=False, ended_ago=0.25)
+        now[0] = 1003.75
+        rt.observe_link("L0", "down", 1_000_000, 0.5, kernel=True, rate=False, ended_ago=3.0)
+        rt.observe_link("L1", "down", 6_000_000, 0.5, kernel=True, site=False)  # a pooled sample: L1's rate only
+        now[0] = 1005.0 + SETTLE_S
+        page = await rt.view(status)
+        now[0] += 10.0
+        later = await rt.view(status)
+        await rt.stop()
+        return page, later
+
+    page, later = asyncio.run(scenario())
+    assert page["site"]["up_mbps"] == pytest.approx(2_000_000 / 0.5 * 8 / 1e6)  # 32: both shares, not 16
+    assert later["site"]["up_mbps"] == page["site"]["up_mbps"]  # and nothing else reached the site's clock
+    rows = {r["name"]: r for r in page["regions"]}
+    assert rows["b"]["down_mbps"] == pytest.approx(96.0) and rows.get("a", {}).get("down_mbps") is None  # pooled only

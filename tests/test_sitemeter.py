@@ -42,6 +42,22 @@ def test_half_overlapping_transfers_count_their_union_once() -> None:
     assert meter.bytes_per_s == pytest.approx(12_000_000 / 1.0)  # 12 MB over the one second some link was busy
 
 
+def test_a_transfer_too_short_for_the_busy_clock_counts_its_bytes_in_its_bin() -> None:
+    meter = SiteMeter()
+    meter.add(10.5, 0.0, 100_000)  # no jiffy ticked in it: bytes, no time of their own
+    meter.add(10.9, 0.1, 1_000_000)  # [10.8, 10.9)
+    meter.add(12.0, 0.0, 100_000)  # at the next bin's left edge: that bin's, once
+    meter.add(12.5, 0.1, 1_000_000)
+    meter.add(13.0, 0.0, 100_000)  # on the edge of the first bin not yet read: kept for it
+    meter.read(13.0 + SETTLE_S)
+    assert meter.estimate.total_bytes == 2_200_000 and meter.bytes_per_s == pytest.approx(1_100_000 / 0.1)
+    meter.add(11.5, 0.0, 100_000)  # in a bin already read: lost, not moved
+    meter.add(13.5, 0.1, 1_000_000)
+    meter.add(15.0, 0.0, 100_000)  # alone in its bin: nothing to divide by
+    meter.read(16.0 + SETTLE_S)
+    assert meter.estimate.total_bytes == 3_300_000 and meter.pending == []
+
+
 def test_a_report_across_bins_is_spread_over_them_and_read_once_settled() -> None:
     meter = SiteMeter()
     meter.add(12.5, 2.0, 20_000_000)  # [10.5, 12.5): 10 MB/s, over three bins

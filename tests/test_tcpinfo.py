@@ -7,6 +7,7 @@ import statistics
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -21,7 +22,8 @@ linux_only = pytest.mark.skipif(not hasattr(socket, "TCP_INFO"), reason="TCP_INF
 
 def raw_info(**fields: int) -> bytes:
     """A ``struct tcp_info`` with the given fields set (names without ``tcpi_``), the rest zero."""
-    slots = {"app_limited": 7, "unacked": 12, "rtt": 23, "bytes_acked": 34, "bytes_received": 35, "notsent_bytes": 38}
+    slots = {"app_limited": 7, "unacked": 12, "last_ack_recv": 20, "rtt": 23, "bytes_acked": 34, "bytes_received": 35}
+    slots |= {"notsent_bytes": 38}
     slots |= {"min_rtt": 39, "delivery_rate": 42, "busy_time": 43, "rwnd_limited": 44, "sndbuf_limited": 45}
     packed = [0] * 46  # 8 bytes, 24 u32, 4 u64, 6 u32, 4 u64
     for name, value in fields.items():
@@ -34,6 +36,7 @@ def test_struct_tcp_info_is_parsed_field_by_field() -> None:
         raw_info(
             app_limited=1,
             unacked=3,
+            last_ack_recv=1_250,
             rtt=379,
             bytes_acked=3_000_001,
             bytes_received=77,
@@ -48,6 +51,7 @@ def test_struct_tcp_info_is_parsed_field_by_field() -> None:
     assert info == tcpinfo.TcpInfo(
         unacked=3,
         notsent_bytes=5,
+        last_ack_ms=1_250,
         rtt_us=379,
         min_rtt_us=7,
         bytes_acked=3_000_001,
@@ -59,6 +63,30 @@ def test_struct_tcp_info_is_parsed_field_by_field() -> None:
         sndbuf_limited_us=1_000,
     )
     assert not info.idle and tcpinfo.parse(raw_info()).idle  # type: ignore[union-attr]
+
+
+class Recorded:
+    """A socket whose TCP_INFO is the given bytes."""
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+
+    def getsockopt(self, level: int, option: int, size: int) -> bytes:
+        return self.raw
+
+    def getsockname(self) -> tuple[str, int]:
+        return ("10.0.0.1", 4000)
+
+    def getpeername(self) -> tuple[str, int]:
+        return ("10.0.0.2", 443)
+
+
+@linux_only
+def test_an_idle_connection_says_since_when_and_a_busy_one_says_now() -> None:
+    idle = tcpinfo.sending(Recorded(raw_info(bytes_acked=600_000, busy_time=96_000, last_ack_recv=2_500)))
+    assert idle is not None and idle.idle and idle.quiet_s == 2.5 and idle.acked == 600_000 and idle.busy_s == 0.096
+    busy = tcpinfo.sending(Recorded(raw_info(unacked=4, last_ack_recv=2_500)))
+    assert busy is not None and not busy.idle and busy.quiet_s == 0.0  # its transfer has not ended
 
 
 def test_a_kernel_without_the_busy_time_fields_says_nothing() -> None:
@@ -100,6 +128,17 @@ def test_the_kernel_counts_what_the_peer_acknowledged(sink: socket.socket) -> No
     after = wait_until(lambda: (c := tcpinfo.sending(sink)) is not None and c.idle and c, timeout_s=10, what="acked")
     assert isinstance(after, SendCounters) and after.connection == before.connection
     assert after.acked - before.acked == 1_000_000 and after.busy_s >= before.busy_s
+
+
+@linux_only
+def test_the_kernel_says_how_long_ago_the_last_byte_was_acknowledged(sink: socket.socket) -> None:
+    sent = time.monotonic()
+    sink.sendall(b"x" * 1_000_000)
+    wait_until(lambda: (c := tcpinfo.sending(sink)) is not None and c.idle, timeout_s=10, what="acked")
+    time.sleep(0.5)
+    after = tcpinfo.sending(sink)
+    assert after is not None and after.idle
+    assert 0.49 <= after.quiet_s <= time.monotonic() - sent + 0.01  # acked at least 0.5 s ago, and not before the send
 
 
 SINK = """

@@ -42,6 +42,8 @@ class TcpInfo:
     """Segments sent and not yet acknowledged."""
     notsent_bytes: int
     """Bytes written by the application that the kernel has not sent yet."""
+    last_ack_ms: int
+    """Milliseconds since the peer last acknowledged anything: when idle, since the last transfer ended."""
     rtt_us: int
     min_rtt_us: int
     bytes_acked: int
@@ -68,6 +70,7 @@ def parse(raw: bytes) -> TcpInfo | None:
     u32, u64, more, rest = v[8:32], v[32:36], v[36:42], v[42:]
     return TcpInfo(
         unacked=u32[4],
+        last_ack_ms=u32[12],
         rtt_us=u32[15],
         bytes_acked=u64[2],
         bytes_received=u64[3],
@@ -108,4 +111,5 @@ def sending(sock: Any) -> SendCounters | None:
         busy_s=info.busy_us / 1e6,
         stalled_s=info.rwnd_limited_us / 1e6,
         idle=info.idle,
+        quiet_s=info.last_ack_ms / 1e3 if info.idle else 0.0,
     )

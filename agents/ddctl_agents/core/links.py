@@ -28,6 +28,7 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 MAX_RATE = 1e13
 """Bytes per second (80 Tbit/s): a faster sample is a measuring error, not a link."""
@@ -220,6 +221,9 @@ class SendCounters:
     """Of those, seconds the peer's receive window held the sender back."""
     idle: bool
     """Nothing unsent and nothing unacknowledged at this moment."""
+    quiet_s: float = 0.0
+    """When idle, seconds since the peer acknowledged the last byte: how long ago the connection's last transfer
+    ended (0 while busy)."""
 
     def at_open(self) -> SendCounters:
         """This connection's counters when it opened: a connection made during a transfer is read from its start."""
@@ -278,10 +282,13 @@ class DeliveryMeter:
     pool: RatePool = field(default_factory=RatePool)
     max_window_s: float = MAX_WINDOW_S
     base: SendCounters | None = None
+    closed: Window | None = None
+    """The window the latest reading closed, unpooled and with when it ended, for a meter that lays windows on a
+    clock (``sitemeter``): read late, a window ended when its last byte was acknowledged, not when it was read."""
 
     def read(self, counters: SendCounters | None) -> tuple[int, float] | None:
         """A reading of the connection's counters; a (bytes, seconds) sample when one is due."""
-        base = self.base
+        base, self.closed = self.base, None
         if counters is None or base is None or base.connection != counters.connection:
             self.base = counters
             return None
@@ -291,7 +298,19 @@ class DeliveryMeter:
             return None
         self.base = counters
         window = sent_between(base, counters)
-        return None if window is None else self.pool.add(*window)
+        if window is None:
+            return None
+        self.closed = Window(*window, ended_ago=counters.quiet_s)
+        return self.pool.add(*window)
+
+
+class Window(NamedTuple):
+    """What one connection moved between two readings (``sent_between``), and when that ended."""
+
+    nbytes: int
+    seconds: float
+    ended_ago: float
+    """Seconds before the reading (0: the connection was still busy when read)."""
 
 
 @dataclass(slots=True)

@@ -238,7 +238,9 @@ class SyncerApp:
 
         The subscriber's downlink is measured here, by this side's kernel: before each record
         the connection's TCP_INFO counters are read, and ``DeliveryMeter`` turns the bytes
-        acknowledged over busy time between idle moments into samples."""
+        acknowledged over busy time between idle moments into samples. The site's meter takes
+        each window on its own, placed where its last byte was acknowledged: read before the
+        next record, a window is read up to a round (or a keep-alive) after it ended."""
         who = self.identity(scope)
         count = self.rt.assembly.fragmentation.count
         query = parse_query(scope.get("query_string", b""))
@@ -249,9 +251,11 @@ class SyncerApp:
         headers.append((history.HEADER, self.rt.publisher.history.encode()))  # which history its version numbers count in
         sock, meter = h2tuning.connection_socket(scope), DeliveryMeter()
 
-        def measure() -> None:
+        def measure() -> None:  # pooled samples for the learner's rate, each window where it fell for the site's
             if sock is not None and (sample := meter.read(tcpinfo.sending(sock))) is not None:
-                self.rt.observe_link(who, "down", *sample, kernel=True)
+                self.rt.observe_link(who, "down", *sample, kernel=True, site=False)
+            if (window := meter.closed) is not None:
+                self.rt.observe_link(who, "down", window.nbytes, window.seconds, True, rate=False, ended_ago=window.ended_ago)
 
         relay, streams = region_of(who), self.rt.streams  # a region's relay: shown by its region on /v1/status
         at = relay_at(relay, query.get("at", ""))

@@ -29,11 +29,11 @@ from ddctl_agents.core.version_delta import coder
 from ddctl_agents.core.wire import WireLimits
 from ddctl_agents.errors import BadRequest, Forbidden, JobOver, UnknownLearner
 from ddctl_agents.jsonable import to_json
-from ddctl_agents.relay import region_of
-from ddctl_agents.service import history, taping
+from ddctl_agents.service import history, link_samples, taping
 from ddctl_agents.service.checkpoints import checkpoint_loop, eval_loop, take_checkpoint
 from ddctl_agents.service.cuts import Cuts, colour
 from ddctl_agents.service.ending import Ending, ending_loop, linger, read_summary
+from ddctl_agents.service.link_samples import LinkSample
 from ddctl_agents.service.log_records import JoinEntry, LeaveEntry, ReadmitEntry, RejectEntry, UpdateEntry, entry_for
 from ddctl_agents.service.publisher import Publisher
 from ddctl_agents.service.recovery import recover
@@ -203,9 +203,14 @@ class SyncerRuntime:
         await self.commit_to(position)
         return readmitted
 
-    def observe_link(self, learner: str, direction: str, nbytes: int, seconds: float, kernel: bool = False) -> None:
-        """A throughput sample of a learner's "up" or "down" link from the HTTP layer (``kernel``: TCP_INFO-timed)."""
-        self._core.submit(self._observe_link, learner, direction, nbytes, seconds, kernel, self.clock())
+    def observe_link(
+        self, learner: str, direction: str, nbytes: int, seconds: float, kernel: bool = False, *, rate: bool = True,
+        site: bool = True, ended_ago: float = 0.0,
+    ) -> None:  # fmt: skip
+        """A throughput sample of a learner's "up" or "down" link from the HTTP layer (``kernel``: TCP_INFO-timed), for
+        its ``rate`` estimates and the ``site``'s meter (where it ended ``ended_ago`` seconds ago)."""
+        sample = LinkSample(learner, direction, nbytes, seconds, kernel, self.clock() - ended_ago)
+        self._core.submit(link_samples.observe, self, sample, rate=rate, site=site)
 
     def inflight(self, learner: str, fragment: int, received: int, expected: int | None) -> None:
         """Progress of an upload, from the HTTP layer (runs on the core thread via the loop)."""
@@ -275,14 +280,6 @@ class SyncerRuntime:
         links, regional = self.roster.heard(now, report, self.syncer.links[learner])
         for up in (links.up, regional.up):  # as the learner's kernel timed it; LinkEstimate drops what cannot tell
             up.observe(report.up_bytes, report.up_seconds, report.rtt_s, kernel=True)
-
-    def _observe_link(self, learner: str, direction: str, nbytes: int, seconds: float, kernel: bool, at: float) -> None:
-        if (region := region_of(learner)) is not None:  # a relay's stream: the downlink of its region's learners behind it
-            self.streams.observe(region, self.roster.info, self.syncer.live, self.syncer.links, nbytes, seconds, kernel)
-        elif (links := self.syncer.links.get(learner)) is not None:
-            for both in (links, self.roster.regional(learner)):
-                (both.up if direction == "up" else both.down).observe(nbytes, seconds, kernel=kernel)
-            self.roster.crossed(learner, direction, at, seconds, nbytes)
 
     def _receive(self, update: Update, body: bytes) -> tuple[Ack, int]:
         assert self.wal is not None
