@@ -115,6 +115,13 @@ def test_a_move_broken_by_kill_9_is_finished_by_running_it_again(shards: list[Lo
     before = status(shards[0])  # S0 has not taken fragment 3 in: owned by neither, its newest version (1) at S1
     both = job_status([("a", before, ""), ("b", recovered, "")])
     assert both is not None and both["versions"][3] == 1 and before["versions"][3] == 0
+    urls = [a for s in shards for a in ("--syncer", s.url)]
+    shown = runner.invoke(app, ["syncer", "status", str(shards[0].job_dir), *urls, "--json"])
+    assert shown.exit_code == 0, shown.output
+    mid = json.loads(shown.stdout)["job"]  # syncer status says the same, and why: in the middle of a handoff
+    assert mid["versions"] == both["versions"] and mid["handoff"] == [3] and mid["unheard"] == []
+    table = runner.invoke(app, ["syncer", "status", str(shards[0].job_dir), *urls])
+    assert table.exit_code == 0 and "handing off: 3" in table.output and "unknown" not in table.output
     alone = job_status([("a", before, ""), ("b", None, "connection refused")])  # S0's map: S1 owns 1 and 3
     assert alone is not None and alone["versions"] == [before["versions"][0], None, before["versions"][2], None]
 

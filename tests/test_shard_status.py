@@ -53,11 +53,23 @@ def test_a_fragment_whose_owner_did_not_answer_is_unheard_where_one_in_a_handoff
     s0 = status("S0", 1, [0], [5, 0, 0, 0], received=10, trained=10)  # a shard that serves no owners: no help
     s1 = mapped("S1", 2, [2], [0, 4, 6, 0], [0, 0, 1, 2])
     job = summarize([("a", s0, ""), ("b", s1, ""), ("c", None, "connection refused")])["job"]
-    assert job["versions"] == [5, None, 6, None] and job["unheard"] == [3]  # 1 is S0's, which answered
+    assert job["unheard"] == [3] and job["handoff"] == [1]  # 1 is S0's, which answered: handed out, not yet taken in
+    assert job["versions"] == [5, 4, 6, None]  # 1: the version S1 handed out (S0's own copy is 0)
     assert summarize([("a", s0, ""), ("b", None, "refused"), ("c", None, "refused")])["job"]["unheard"] == []
     s0_mapped = mapped("S0", 1, [0], [5, 0, 0, 0], [0, 1, 1, 2])  # epoch 1: S1 owns 1 and 2
     job = summarize([("a", s0_mapped, ""), ("b", None, "refused"), ("c", None, "refused")])["job"]
-    assert job["unheard"] == [1, 2, 3] and job["versions"] == [5, None, None, None]
+    assert job["unheard"] == [1, 2, 3] and job["versions"] == [5, None, None, None] and job["handoff"] == []
+
+
+def test_with_no_map_served_a_fragment_claimed_by_none_is_in_a_handoff_only_when_every_shard_answered() -> None:
+    """Shards that serve no owners: an unclaimed fragment's owner may be the shard that did not answer."""
+    s0 = status("S0", 2, [0, 1], [5, 3, 0, 0], received=10, trained=10)
+    s1 = status("S1", 1, [3], [0, 2, 0, 7], received=10, trained=10)  # 1 is S0's now; 2 is S2's
+    s2 = status("S2", 1, [], [0, 0, 8, 0], received=10, trained=10)  # handed 2 out, its taker not yet in
+    job = summarize([("a", s0, ""), ("b", s1, ""), ("c", s2, "")])["job"]
+    assert job["handoff"] == [2] and job["unheard"] == [] and job["versions"] == [5, 3, 8, 7]
+    job = summarize([("a", s0, ""), ("b", s1, ""), ("c", None, "connection refused")])["job"]
+    assert job["handoff"] == [] and job["unheard"] == [] and job["versions"] == [5, 3, None, 7]  # 2: S2 may own it
 
 
 @pytest.mark.parametrize(
@@ -71,6 +83,7 @@ def test_a_map_that_is_not_one_tells_nothing_and_the_status_still_counts(owners:
     readable(s1)  # the shard's figures are whole: its map alone is ignored
     out = summarize([("a", s0, ""), ("b", s1, ""), ("c", None, "connection refused")])
     assert out["job"]["unheard"] == [] and out["job"]["versions"] == [5, None, 6, None] and out["job"]["rounds"] == 15
+    assert out["job"]["handoff"] == []  # with no map and a shard down, an unclaimed fragment's owner may be that shard
 
 
 def test_each_shard_shows_its_own_site_reading_and_a_malformed_one_reads_as_not_measured() -> None:

@@ -336,7 +336,8 @@ def _print_shards(result: dict[str, Any]) -> None:
     job = result["job"]
     if "ledger" in job:
         books, partial = job["ledger"], " (partial)" if job["partial"] else ""
-        unknown = f"unknown: {','.join(map(str, job['unheard']))}" if job.get("unheard") else ""  # their shard is down
+        unknown = "; ".join(f"{label}: {','.join(map(str, job[key]))}" for key, label in
+                            (("unheard", "unknown"), ("handoff", "handing off")) if job.get(key))  # fmt: skip
         cells = ["job", "", "", job.get("epoch", ""), unknown, job["rounds"], len(job["live"]), books["received"]]
         add_row(*cells, books["merged"], books["pending"], f"{job['balanced']}{partial}")
     stdout().print(table)

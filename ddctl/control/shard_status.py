@@ -6,8 +6,9 @@ shards heard it, so what learners report (tokens trained, the budget) is the
 largest any shard saw, never a sum. A fragment's version is its owner's, by the
 newest map that claims it. A shard that does not answer is listed as such,
 and the figures say they are partial: its fragments, by the newest map a shard
-that answered serves, are ``unheard`` (no version known, where a fragment in the
-middle of a handoff between two shards that answered is merely unclaimed).
+that answered serves, are ``unheard`` (no version known). A fragment in the
+middle of a handoff between two shards that answered is claimed by neither: it
+is listed under ``handoff`` with the newest version any shard holds.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from typing import Any
 from ddctl_agents import relay
 from ddctl_agents.agent.client import SyncerClient, Unavailable
 from ddctl_agents.core import shardmap
-from ddctl_agents.core.shardmap import ShardMap
 from ddctl_agents.errors import AgentError, ConfigError
 from ddctl_agents.service.auth import IDENTITY
 
@@ -146,23 +146,51 @@ def summarize(answers: Sequence[tuple[str, dict[str, Any] | None, str]]) -> dict
             if p not in newest or epoch > newest[p][0]:
                 newest[p] = (epoch, version)
         job["epoch"] = max(epoch for epoch, _, _ in claims)
-        job["versions"] = [newest[p][1] if p in newest else None for p in range(fragments)]
         job["unheard"] = unheard(reached, set(newest))
+        job["handoff"] = in_handoff(reached, set(newest), everyone=len(reached) == len(answers))
+        handing = set(job["handoff"])
+        job["versions"] = [
+            newest[p][1] if p in newest else newest_held(reached, p) if p in handing else None for p in range(fragments)
+        ]
     return {"shards": rows, "job": job}
 
 
 def unheard(reached: Sequence[dict[str, Any]], claimed: set[int]) -> list[int]:
     """The fragments no shard that answered claims whose owner, by the newest map any of them serves, did not answer:
     their versions are not known. One claimed by none whose owner answered is in the middle of a handoff to it."""
-    maps = [m for s in reached if (m := _served_map(s)) is not None and m.fragments == int(s["fragments"])]
-    if not maps:  # a shard too old to serve its map: nothing is known about owners
+    newest, heard = _newest_map(reached), _names(reached)
+    if newest is None:  # a shard too old to serve its map: nothing is known about owners
         return []
-    newest = max(maps, key=lambda m: m.epoch)
-    heard = {str((s.get("shard") or {}).get("name")) for s in reached}
     return [p for p in range(newest.fragments) if p not in claimed and newest.owner(p) not in heard]
 
 
-def _served_map(status: dict[str, Any]) -> ShardMap | None:
+def in_handoff(reached: Sequence[dict[str, Any]], claimed: set[int], everyone: bool) -> list[int]:
+    """The fragments claimed by no shard although their owner answered: handed out and not yet taken in. Known from
+    the newest map any shard serves, or, with no map, only when every shard answered (else the owner may be down)."""
+    newest, heard = _newest_map(reached), _names(reached)
+    if newest is None:
+        return [p for p in range(int(reached[0]["fragments"])) if p not in claimed] if everyone else []
+    return [p for p in range(newest.fragments) if p not in claimed and newest.owner(p) in heard]
+
+
+def newest_held(reached: Sequence[dict[str, Any]], p: int) -> int | None:
+    """The newest version of fragment ``p`` any shard holds (a count), for one in the middle of a handoff: the giver
+    keeps the version it handed out, newer than the taker's copy."""
+    held = [v for s in reached for v in (s.get("versions") or [])[p : p + 1] if isinstance(v, int) and not isinstance(v, bool)]
+    return max(held, default=None)
+
+
+def _names(reached: Sequence[dict[str, Any]]) -> set[str]:
+    return {str((s.get("shard") or {}).get("name")) for s in reached}
+
+
+def _newest_map(reached: Sequence[dict[str, Any]]) -> shardmap.ShardMap | None:
+    """The newest valid shard map any shard that answered serves, for its own number of fragments."""
+    maps = [m for s in reached if (m := _served_map(s)) is not None and m.fragments == int(s["fragments"])]
+    return max(maps, key=lambda m: m.epoch) if maps else None
+
+
+def _served_map(status: dict[str, Any]) -> shardmap.ShardMap | None:
     """The shard map a status serves (its ``shard``'s epoch, shard names and owners), if it holds a valid one."""
     shard = status.get("shard") or {}
     try:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ddctl.control.shard_status import BOOKS, job_figure, relay_reading, summarize
+from ddctl.control.shard_status import BOOKS, job_figure, newest_held, relay_reading, summarize
 
 PHASES = ("training", "finishing", "finished")
 
@@ -34,9 +34,7 @@ def job_status(answers: Sequence[tuple[str, dict[str, Any] | None, str]]) -> dic
     ledger: dict[str, Any] = {k: sum(int(s["ledger"][k]) for s in reached) for k in BOOKS}
     ledger["balanced"] = all(bool(s["ledger"]["balanced"]) for s in reached)
     summary = summarize(answers)  # each fragment's version at its owner (the newest epoch's claim), as syncer status says
-    owners = summary["job"].get("versions") or [None] * len(first.get("versions", []))
-    unheard = set(summary["job"].get("unheard", []))  # their owner did not answer: no version is known
-    versions = [v if v is not None or p in unheard else _newest(reached, p) for p, v in enumerate(owners)]
+    versions = summary["job"].get("versions") or [newest_held(reached, p) for p in range(len(first.get("versions", [])))]
     phases = [str((s.get("job") or {}).get("phase", "training")) for s in reached]
     phase = "finished" if all(p == "finished" for p in phases) and len(reached) == len(answers) else (
         "finishing" if any(p in ("finishing", "finished") for p in phases) else "training")  # fmt: skip
@@ -59,14 +57,6 @@ def job_status(answers: Sequence[tuple[str, dict[str, Any] | None, str]]) -> dic
         "shards": summary["shards"],
         "relays": relays([s.get("relays") for s in reached]),
     }
-
-
-def _newest(reached: Sequence[dict[str, Any]], p: int) -> Any:
-    """The newest version of fragment ``p`` any shard holds, for one no shard that answered owns: one in the middle of
-    a handoff is owned by neither shard, and the one handed out is newer than the taker's (what the first says where
-    none says a count)."""
-    held = [v for s in reached for v in (s.get("versions") or [])[p : p + 1] if isinstance(v, int) and not isinstance(v, bool)]
-    return max(held) if held else reached[0]["versions"][p]
 
 
 def relays(answers: Sequence[Any]) -> dict[str, dict[str, Any]]:

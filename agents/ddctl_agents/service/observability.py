@@ -151,9 +151,8 @@ def _shard_view(rt: SyncerRuntime) -> dict[str, Any] | None:
     role = rt.role
     if role is None:
         return None
-    owners = list(role.map.owners)
     return {"name": role.name, "epoch": role.map.epoch, "shards": list(role.map.shards), "owned": sorted(role.owned),
-            "owners": owners}  # fmt: skip
+            "owners": list(role.map.owners)}  # fmt: skip
 
 
 def health(rt: SyncerRuntime) -> dict[str, Any]:
