@@ -118,7 +118,9 @@ class Shard:
     "bad",
     [["not", "a", "status"], {"rounds": 3}, {"ledger": None}, {"versions": [1]}, {"shard": {"name": "S1", "owned": [9]}},
      {"tokens": {"merged": "x"}}, {"job": "finished"}, {"rounds": float("inf")}, {"versions": [float("inf")] * 4},
-     {"tokens": {"trained": float("nan")}}, {"shard": {"name": "S1", "epoch": float("inf"), "owned": [2]}}],
+     {"tokens": {"trained": float("nan")}}, {"shard": {"name": "S1", "epoch": float("inf"), "owned": [2]}},
+     {"versions": [0, 2**70, 1, 1]}, {"versions": [0, -1, 1, 1]}, {"versions": [0, True, 1, 1]},
+     {"versions": [0, None, 1, 1]}, {"versions": [0, 0, 1, 1] * 25_000}, {"versions": "0011"}],
 )  # fmt: skip
 def test_a_shard_whose_status_is_malformed_is_listed_as_not_answering_and_the_job_reads_from_the_others(bad: Any) -> None:
     good = status("S0", 1, [0, 1], [1, 1, 0, 0], received=10, trained=10)

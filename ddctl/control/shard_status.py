@@ -20,6 +20,7 @@ from typing import Any
 from ddctl_agents import relay
 from ddctl_agents.agent.client import SyncerClient, Unavailable
 from ddctl_agents.core import shardmap
+from ddctl_agents.core.wire import is_count
 from ddctl_agents.errors import AgentError, ConfigError
 from ddctl_agents.service.auth import IDENTITY
 
@@ -37,8 +38,12 @@ def job_figure(key: str, a: int, b: int) -> int:
 
 
 def readable(status: Any) -> None:
-    """Raises one of MALFORMED unless ``status`` holds every figure the job's are made of."""
+    """Raises one of MALFORMED unless ``status`` holds every figure the job's are made of, and one version, a count,
+    per fragment (a fragment in the middle of a handoff is shown at the newest of them)."""
     summarize([("", status, "")])
+    fragments, versions = status["fragments"], status["versions"]
+    if not (is_count(fragments) and isinstance(versions, list) and len(versions) == fragments and all(map(is_count, versions))):
+        raise ValueError("its versions are not one count in [0, 2**62) per fragment")
 
 
 def gather(
