@@ -151,8 +151,7 @@ def summarize(answers: Sequence[tuple[str, dict[str, Any] | None, str]]) -> dict
             if p not in newest or epoch > newest[p][0]:
                 newest[p] = (epoch, version)
         job["epoch"] = max(epoch for epoch, _, _ in claims)
-        job["unheard"] = unheard(reached, set(newest))
-        job["handoff"] = in_handoff(reached, set(newest), everyone=len(reached) == len(answers))
+        job["unheard"], job["handoff"] = unclaimed(reached, set(newest), everyone=len(reached) == len(answers))
         handing = set(job["handoff"])
         job["versions"] = [
             newest[p][1] if p in newest else newest_held(reached, p) if p in handing else None for p in range(fragments)
@@ -160,39 +159,25 @@ def summarize(answers: Sequence[tuple[str, dict[str, Any] | None, str]]) -> dict
     return {"shards": rows, "job": job}
 
 
-def unheard(reached: Sequence[dict[str, Any]], claimed: set[int]) -> list[int]:
-    """The fragments no shard that answered claims whose owner, by the newest map any of them serves, did not answer:
-    their versions are not known. One claimed by none whose owner answered is in the middle of a handoff to it."""
-    newest, heard = _newest_map(reached), _names(reached)
-    if newest is None:  # a shard too old to serve its map: nothing is known about owners
-        return []
-    return [p for p in range(newest.fragments) if p not in claimed and newest.owner(p) not in heard]
-
-
-def in_handoff(reached: Sequence[dict[str, Any]], claimed: set[int], everyone: bool) -> list[int]:
-    """The fragments claimed by no shard although their owner answered: handed out and not yet taken in. Known from
-    the newest map any shard serves, or, with no map, only when every shard answered (else the owner may be down)."""
-    newest, heard = _newest_map(reached), _names(reached)
-    if newest is None:
-        return [p for p in range(int(reached[0]["fragments"])) if p not in claimed] if everyone else []
-    return [p for p in range(newest.fragments) if p not in claimed and newest.owner(p) in heard]
+def unclaimed(reached: Sequence[dict[str, Any]], claimed: set[int], everyone: bool) -> tuple[list[int], list[int]]:
+    """The fragments no shard that answered claims, as (unheard, handoff): by the newest map any of them serves, those
+    whose owner did not answer (their versions are not known) and those whose owner did (handed out, not yet taken
+    in). With no map served (shards too old to serve one) nothing is known about owners: all are handed off when every
+    shard answered, and none is known either way when one did not (its owner may be that shard)."""
+    maps = [m for s in reached if (m := _served_map(s)) is not None and m.fragments == int(s["fragments"])]
+    if not maps:
+        return [], [p for p in range(int(reached[0]["fragments"])) if p not in claimed] if everyone else []
+    newest = max(maps, key=lambda m: m.epoch)
+    heard = {str((s.get("shard") or {}).get("name")) for s in reached}
+    free = [p for p in range(newest.fragments) if p not in claimed]
+    return [p for p in free if newest.owner(p) not in heard], [p for p in free if newest.owner(p) in heard]
 
 
 def newest_held(reached: Sequence[dict[str, Any]], p: int) -> int | None:
     """The newest version of fragment ``p`` any shard holds (a count), for one in the middle of a handoff: the giver
     keeps the version it handed out, newer than the taker's copy."""
-    held = [v for s in reached for v in (s.get("versions") or [])[p : p + 1] if isinstance(v, int) and not isinstance(v, bool)]
+    held = [v for s in reached for v in (s.get("versions") or [])[p : p + 1] if is_count(v)]
     return max(held, default=None)
-
-
-def _names(reached: Sequence[dict[str, Any]]) -> set[str]:
-    return {str((s.get("shard") or {}).get("name")) for s in reached}
-
-
-def _newest_map(reached: Sequence[dict[str, Any]]) -> shardmap.ShardMap | None:
-    """The newest valid shard map any shard that answered serves, for its own number of fragments."""
-    maps = [m for s in reached if (m := _served_map(s)) is not None and m.fragments == int(s["fragments"])]
-    return max(maps, key=lambda m: m.epoch) if maps else None
 
 
 def _served_map(status: dict[str, Any]) -> shardmap.ShardMap | None:
